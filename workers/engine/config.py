@@ -1,0 +1,197 @@
+"""Configuration dataclasses of the engine: model shape, data source, training run.
+
+All three are plain dataclasses, JSON-serialisable through ``to_dict``/``from_dict`` so they can be
+stored with a job attempt and shipped to Ray actors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a Llama-style decoder (RMSNorm, RoPE, GQA, SwiGLU, untied head)."""
+
+    name: str = "tiny"
+    layers: int = 4
+    hidden: int = 64
+    heads: int = 8
+    kv_heads: int = 4
+    ffn: int = 172
+    vocab: int = 256
+    seq_len: int = 64
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"model field '{name}' must be an integer >= 1, got {value!r}")
+        if self.hidden % self.heads:
+            raise ValueError(f"model hidden {self.hidden} is not divisible by heads {self.heads}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"model heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"model head_dim {self.head_dim} must be even for rotary embeddings")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def num_params(self) -> int:
+        """Parameter count (embedding + layers + final norm + untied head)."""
+        hd = self.head_dim
+        attn = self.hidden * hd * (self.heads * 2 + self.kv_heads * 2)
+        mlp = 3 * self.hidden * self.ffn
+        per_layer = attn + mlp + 2 * self.hidden
+        return 2 * self.vocab * self.hidden + self.layers * per_layer + self.hidden
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token: 6 * non-embedding params + attention (12 * L * h * s / 2 causal)."""
+        non_embed = self.num_params() - self.vocab * self.hidden
+        return 6.0 * non_embed + 6.0 * self.layers * self.hidden * self.seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown model field(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    @classmethod
+    def preset(cls, name: str) -> ModelConfig:
+        if name not in MODEL_PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; known: {', '.join(MODEL_PRESETS)}")
+        return cls(name=name, **MODEL_PRESETS[name])
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> ModelConfig:
+        """Read a shape from a JSON file: either a full dict or ``{"preset": NAME, ...overrides}``."""
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a JSON object")
+        data = dict(data.get("model", data))  # accept a planner-style spec with a "model" key
+        data.pop("params_b", None)
+        if "preset" in data:
+            base = cls.preset(str(data.pop("preset"))).to_dict()
+            base.update(data)
+            data = base
+        data.setdefault("name", Path(path).stem)
+        return cls.from_dict(data)
+
+
+# Shapes follow the published configs; names match the planner's presets.
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(layers=4, hidden=64, heads=8, kv_heads=4, ffn=172, vocab=256, seq_len=64),
+    "small": dict(layers=8, hidden=256, heads=8, kv_heads=4, ffn=688, vocab=256, seq_len=256),
+    "llama-1b": dict(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256, seq_len=2048,
+                     rope_theta=500000.0),
+    "llama3-1b": dict(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256, seq_len=2048,
+                      rope_theta=500000.0),
+    "llama2-7b": dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000, seq_len=4096),
+    "llama3-8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq_len=8192,
+                      rope_theta=500000.0),
+    "llama2-13b": dict(layers=40, hidden=5120, heads=40, kv_heads=40, ffn=13824, vocab=32000, seq_len=4096),
+    "llama2-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=32000, seq_len=4096),
+    "llama3-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256, seq_len=8192,
+                       rope_theta=500000.0),
+    "llama3-405b": dict(layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, vocab=128256,
+                        seq_len=8192, rope_theta=500000.0),
+}
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the tokens come from: ``builtin`` (stdlib sources), ``text`` files or ``tokens`` memmaps."""
+
+    kind: str = "builtin"
+    paths: tuple[str, ...] = ()
+    dtype: str = "uint16"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("builtin", "text", "tokens"):
+            raise ValueError(f"data kind must be builtin|text|tokens, got {self.kind!r}")
+        if self.dtype not in ("uint16", "uint32"):
+            raise ValueError(f"data dtype must be uint16|uint32, got {self.dtype!r}")
+        object.__setattr__(self, "paths", tuple(str(p) for p in self.paths))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "paths": list(self.paths), "dtype": self.dtype}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DataConfig:
+        return cls(kind=data.get("kind", "builtin"), paths=tuple(data.get("paths", ())),
+                   dtype=data.get("dtype", "uint16"))
+
+    @classmethod
+    def from_path(cls, path: str | None) -> DataConfig:
+        """``None`` -> builtin corpus; ``*.bin``/``*.u16``/``*.u32`` -> token memmap; else text."""
+        if not path:
+            return cls()
+        p = Path(path)
+        if p.suffix in (".bin", ".u16", ".npy", ".tokens"):
+            return cls(kind="tokens", paths=(str(p),), dtype="uint16")
+        if p.suffix == ".u32":
+            return cls(kind="tokens", paths=(str(p),), dtype="uint32")
+        return cls(kind="text", paths=(str(p),))
+
+
+@dataclass
+class TrainConfig:
+    """One training run: model, schedule of the optimizer, data and checkpoint cadence."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    steps: int = 10
+    global_batch: int = 8
+    seed: int = 0
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 2
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint_dir: str | None = None
+    save_every: int = 0
+    keep_checkpoints: int = 2
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, str):
+            self.model = ModelConfig.preset(self.model)
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.global_batch < 1:
+            raise ValueError(f"global_batch must be >= 1, got {self.global_batch}")
+        if self.warmup_steps < 0 or self.save_every < 0:
+            raise ValueError("warmup_steps and save_every must be >= 0")
+        if self.keep_checkpoints < 1:
+            raise ValueError("keep_checkpoints must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["model"] = self.model.to_dict()
+        d["data"] = self.data.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        d = dict(data)
+        d["model"] = ModelConfig.from_dict(d.get("model", {}))
+        d["data"] = DataConfig.from_dict(d.get("data", {}))
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown train field(s): {', '.join(unknown)}")
+        return cls(**d)
