@@ -1,7 +1,54 @@
-"""CLI commands (being built)."""
+"""``orthoplex bench``: run the benchmarks, each against a baseline measured in the same run."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
 
 import typer
 
+BENCHES = ("planner", "scheduler", "engine", "checkpoint", "api", "recovery")
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to ``app``."""
+    """Add ``bench`` to ``app``."""
+
+    @app.command("bench")
+    def bench(
+        which: list[str] = typer.Argument(None, help=f"Benchmarks to run: {', '.join(BENCHES)} or all."),
+        quick: bool = typer.Option(False, "--quick", help="Smaller sizes (a smoke run, not for reporting)."),
+        out: Path = typer.Option(None, "--out", help="Results folder (default bench/results)."),
+    ) -> None:
+        """Run benchmarks; write bench/results/<name>.json and .md and print the tables."""
+        from rich.console import Console
+        from rich.markdown import Markdown
+
+        from bench.common import RESULTS_DIR, write_result
+
+        names = list(which or ["all"])
+        if "all" in names:
+            names = list(BENCHES)
+        unknown = [n for n in names if n not in BENCHES]
+        if unknown:
+            typer.echo(f"Error: unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHES)}, all", err=True)
+            raise typer.Exit(2)
+        console = Console()
+        results_dir = out or RESULTS_DIR
+        summary: list[str] = []
+        failed: list[str] = []
+        for name in names:
+            console.rule(f"bench {name}")
+            module = importlib.import_module(f"bench.{name}")
+            try:
+                result = module.run(quick=quick)
+            except Exception as exc:  # a failed benchmark is reported, the others still run
+                console.print(f"[red]bench {name} failed: {exc!r}")
+                failed.append(name)
+                continue
+            _, md_path = write_result(result, results_dir)
+            text = md_path.read_text()
+            summary.append(text)
+            console.print(Markdown(text))
+        (results_dir / "SUMMARY.md").write_text("\n".join(summary))
+        if failed:
+            raise typer.Exit(1)
