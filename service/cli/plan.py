@@ -1,7 +1,105 @@
-"""CLI commands (being built)."""
+"""``orthoplex plan --spec FILE.json [--top K] [--json]``: the planner from the command line.
+
+Exit codes: 0 at least one plan; 1 nothing fits (the reasons are printed); 2 bad input (the
+message names the field; never a traceback).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
 
 import typer
 
+TIME_GROUPS = {
+    "compute": ("gemm", "attention", "elementwise", "logits", "optimizer"),
+    "recompute": ("recompute",),
+    "comm": ("tp_comm", "cp_comm", "pp_p2p", "zero3_comm", "dp_comm"),
+    "bubble": ("bubble",),
+}
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _load_spec(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        _fail(f"--spec: cannot read {path}: {exc.strerror or exc}", 2)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        _fail(f"--spec: {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", 2)
+
+
+def _print_table(result: Any) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=170)
+    table = Table(title=f"Top {len(result.plans)} plans", show_lines=False)
+    for col in ("#", "layout", "b x m", "sp/zero/recompute", "GiB/GPU", "step s", "compute", "recompute",
+                "comm", "bubble", "MFU", "tokens/s", "tok/s/GPU"):
+        table.add_column(col, justify="left" if col in ("layout", "sp/zero/recompute") else "right")
+    for i, plan in enumerate(result.plans, 1):
+        lay, est = plan.layout, plan.estimate
+        split = {g: sum(est.time_breakdown_s.get(k, 0.0) for k in keys) for g, keys in TIME_GROUPS.items()}
+        spans = "" if not plan.spanning_counts.get("tp") else " (TP spans nodes)"
+        table.add_row(
+            str(i), f"{lay.short()} {lay.schedule}{' ' + lay.cp_method if lay.cp > 1 else ''}{spans}",
+            f"{lay.micro_batch} x {lay.num_micro_batches}", f"{'on' if lay.sp else 'off'}/{lay.zero}/{lay.recompute}",
+            f"{est.memory_gb_per_gpu:.1f}", f"{est.step_time_s:.3f}", f"{split['compute']:.3f}",
+            f"{split['recompute']:.3f}", f"{split['comm']:.3f}", f"{split['bubble']:.3f} ({100 * est.bubble_fraction:.0f}%)",
+            f"{100 * est.mfu:.1f}%", f"{est.tokens_per_s:,.0f}", f"{est.tokens_per_s_per_gpu:,.1f}",
+        )
+    if result.plans:
+        console.print(table)
+    console.print(f"searched {result.searched:,} candidates, fully costed {result.evaluated:,}, "
+                  f"in {result.search_time_s * 1000:.1f} ms")
+    if result.rejected_counts:
+        summary = ", ".join(f"{kind}: {n:,}" for kind, n in sorted(result.rejected_counts.items(),
+                                                                   key=lambda kv: -kv[1]))
+        console.print(f"rejected: {summary}")
+        seen: set[str] = set()
+        for rej in result.rejected:
+            if rej.kind in seen:
+                continue
+            seen.add(rej.kind)
+            shape = ", ".join(f"{k}={v}" for k, v in rej.layout.items() if k in ("tp", "pp", "cp", "dp", "vpp",
+                                                                                   "micro_batch", "zero", "recompute"))
+            console.print(f"  e.g. ({escape(shape)}) {escape(rej.reason)}")
+
+
+def plan_command(
+    spec: Path = typer.Option(..., "--spec", help="JSON spec (model, cluster, parallel, precision, training)"),
+    top: int = typer.Option(5, "--top", min=1, help="how many plans to show"),
+    as_json: bool = typer.Option(False, "--json", help="print the plans as JSON"),
+) -> None:
+    """Search every TP/PP/CP/DP layout for a model on a cluster and show the best plans."""
+    from planner import LayoutError, SpecError, plan
+
+    raw = _load_spec(spec)
+    try:
+        result = plan(raw, top_k=top)
+    except (SpecError, LayoutError) as exc:
+        _fail(str(exc), 2)
+    if as_json:
+        typer.echo(json.dumps(result.cli_dict(), indent=2))
+    else:
+        _print_table(result)
+    if not result.plans:
+        if as_json:
+            typer.echo("error: no layout fits; see 'rejected'", err=True)
+        raise typer.Exit(1)
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to ``app``."""
+    """Add the ``plan`` command to the ``orthoplex`` app."""
+    app.command("plan")(plan_command)

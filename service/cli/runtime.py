@@ -1,7 +1,193 @@
-"""CLI commands (being built)."""
+"""``orthoplex run`` (an elastic job on a local or given Ray cluster) and ``orthoplex cluster up|down``.
+
+Heavy imports (ray, torch) happen inside the commands so ``orthoplex --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
 
 import typer
 
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED")
+
+
+def build_spec(
+    *,
+    model: str,
+    steps: int,
+    global_batch: int,
+    min_gpus: int,
+    layout_hint: str | None,
+    checkpoint_dir: str,
+    kill_node_at_step: int | None,
+    slow_node_at_step: int | None,
+    slow_factor: float,
+    events_out: str | None,
+    metrics_out: str | None,
+    max_checkpoint_every: int,
+    hang_timeout_s: float,
+) -> dict[str, Any]:
+    """The job spec ``orthoplex run`` submits (faults only when a fault option is given)."""
+    faults: list[dict[str, Any]] = []
+    if kill_node_at_step is not None:
+        faults.append({"kind": "kill_node", "at_step": kill_node_at_step, "rank": -1})
+    if slow_node_at_step is not None:
+        faults.append({"kind": "slow_node", "at_step": slow_node_at_step, "rank": -1, "factor": slow_factor})
+    spec: dict[str, Any] = {
+        "model": model,
+        "steps": steps,
+        "global_batch": global_batch,
+        "min_gpus": min_gpus,
+        "checkpoint_dir": checkpoint_dir,
+        "checkpoint": {"min_every_steps": 1, "max_every_steps": max_checkpoint_every},
+        "runtime": {"hang_timeout_s": hang_timeout_s},
+        "faults": faults,
+    }
+    if layout_hint:
+        spec["layout_hint"] = layout_hint
+    if events_out:
+        spec["events_out"] = str(Path(events_out).resolve())
+    if metrics_out:
+        spec["metrics_out"] = str(Path(metrics_out).resolve())
+    return spec
+
+
+def _progress_line(e: dict[str, Any], t0: float) -> str | None:
+    t = f"[{e['ts'] - t0:7.1f}s]"
+    kind = e["type"]
+    if kind == "step":
+        return f"{t} step {e['step']:>5}  loss {e['loss']:.4f}  {e['wall_s']:.2f}s  world {e['world_size']}"
+    if kind == "plan":
+        return f"{t} plan      {e['short']} on {e['num_gpus']} GPUs ({e['reason']})"
+    if kind == "replan":
+        return (f"{t} replan    {e['old_short']} -> {e['new_short']} [{e['decision']}] "
+                f"predicted {e['old_tokens_per_s']:.0f} -> {e['new_tokens_per_s']:.0f} tok/s ({e['reason']})")
+    if kind == "recovery":
+        ph = "  ".join(f"{k} {v:.2f}s" for k, v in e["phases"].items())
+        return f"{t} recovery  {e['total_s']:.2f}s = {ph}"
+    if kind in ("ranks_mapped", "started"):
+        return None
+    return f"{t} {kind:<9} {e.get('reason', '')}"
+
+
+def summarize(result: dict[str, Any]) -> str:
+    """The final summary: plans used, failures, recovery time by phase, final loss."""
+    lines = [f"state: {result['state']}  steps: {result['steps_done']}  final loss: {result['final_loss']}"]
+    lines.append("plans: " + " -> ".join(f"{p['short']} ({p['num_gpus']} GPUs)" for p in result["plans"]))
+    for f in result["failures"]:
+        lines.append(f"failure at step {f['step']}: {f['kind']}: {f['reason']}")
+    for r in result["recoveries"]:
+        ph = ", ".join(f"{k} {v:.2f}s" for k, v in r["phases"].items())
+        lines.append(f"recovery ({r['cause']}): {r['total_s']:.2f}s = {ph}")
+    if result.get("error"):
+        lines.append(f"error: {result['error']}")
+    return "\n".join(lines)
+
+
+def run_job(spec: dict[str, Any], *, address: str | None, nodes: int, gpus_per_node: int, job_id: str,
+            echo: Any = typer.echo, poll_s: float = 0.5) -> dict[str, Any]:
+    """Run ``spec`` to an end on ``address`` (or on a fresh local cluster); returns the supervisor's summary."""
+    import ray
+
+    from workers.runtime.launch import start_supervisor, stop_supervisor
+    from workers.runtime.local_cluster import InProcessCluster, local_env
+
+    local_env()
+    local = None
+    if address is None and not ray.is_initialized():
+        echo(f"starting a local Ray cluster: {nodes} nodes x {gpus_per_node} GPUs (declared)")
+        local = InProcessCluster(nodes=nodes, gpus_per_node=gpus_per_node).start()
+    elif not ray.is_initialized():
+        ray.init(address=address, namespace="orthoplex", log_to_driver=False)
+    try:
+        handle = start_supervisor(job_id, 1, spec, enable_fault_injection=bool(spec.get("faults")))
+        seq, t0 = 0, time.time()
+        while True:
+            for e in ray.get(handle.events.remote(seq)):
+                seq = e["seq"]
+                line = _progress_line(e, t0)
+                if line:
+                    echo(line)
+            if ray.get(handle.status.remote())["state"] in TERMINAL:
+                break
+            time.sleep(poll_s)
+        result = ray.get(handle.run.remote())
+        for e in ray.get(handle.events.remote(seq)):
+            line = _progress_line(e, t0)
+            if line:
+                echo(line)
+        stop_supervisor(job_id, 1)
+        return result
+    finally:
+        if local is not None:
+            local.shutdown()
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to ``app``."""
+    """Add ``run`` and ``cluster up|down`` to ``app``."""
+
+    @app.command("run")
+    def run(
+        nodes: int = typer.Option(3, "--nodes", min=1, help="Local cluster: worker nodes."),
+        gpus_per_node: int = typer.Option(4, "--gpus-per-node", min=1, help="Local cluster: declared GPUs per node."),
+        model: str = typer.Option("tiny", "--model", help="Engine model preset."),
+        steps: int = typer.Option(20, "--steps", min=1),
+        global_batch: int = typer.Option(12, "--global-batch", min=1),
+        min_gpus: int = typer.Option(1, "--min-gpus", min=1, help="Shrink no further than this."),
+        layout_hint: str | None = typer.Option(None, "--layout-hint", help="Fix fields of the first plan, e.g. tp=2,pp=2."),
+        kill_node_at_step: int | None = typer.Option(None, "--kill-node-at-step", help="Test hook: crash a node."),
+        slow_node_at_step: int | None = typer.Option(None, "--slow-node-at-step", help="Test hook: slow a node."),
+        slow_factor: float = typer.Option(2.0, "--slow-factor", help="With --slow-node-at-step."),
+        events_out: str | None = typer.Option(None, "--events-out", help="Write events as JSONL."),
+        metrics_out: str | None = typer.Option(None, "--metrics-out", help="Write per-step metrics as JSONL."),
+        address: str | None = typer.Option(None, "--address", help="Use this Ray cluster instead of a local one."),
+        checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir", help="Default: a fresh temp dir."),
+        max_checkpoint_every: int = typer.Option(10, "--max-checkpoint-every", min=1,
+                                                 help="Upper bound of the Young checkpoint interval (steps)."),
+        hang_timeout_s: float = typer.Option(60.0, "--hang-timeout", help="A step without progress this long is a hang."),
+        job_id: str | None = typer.Option(None, "--job-id"),
+    ) -> None:
+        """Run a job elastically: plan, place, train; survive node loss and stragglers by re-planning."""
+        ckpt = checkpoint_dir or tempfile.mkdtemp(prefix="orthoplex-run-")
+        spec = build_spec(model=model, steps=steps, global_batch=global_batch, min_gpus=min_gpus,
+                          layout_hint=layout_hint, checkpoint_dir=ckpt, kill_node_at_step=kill_node_at_step,
+                          slow_node_at_step=slow_node_at_step, slow_factor=slow_factor, events_out=events_out,
+                          metrics_out=metrics_out, max_checkpoint_every=max_checkpoint_every,
+                          hang_timeout_s=hang_timeout_s)
+        result = run_job(spec, address=address, nodes=nodes, gpus_per_node=gpus_per_node,
+                         job_id=job_id or f"run-{int(time.time())}")
+        typer.echo(summarize(result))
+        if result["state"] != "SUCCEEDED":
+            raise typer.Exit(1)
+
+    cluster_app = typer.Typer(help="Local multi-node Ray clusters with declared GPUs (CPU torch underneath).",
+                              no_args_is_help=True)
+
+    @cluster_app.command("up")
+    def up(
+        nodes: int = typer.Option(3, "--nodes", min=1),
+        gpus_per_node: int = typer.Option(4, "--gpus-per-node", min=1),
+        cpus_per_node: float = typer.Option(2.0, "--cpus-per-node"),
+        data_dir: Path | None = typer.Option(None, "--data-dir", help="Where the cluster record lives."),
+    ) -> None:
+        """Start a head and NODES worker nodes as ``ray start`` processes that outlive this command."""
+        from workers.runtime.local_cluster import cluster_up
+
+        rec = cluster_up(nodes, gpus_per_node, cpus_per_node=cpus_per_node, data_dir=data_dir)
+        typer.echo(json.dumps({"address": rec["address"], "nodes": nodes, "gpus_per_node": gpus_per_node}))
+        typer.echo(f"use it with: orthoplex run --address {rec['address']} ...; stop it with: orthoplex cluster down")
+
+    @cluster_app.command("down")
+    def down(data_dir: Path | None = typer.Option(None, "--data-dir")) -> None:
+        """Stop the local cluster started by ``cluster up`` (only its own processes)."""
+        from workers.runtime.local_cluster import cluster_down
+
+        n = cluster_down(data_dir)
+        typer.echo(f"stopped {n} processes" if n else "no local cluster is recorded")
+
+    app.add_typer(cluster_app, name="cluster")

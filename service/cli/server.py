@@ -1,7 +1,146 @@
-"""CLI commands (being built)."""
+"""``orthoplex serve`` and ``orthoplex admin create-tenant|create-token``.
+
+``serve`` brings the schema to the newest migration, starts the controller loop in the background
+(``service.controller.runner.run_in_background``, when that module is there; ``--no-controller``
+to run the API alone), and serves the API with uvicorn. The ``admin`` commands talk to the
+database directly (``ORTHOPLEX_DATABASE_URL`` or ``--database-url``) and print a token's secret
+once. Exit codes: 0 done, 1 refused (e.g. the tenant exists), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
 
 import typer
 
+admin_app = typer.Typer(help="Administration with direct database access.", no_args_is_help=True)
+
+
+def _db_url(database_url: str | None) -> str:
+    from service.settings import get_settings
+
+    return database_url or get_settings().database_url
+
+
+def _start_controller(settings: Any) -> Any:
+    if importlib.util.find_spec("service.controller.runner") is None:
+        typer.echo("serve: no controller in this build; serving the API only", err=True)
+        return None
+    from service.controller import runner
+
+    return runner.run_in_background(settings)
+
+
+def serve(
+    host: str | None = typer.Option(None, help="Interface to bind (default: ORTHOPLEX_HOST)."),
+    port: int | None = typer.Option(None, min=1, max=65535, help="Port (default: ORTHOPLEX_PORT)."),
+    controller: bool = typer.Option(True, "--controller/--no-controller", help="Run the controller loop too."),
+) -> None:
+    """Migrate the database to the newest schema, then serve the API (and run the controller)."""
+    import uvicorn
+
+    from service.api.app import create_app
+    from service.db import migrate
+    from service.log import get_logger
+    from service.settings import get_settings
+
+    log = get_logger("service.cli.server")
+    settings = get_settings()
+    migrate.upgrade(settings.database_url)
+    log.info("schema at head", extra={"revision": migrate.current(settings.database_url)})
+    handle = _start_controller(settings) if controller else None
+    try:
+        uvicorn.run(create_app(settings), host=host or settings.host, port=port or settings.port,
+                    log_level=settings.log_level.lower(), access_log=False, log_config=None,
+                    timeout_graceful_shutdown=5)
+    finally:
+        if handle is not None:
+            handle.stop()
+
+
+@admin_app.command("create-tenant")
+def create_tenant(
+    name: str = typer.Argument(..., help="Tenant name (lowercase letters, digits, . _ -)."),
+    quota: int = typer.Option(0, "--quota", min=0, help="Guaranteed GPUs."),
+    weight: float = typer.Option(1.0, "--weight", min=0.001, help="Fair-share weight."),
+    max_jobs: int = typer.Option(100, "--max-jobs", min=1, help="Most unfinished jobs at once."),
+    rate: int = typer.Option(60, "--rate", min=1, help="Job submissions per minute."),
+    database_url: str | None = typer.Option(None, "--database-url", help="Default: ORTHOPLEX_DATABASE_URL."),
+) -> None:
+    """Create a tenant (prints its id)."""
+    import sqlalchemy as sa
+    from pydantic import ValidationError
+
+    from service.api.schemas import TenantCreate
+    from service.db import migrate
+    from service.db.models import Tenant
+    from service.db.session import make_engine, make_sessionmaker
+
+    try:
+        body = TenantCreate(name=name, gpu_quota=quota, weight=weight, max_jobs=max_jobs, submit_per_minute=rate)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        typer.echo(f"error: {'.'.join(map(str, err['loc']))}: {err['msg']}", err=True)
+        raise typer.Exit(2) from None
+    url = _db_url(database_url)
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    try:
+        with make_sessionmaker(engine)() as s:
+            if s.scalar(sa.select(Tenant.id).where(Tenant.name == name)) is not None:
+                typer.echo(f"error: tenant {name!r} exists", err=True)
+                raise typer.Exit(1)
+            tenant = Tenant(**body.model_dump())
+            s.add(tenant)
+            s.commit()
+            typer.echo(f"tenant {tenant.name} id={tenant.id} quota={tenant.gpu_quota} weight={tenant.weight:g}")
+    finally:
+        engine.dispose()
+
+
+@admin_app.command("create-token")
+def create_token(
+    tenant: str = typer.Argument(..., help="Tenant name or id."),
+    name: str = typer.Option("cli", "--name", help="A label for the token."),
+    expires_days: int = typer.Option(90, "--expires-days", min=0, help="Days until it expires; 0 = never."),
+    database_url: str | None = typer.Option(None, "--database-url", help="Default: ORTHOPLEX_DATABASE_URL."),
+) -> None:
+    """Create an API token for a tenant and print the secret (shown this once only)."""
+    import datetime as dt
+
+    import sqlalchemy as sa
+
+    from service.api.security import new_token
+    from service.db import migrate
+    from service.db.models import ApiToken, Tenant, utcnow
+    from service.db.session import make_engine, make_sessionmaker
+
+    url = _db_url(database_url)
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    try:
+        with make_sessionmaker(engine)() as s:
+            cond = Tenant.name == tenant
+            if tenant.isdigit():
+                cond = sa.or_(cond, Tenant.id == int(tenant))
+            row = s.scalars(sa.select(Tenant).where(cond).order_by(Tenant.id)).first()
+            if row is None:
+                typer.echo(f"error: no tenant {tenant!r}", err=True)
+                raise typer.Exit(1)
+            secret, prefix, digest = new_token()
+            expires = utcnow() + dt.timedelta(days=expires_days) if expires_days else None
+            s.add(ApiToken(tenant_id=row.id, name=name[:64], prefix=prefix, token_hash=digest, expires_at=expires))
+            s.commit()
+        typer.echo(secret)
+        typer.echo(f"token for tenant {row.name} (prefix {prefix}, "
+                   f"{'expires ' + expires.date().isoformat() if expires else 'never expires'}); "
+                   "it is not shown again", err=True)
+    finally:
+        engine.dispose()
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to ``app``."""
+    """Add ``serve`` and ``admin`` to ``app``."""
+    app.command("serve")(serve)
+    app.add_typer(admin_app, name="admin")

@@ -1,7 +1,118 @@
-"""CLI commands (being built)."""
+"""``orthoplex train``: run the 4D-parallel engine locally, one process per rank.
+
+Heavy imports (torch, the engine) happen inside the command so ``orthoplex --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
+EXIT_BAD_INPUT = 2
+
+
+def _refuse(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code=EXIT_BAD_INPUT)
+
+
+def train(
+    model: Annotated[str | None, typer.Option("--model", help="model preset (tiny, small, llama3-8b, ...)")] = None,
+    model_json: Annotated[Path | None, typer.Option("--model-json", help="model shape as JSON")] = None,
+    layout: Annotated[str | None, typer.Option(
+        "--layout", help="tp=2,cp=2,pp=2,dp=1[,vpp=2,micro_batch=1,zero=1,cp_method=ring|ulysses]; "
+                         "omitted = single process")] = None,
+    global_batch: Annotated[int, typer.Option("--global-batch", min=1)] = 8,
+    steps: Annotated[int, typer.Option("--steps", min=1)] = 10,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    data: Annotated[str | None, typer.Option("--data", help="text file/dir or token file; default: "
+                                                                 "the built-in stdlib corpus")] = None,
+    checkpoint_dir: Annotated[Path | None, typer.Option("--checkpoint-dir")] = None,
+    save_every: Annotated[int, typer.Option("--save-every", min=0)] = 0,
+    resume: Annotated[bool, typer.Option("--resume", help="continue from the newest verified checkpoint")] = False,
+    stop_at_step: Annotated[int | None, typer.Option(
+        "--stop-at-step", min=1, help="end after step K with a checkpoint, keeping the schedule of --steps")] = None,
+    metrics_out: Annotated[Path | None, typer.Option("--metrics-out", help="JSON lines, one per step")] = None,
+    lr: Annotated[float, typer.Option("--lr")] = 3e-3,
+    warmup_steps: Annotated[int, typer.Option("--warmup-steps", min=0)] = 2,
+    keep: Annotated[int, typer.Option("--keep", min=2)] = 2,
+    timeout: Annotated[float, typer.Option("--timeout", help="collective timeout per rank, seconds")] = 120.0,
+) -> None:
+    """Train a Llama-style model with a 4D-parallel layout on local processes."""
+    from planner.layout import Layout, LayoutError
+    from workers.engine.config import DataConfig, ModelConfig, TrainConfig
+    from workers.engine.validate import layout_problems
+
+    if (model is None) == (model_json is None):
+        _refuse("give exactly one of --model NAME or --model-json FILE")
+    try:
+        mcfg = ModelConfig.from_json(model_json) if model_json is not None else ModelConfig.preset(str(model))
+    except (ValueError, OSError) as e:
+        _refuse(str(e))
+    try:
+        lay = Layout.parse(layout) if layout else Layout()
+    except LayoutError as e:
+        _refuse(f"bad layout: {e}")
+    if (resume or stop_at_step or save_every) and checkpoint_dir is None:
+        _refuse("--resume, --stop-at-step and --save-every need --checkpoint-dir")
+    problems = layout_problems(mcfg, lay, global_batch)
+    if problems:
+        _refuse(f"layout {lay.short()} refused for model {mcfg.name}: " + "; ".join(problems))
+    try:
+        cfg = TrainConfig(model=mcfg, steps=steps, global_batch=global_batch, seed=seed, lr=lr,
+                          min_lr=lr / 10, warmup_steps=min(warmup_steps, steps), data=DataConfig.from_path(data),
+                          checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, save_every=save_every,
+                          keep_checkpoints=keep)
+    except ValueError as e:
+        _refuse(str(e))
+    if data and not Path(data).exists():
+        _refuse(f"--data {data}: no such file or directory")
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from workers.engine.launch import RankError, run_ranks, train_rank
+
+    console = Console(stderr=True)
+    out = metrics_out.open("a") if metrics_out is not None else None
+    progress = Progress(TextColumn("[bold]train[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
+    task = progress.add_task(f"{mcfg.name} {lay.short()}", total=steps, info="starting ranks")
+
+    def on_event(ev: dict[str, Any]) -> None:
+        kind = ev.pop("event")
+        if kind == "start":
+            progress.update(task, completed=ev["step"], info=f"from step {ev['step']}")
+        elif kind == "step":
+            line = {k: ev[k] for k in ("step", "loss", "grad_norm", "lr", "tokens_per_s")}
+            if out is not None:
+                out.write(json.dumps(line) + "\n")
+                out.flush()
+            else:
+                typer.echo(json.dumps(line))
+            progress.update(task, completed=ev["step"],
+                            info=f"loss {ev['loss']:.4f}  {ev['tokens_per_s']:.0f} tok/s")
+        elif kind == "checkpoint":
+            progress.console.print(f"checkpoint step {ev['step']} -> {ev['path']} ({ev['seconds']:.2f}s)")
+
+    try:
+        with progress:
+            results = run_ranks(train_rank, lay.world_size, cfg.to_dict(), lay.to_dict(), resume, stop_at_step,
+                                timeout_s=24 * 3600, collective_timeout_s=timeout, on_event=on_event)
+    except RankError as e:
+        console.print(f"[red]training failed[/]: {e}")
+        raise typer.Exit(code=1) from None
+    finally:
+        if out is not None:
+            out.close()
+    r = results[0]
+    console.print(f"done: steps {r['start']}..{r['end']} under {lay.short()}"
+                  + (f", checkpoints at {r['saved']}" if r["saved"] else ""))
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to ``app``."""
+    """Add ``train`` to the ``orthoplex`` app."""
+    app.command("train")(train)

@@ -22,7 +22,7 @@ class ModelConfig:
     hidden: int = 64
     heads: int = 8
     kv_heads: int = 4
-    ffn: int = 172
+    ffn: int = 176
     vocab: int = 256
     seq_len: int = 64
     rope_theta: float = 10000.0
@@ -93,7 +93,7 @@ class ModelConfig:
 
 # Shapes follow the published configs; names match the planner's presets.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(layers=4, hidden=64, heads=8, kv_heads=4, ffn=172, vocab=256, seq_len=64),
+    "tiny": dict(layers=4, hidden=64, heads=8, kv_heads=4, ffn=176, vocab=256, seq_len=64),
     "small": dict(layers=8, hidden=256, heads=8, kv_heads=4, ffn=688, vocab=256, seq_len=256),
     "llama-1b": dict(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256, seq_len=2048,
                      rope_theta=500000.0),

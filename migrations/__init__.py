@@ -1,0 +1,1 @@
+"""Alembic migrations of the job store (``service.db.migrate`` runs them programmatically)."""

@@ -1,0 +1,77 @@
+"""Validity rules, each with the reason a candidate is rejected (None = passes).
+
+Split by what they need, so the search can reject a whole factorization before looking at knobs.
+"""
+
+from __future__ import annotations
+
+from planner.layout import Layout
+from planner.spec import PlanSpec
+
+ENGINE_RECOMPUTE = ("none", "full")
+
+
+def check_tp(spec: PlanSpec, tp: int) -> tuple[str, str] | None:
+    m = spec.model
+    if m.heads % tp:
+        return "heads", f"heads {m.heads} not divisible by tp {tp}"
+    if m.kv_heads % tp and tp % m.kv_heads:
+        return "kv_heads", f"kv_heads {m.kv_heads} neither divisible by tp {tp} nor a divisor of it (no KV replication)"
+    if m.ffn % tp:
+        return "ffn", f"ffn {m.ffn} not divisible by tp {tp}"
+    return None
+
+
+def check_cp(spec: PlanSpec, cp: int) -> tuple[str, str] | None:
+    if cp > 1 and spec.model.seq_len % (2 * cp):
+        return "seq_len", f"seq_len {spec.model.seq_len} not divisible by 2*cp = {2 * cp} (zigzag load balancing)"
+    return None
+
+
+def check_pp(spec: PlanSpec, pp: int, vpp: int) -> tuple[str, str] | None:
+    layers = spec.model.layers
+    if pp * vpp > layers:
+        return "layers", f"pp*vpp = {pp * vpp} exceeds the {layers} layers"
+    if layers % (pp * vpp):
+        if spec.engine_only:
+            return "layers", f"layers {layers} not divisible by pp*vpp = {pp * vpp} (engine needs even stages)"
+        chunk = -(-layers // (pp * vpp))
+        if layers - chunk * vpp * (pp - 1) <= 0:
+            return "layers", f"layers {layers} cannot be split unevenly over pp*vpp = {pp * vpp} (last stage empty)"
+    return None
+
+
+def check_batch(spec: PlanSpec, dp: int, micro_batch: int) -> tuple[str, str] | None:
+    if spec.global_batch % (dp * micro_batch):
+        return "global_batch", (f"global_batch {spec.global_batch} not divisible by dp*micro_batch = "
+                                f"{dp}*{micro_batch}")
+    return None
+
+
+def check_schedule(spec: PlanSpec, lay: Layout, num_micro_batches: int) -> tuple[str, str] | None:
+    if lay.schedule == "interleaved" and num_micro_batches % lay.pp:
+        return "schedule", (f"interleaved schedule needs micro-batches ({num_micro_batches}) to be a multiple "
+                            f"of pp ({lay.pp})")
+    return None
+
+
+def check_knobs(spec: PlanSpec, lay: Layout) -> tuple[str, str] | None:
+    m = spec.model
+    if lay.cp > 1 and lay.cp_method == "ulysses":
+        heads_local = m.heads // lay.tp
+        if heads_local % lay.cp:
+            return "cp_method", f"ulysses needs heads/tp = {heads_local} divisible by cp {lay.cp}"
+    if spec.engine_only and lay.recompute not in ENGINE_RECOMPUTE:
+        return "engine", f"engine runs recompute none/full only, not {lay.recompute!r}"
+    if lay.sp and lay.tp == 1:
+        return "sp", "sequence parallelism needs tp > 1"
+    return None
+
+
+def check_all(spec: PlanSpec, lay: Layout) -> tuple[str, str] | None:
+    """Every structural rule for a complete layout (memory is checked separately)."""
+    nmb = lay.num_micro_batches or (spec.global_batch // (lay.dp * lay.micro_batch)
+                                    if spec.global_batch % (lay.dp * lay.micro_batch) == 0 else 0)
+    return (check_tp(spec, lay.tp) or check_cp(spec, lay.cp) or check_pp(spec, lay.pp, lay.vpp)
+            or check_batch(spec, lay.dp, lay.micro_batch) or check_schedule(spec, lay, nmb)
+            or check_knobs(spec, lay))

@@ -1,0 +1,174 @@
+"""Memory per GPU, by component (GiB = 2**30 bytes).
+
+- **Model states** (Megatron ``dist_optimizer.md``): bf16/fp8 params + fp32 grads + fp32 Adam
+  (master, m, v) = 2 + 4 + 12 = 18 B/param; fp16 = 2 + 2 + 16 = 20 B/param (fp8 keeps an extra
+  1 B fp8 weight copy). ZeRO-1 shards the optimizer over the DP x CP group, ZeRO-3 everything.
+- **Activations** (Korthikanti et al. 2022, Table 2, generalised to GQA, gated MLPs, flash
+  attention and CP): per layer and micro-batch, with ``t = b·s/cp`` tokens on the rank,
+  ``t·[10h/(T if SP else 1) + (2h + 4·kv·dh + 2h + 2·fc1 + 2·F)/T] + 5·a·(s/cp)·s·b/T`` bytes (the
+  last term only for materialized attention). Selective recompute drops the attention-score term;
+  full recompute keeps only the layer input ``2·t·h`` (/T with SP) plus one layer's working set.
+  The first stage holds ``min(m, p)`` micro-batches of its layers (1F1B; GPipe keeps ``m``;
+  interleaving multiplies by ``1 + (p-1)/(p·v)``).
+- **Embedding/logits**: embedding output on the first stage; fp32 logits ``4·t·(h+V)/T`` on the last.
+- **Runtime overhead**: CUDA context, NCCL buffers, allocator slack: a fixed ``min(3, 4% of HBM)`` GiB.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from planner.flops import layer_params
+from planner.layout import Layout
+from planner.spec import ModelSpec, PlanSpec
+
+GiB = float(2**30)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    components: dict[str, float]  # GiB, on the busiest stage
+    total_gb: float
+    first_stage_gb: float
+    last_stage_gb: float
+
+
+@lru_cache(maxsize=8192)
+def stage_layers(layers: int, pp: int, vpp: int, head_eq: float = 0.0) -> tuple[int, int]:
+    """(layers on the first stage, layers on the last stage).
+
+    Even splits follow Megatron (``L/p`` everywhere; the last stage also runs the output layer).
+    Uneven ones (not run by the engine) balance the output layer as ``head_eq`` layers' worth of
+    work, as DeepSpeed's partitioner and Megatron's ``--decoder-last-pipeline-num-layers`` allow;
+    with interleaving the first stages take ``ceil(L/(p·v))`` layers per chunk.
+    """
+    if pp == 1:
+        return layers, layers
+    if layers % (pp * vpp) == 0:
+        return layers // pp, layers // pp
+    if vpp > 1:
+        first = math.ceil(layers / (pp * vpp)) * vpp
+        return first, max(0, layers - first * (pp - 1))
+    best: tuple[float, int, int] | None = None
+    for last in range(1, layers - pp + 2):
+        first = math.ceil((layers - last) / (pp - 1))
+        cost = max(first, last + head_eq)
+        if best is None or cost < best[0]:
+            best = (cost, first, last)
+    assert best is not None
+    return best[1], best[2]
+
+
+@lru_cache(maxsize=256)
+def head_layer_equivalents(m: ModelSpec) -> float:
+    """The output layer's work in decoder layers (FLOP ratio), for balancing uneven stages."""
+    from planner.flops import layer_matmul_params
+
+    return m.vocab * m.hidden / (layer_matmul_params(m) + m.seq_len * m.hidden)
+
+
+def state_bytes_per_param(precision: str, zero: int, shard: int) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes per parameter after ZeRO sharding over ``shard`` ranks."""
+    w = 3.0 if precision == "fp8" else 2.0
+    g, o = (2.0, 16.0) if precision == "fp16" else (4.0, 12.0)
+    if zero >= 1:
+        o /= shard
+    if zero >= 3:
+        w /= shard
+        g /= shard
+    return w, g, o
+
+
+def activation_bytes_per_layer(spec: PlanSpec, lay: Layout, recompute: str | None = None) -> float:
+    """Activation bytes one layer keeps for one micro-batch on one rank (see module docstring)."""
+    m = spec.model
+    rc = recompute or lay.recompute
+    tok = lay.micro_batch * m.seq_len / lay.cp
+    h, t = m.hidden, lay.tp
+    sp_div = t if lay.sp else 1
+    if rc == "full":
+        return 2.0 * tok * h / sp_div
+    kv = m.kv_heads * m.head_dim
+    fc1 = (2 if m.gated_mlp else 1) * m.ffn
+    replicated = 10.0 * tok * h / sp_div
+    split = tok * (2 * h + 4 * kv + 2 * h + 2 * fc1 + 2 * m.ffn) / t
+    if m.attention == "materialized":
+        scores = 5.0 * m.heads * (m.seq_len / lay.cp) * m.seq_len * lay.micro_batch / t
+    else:
+        scores = 4.0 * m.heads * tok / t  # softmax statistics only
+    if rc == "selective":
+        scores = 0.0 if m.attention == "materialized" else scores
+    return replicated + split + scores
+
+
+def inflight_factor(lay: Layout, m: int) -> float:
+    """Micro-batches whose activations the first stage holds at the peak."""
+    p, v = lay.pp, lay.vpp
+    if p == 1:
+        return 1.0
+    if lay.schedule == "gpipe":
+        return float(m)
+    held = float(min(m, p))
+    if v > 1:
+        held *= 1 + (p - 1) / (p * v)
+    return held
+
+
+def _stages(spec: PlanSpec, lay: Layout) -> tuple[dict[str, float], dict[str, float]]:
+    m = spec.model
+    p, t = lay.pp, lay.tp
+    mb = lay.num_micro_batches or max(1, spec.global_batch // (lay.dp * lay.micro_batch))
+    first_layers, last_layers = stage_layers(m.layers, p, lay.vpp, head_layer_equivalents(m))
+    w, g, o = state_bytes_per_param(spec.precision, lay.zero, lay.dp * lay.cp)
+    per_param = w + g + o
+    lp = layer_params(m) / t
+    emb = m.vocab * m.hidden / t
+    head = 0.0 if (m.tied_embeddings and p == 1) else emb  # untied head, or the tied copy on the last stage
+
+    tok = lay.micro_batch * m.seq_len / lay.cp
+    sp_div = t if lay.sp else 1
+    act_layer = activation_bytes_per_layer(spec, lay)
+    working = activation_bytes_per_layer(spec, lay, "none") if lay.recompute == "full" else 0.0
+    zero3_buf = 2.0 * lp * 2.0 + lp * 4.0 if lay.zero >= 3 else 0.0
+    emb_act = 3.0 * tok * m.hidden / sp_div
+    logits = 4.0 * tok * (m.hidden + m.vocab) / t
+    overhead = min(3.0, 0.04 * spec.cluster.gpu_mem_gb) * GiB
+
+    def stage(layers: int, with_emb: bool, with_head: bool, held: float) -> dict[str, float]:
+        params_layers = layers * lp
+        params_emb = (emb if with_emb else 0.0) + (head if with_head else 0.0)
+        return {
+            "weights": params_layers * w,
+            "grads": params_layers * g,
+            "optimizer": params_layers * o,
+            "embedding_states": params_emb * per_param,
+            "activations": act_layer * layers * held + working + zero3_buf,
+            "embedding_logits_act": (emb_act * held if with_emb else 0.0) + (logits if with_head else 0.0),
+            "runtime_overhead": overhead,
+        }
+
+    if p == 1:
+        first = stage(first_layers, True, True, 1.0)
+        return first, first
+    return (stage(first_layers, True, False, inflight_factor(lay, mb)), stage(last_layers, False, True, 1.0))
+
+
+def estimate_memory(spec: PlanSpec, lay: Layout) -> MemoryEstimate:
+    first, last = _stages(spec, lay)
+    ft = sum(first.values()) / GiB
+    lt = sum(last.values()) / GiB
+    busiest = first if ft >= lt else last
+    comps = {k: v / GiB for k, v in busiest.items()}
+    return MemoryEstimate(components=comps, total_gb=max(ft, lt), first_stage_gb=ft, last_stage_gb=lt)
+
+
+def memory_total_gb(spec: PlanSpec, lay: Layout) -> float:
+    """Same as ``estimate_memory(...).total_gb`` (the search's fast path)."""
+    first, last = _stages(spec, lay)
+    return max(sum(first.values()), sum(last.values())) / GiB
+
+
+def memory_limit_gb(spec: PlanSpec) -> float:
+    return spec.cluster.gpu_mem_gb * (1.0 - spec.memory_headroom)

@@ -1,0 +1,395 @@
+"""The search: every TP x CP x PP x DP factorization, then the knobs, best first.
+
+Exact with respect to the cost model, but it skips what provably cannot win:
+
+- *dominance*: for the same other knobs, SP on (tp > 1) costs no more time and less memory than
+  off; ZeRO-1 no more than ZeRO-0 when DP x CP > 1; 1F1B no more than GPipe; a cheaper recompute
+  mode that fits is faster than a costlier one, so recompute stops at the first that fits;
+  memory grows with the micro-batch, so once nothing fits, larger micro-batches are not tried.
+- *bounds*: factorizations (and micro-batch/vpp choices) are visited in order of a lower bound on
+  their step time (compute at the GEMM efficiency ceiling, no communication, the smallest bubble
+  any knob allows) and dropped once the bound exceeds the k-th best step time found.
+
+A field the spec fixes is never pruned away: dominance is applied only to free fields.
+Skipped candidates still count in ``searched``; ``evaluated`` counts those fully costed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner import constraints as C
+from planner.flops import layer_matmul_params, model_flops_per_token, recompute_flops_per_token
+from planner.grid import block_fits, gpu_histogram, rank_grid
+from planner.layout import Layout
+from planner.memory import (
+    estimate_memory,
+    head_layer_equivalents,
+    memory_limit_gb,
+    memory_total_gb,
+    stage_layers,
+)
+from planner.result import Estimate, Plan, PlanResult, Rejection
+from planner.spec import NodeSpec, PlanSpec
+from planner.timing import Hardware, Links, estimate_time, group_link, hardware_for, head_time, layer_times
+
+MAX_LISTED_REJECTIONS = 200
+MAX_MICRO_BATCH = 64
+RECOMPUTE_ORDER = ("none", "selective", "full")
+
+
+def divisors(n: int) -> list[int]:
+    small, large = [], []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i * i != n:
+                large.append(n // i)
+        i += 1
+    return small + large[::-1]
+
+
+@dataclass
+class World:
+    """A set of GPUs to plan for: the nodes used (in spec order) and their slowest speed."""
+
+    size: int
+    nodes: tuple[NodeSpec, ...]
+    speed: float
+    gpus: tuple[tuple[int, int], ...]  # histogram: (GPUs per node, node count)
+
+
+def candidate_worlds(spec: PlanSpec) -> list[World]:
+    """World sizes to try, each on the fastest nodes that hold it (a slow node can be left out)."""
+    c = spec.cluster
+    order = sorted(range(len(c.nodes)), key=lambda i: -c.nodes[i].speed)
+    if c.min_gpus <= 0:
+        sizes = [c.num_gpus]
+    elif c.num_gpus <= 64:
+        sizes = list(range(c.num_gpus, c.min_gpus - 1, -1))
+    else:
+        g = c.gpus_per_node
+        sizes = sorted({c.num_gpus, c.min_gpus, *range(g * (c.min_gpus // g or 1), c.num_gpus, g)}, reverse=True)
+        sizes = [s for s in sizes if c.min_gpus <= s <= c.num_gpus]
+    worlds = []
+    for size in sizes:
+        chosen: list[int] = []
+        total = 0
+        for i in order:
+            if total >= size:
+                break
+            chosen.append(i)
+            total += c.nodes[i].gpus
+        chosen.sort()
+        nodes = tuple(c.nodes[i] for i in chosen)
+        # GPUs actually used per node (the last chosen node may be partly used)
+        worlds.append(World(size, nodes, min(n.speed for n in nodes), gpu_histogram([n.gpus for n in nodes])))
+    return worlds
+
+
+def links_for(hw: Hardware, tp: int, cp: int, dp: int, pp: int, gpus: tuple[tuple[int, int], ...]) -> Links:
+    """Links of each group kind under :func:`planner.grid.rank_grid`'s placement.
+
+    TP and CP groups that leave a node are priced at one NIC per rank (conservative: they are on
+    the critical path and share the NICs with DP and PP traffic); DP groups get one NIC per member
+    on a node (NCCL rings over every NIC); pipeline point-to-point gets one NIC.
+    """
+    world = tp * cp * dp * pp
+    per_node = min(g for g, _ in gpus)
+    return Links(
+        tp=group_link(hw, block_fits(tp, world, gpus), 1),
+        cp=group_link(hw, block_fits(tp * cp, world, gpus), 1),
+        dp=group_link(hw, block_fits(tp * cp * dp, world, gpus), per_node // tp),
+        pp=group_link(hw, block_fits(world, world, gpus), 1),
+    )
+
+
+def build_estimate(spec: PlanSpec, hw: Hardware, lay: Layout, gpus: tuple[tuple[int, int], ...]) -> Estimate:
+    mem = estimate_memory(spec, lay)
+    t = estimate_time(spec, hw, lay, links_for(hw, lay.tp, lay.cp, lay.dp, lay.pp, gpus))
+    m = spec.model
+    tokens = spec.global_batch * m.seq_len
+    tps = tokens / t.step_time_s
+    world = lay.world_size
+    model_flops = model_flops_per_token(m) * tps
+    hw_flops = model_flops + recompute_flops_per_token(m, lay.recompute) * tps
+    return Estimate(
+        step_time_s=t.step_time_s,
+        tokens_per_s=tps,
+        tokens_per_s_per_gpu=tps / world,
+        mfu=model_flops / (world * hw.peak),
+        hfu=hw_flops / (world * hw.peak),
+        memory_gb_per_gpu=mem.total_gb,
+        bubble_fraction=t.bubble_fraction,
+        time_breakdown_s=t.components,
+        hidden_comm_s=t.hidden,
+        memory_breakdown_gb=mem.components,
+    )
+
+
+@dataclass(order=True)
+class _Found:
+    step: float
+    tie: tuple[Any, ...]
+    layout: Layout = field(compare=False)
+    world: World = field(compare=False)
+
+
+class Searcher:
+    def __init__(self, spec: PlanSpec, top_k: int) -> None:
+        self.spec = spec
+        self.top_k = max(1, top_k)
+        self.best_by_shape: dict[tuple[int, ...], _Found] = {}
+        self.rejected: list[Rejection] = []
+        self.rejected_counts: dict[str, int] = {}
+        self.searched = 0
+        self.evaluated = 0
+        self.limit_gb = memory_limit_gb(spec)
+        self._threshold = math.inf
+
+    # ------------------------------------------------------------------ bookkeeping
+    def reject(self, layout: dict[str, Any] | Layout, kind: str, reason: str, count: int = 1) -> None:
+        self.rejected_counts[kind] = self.rejected_counts.get(kind, 0) + count
+        if len(self.rejected) < MAX_LISTED_REJECTIONS:
+            as_dict = layout.to_dict() if isinstance(layout, Layout) else layout
+            self.rejected.append(Rejection(as_dict, reason, kind))
+
+    def found(self, step: float, lay: Layout, world: World) -> None:
+        key = (world.size, lay.tp, lay.pp, lay.cp, lay.dp)
+        entry = _Found(step, (-world.size, lay.vpp, lay.micro_batch, lay.zero), lay, world)
+        old = self.best_by_shape.get(key)
+        if old is None or entry < old:
+            self.best_by_shape[key] = entry
+            if len(self.best_by_shape) >= self.top_k and step < self._threshold:
+                self._threshold = heapq.nsmallest(self.top_k, (f.step for f in self.best_by_shape.values()))[-1]
+
+    # ------------------------------------------------------------------ knob candidates
+    def _free(self, name: str) -> bool:
+        return name not in self.spec.fixed
+
+    def _options(self, name: str, default: Sequence[Any]) -> list[Any]:
+        return [self.spec.fixed[name]] if name in self.spec.fixed else list(default)
+
+    def factorizations(self, world: int) -> Iterator[tuple[int, int, int, int]]:
+        f = self.spec.fixed
+        for tp in divisors(world):
+            if "tp" in f and f["tp"] != tp:
+                continue
+            for cp in divisors(world // tp):
+                if "cp" in f and f["cp"] != cp:
+                    continue
+                rest = world // (tp * cp)
+                for pp in divisors(rest):
+                    dp = rest // pp
+                    if ("pp" in f and f["pp"] != pp) or ("dp" in f and f["dp"] != dp):
+                        continue
+                    yield tp, cp, pp, dp
+
+    def lower_bound(self, hw: Hardware, tp: int, cp: int, pp: int, dp: int, nmb: int, vmax: int) -> float:
+        m = self.spec.model
+        samples = self.spec.global_batch / dp
+        per_token = 6.0 * layer_matmul_params(m) + 6.0 * m.seq_len * m.hidden * 0.5
+        flops = samples * m.seq_len * per_token * (m.layers / pp) / (tp * cp)
+        compute = flops / (max(hw.peak, hw.peak_bf16) * hw.eff * hw.speed)
+        return compute * (1 + (pp - 1) / (vmax * nmb))
+
+    # ------------------------------------------------------------------ the search
+    def run_world(self, world: World) -> None:
+        spec = self.spec
+        hw = hardware_for(spec, world.speed)
+        gb = spec.global_batch
+        entries = []
+        shapes = list(self.factorizations(world.size))
+        if not shapes:
+            fixed = {k: v for k, v in spec.fixed.items() if k in ("tp", "pp", "cp", "dp")}
+            self.reject({"world_size": world.size, **fixed}, "gpus",
+                        f"{world.size} GPUs cannot be split as tp*pp*cp*dp with {fixed}")
+        for tp, cp, pp, dp in shapes:
+            shape = {"tp": tp, "pp": pp, "cp": cp, "dp": dp}
+            bad = C.check_tp(spec, tp) or C.check_cp(spec, cp)
+            if bad is None and pp > spec.model.layers:
+                bad = ("layers", f"pp {pp} exceeds the {spec.model.layers} layers")
+            if bad is None and gb % dp:
+                bad = ("global_batch", f"global_batch {gb} not divisible by dp {dp}")
+            if bad:
+                self.reject(shape, bad[0], bad[1])
+                self.searched += 1
+                continue
+            mbs = [b for b in self._options("micro_batch", divisors(gb // dp)) if (gb // dp) % b == 0
+                   and (b <= MAX_MICRO_BATCH or not self._free("micro_batch"))]
+            if not mbs:
+                self.reject(shape, "global_batch", f"micro_batch does not divide global_batch/dp = {gb // dp}")
+                self.searched += 1
+                continue
+            vpps = self._vpp_options(pp)
+            lb = self.lower_bound(hw, tp, cp, pp, dp, gb // (dp * mbs[0]), max(vpps))
+            entries.append((lb, tp, cp, pp, dp, mbs, vpps))
+        entries.sort(key=lambda e: e[0])
+        for lb, tp, cp, pp, dp, mbs, vpps in entries:
+            n_knobs = len(mbs) * len(vpps) * 2 * 3 * 3
+            if lb > self._threshold:
+                self.searched += n_knobs
+                continue
+            self._search_shape(world, hw, tp, cp, pp, dp, mbs, vpps)
+
+    def _vpp_options(self, pp: int) -> list[int]:
+        if "vpp" in self.spec.fixed:
+            return [self.spec.fixed["vpp"]]
+        if pp == 1 or self.spec.fixed.get("schedule", "interleaved") != "interleaved":
+            return [1]
+        layers = self.spec.model.layers
+        return [v for v in range(1, layers // pp + 1) if v == 1 or layers % (pp * v) == 0]
+
+    def tight_bound(self, hw: Hardware, links: Links, tp: int, cp: int, pp: int, b: int, v: int, nmb: int,
+                    sps: list[bool], cpms: list[str]) -> float:
+        """Pipeline time with no recompute and no DP exposure: a lower bound for every remaining knob."""
+        m = self.spec.model
+        first, last = stage_layers(m.layers, pp, v, head_layer_equivalents(m))
+        head = head_time(m, hw, b, tp, cp)
+        best = math.inf
+        for sp in sps:
+            for cpm in cpms:
+                lt = layer_times(m, self.spec.precision, hw, b, tp, cp, sp, "none", cpm, links.tp, links.cp)
+                stage = max(first * lt.total, last * lt.total + head) if pp > 1 else first * lt.total + head
+                best = min(best, stage)
+        return (nmb + (pp - 1) / v) * best
+
+    def _search_shape(self, world: World, hw: Hardware, tp: int, cp: int, pp: int, dp: int,
+                      mbs: list[int], vpps: list[int]) -> None:
+        spec = self.spec
+        shape = {"tp": tp, "pp": pp, "cp": cp, "dp": dp}
+        sps = self._options("sp", [True] if tp > 1 else [False])
+        zeros = self._options("zero", [1, 3] if dp * cp > 1 else [0])
+        recs = self._options("recompute", C.ENGINE_RECOMPUTE if spec.engine_only else RECOMPUTE_ORDER)
+        cpms = self._options("cp_method", ["ring", "ulysses"] if cp > 1 else ["ring"])
+        links = links_for(hw, tp, cp, dp, pp, world.gpus)
+        per_v = len(sps) * len(zeros) * len(recs) * len(cpms)
+        for i, b in enumerate(mbs):
+            nmb = spec.global_batch // (dp * b)
+            any_fit = False
+            for v in vpps:
+                self.searched += per_v
+                bad = C.check_pp(spec, pp, v)
+                if bad:
+                    self.reject({**shape, "vpp": v}, bad[0], bad[1])
+                    any_fit = True  # not a memory failure: keep trying larger micro-batches
+                    continue
+                if self.tight_bound(hw, links, tp, cp, pp, b, v, nmb, sps, cpms) > self._threshold:
+                    any_fit = True
+                    continue
+                for sched in self._options("schedule", ["interleaved"] if v > 1 else ["1f1b"]):
+                    for sp in sps:
+                        for cpm in cpms:
+                            if self._try_knobs(world, hw, links, shape, b, nmb, v, sched, sp, cpm, zeros, recs):
+                                any_fit = True
+            if not any_fit and "micro_batch" not in spec.fixed:
+                # memory only grows with the micro-batch: larger ones cannot fit either
+                self.searched += (len(mbs) - i - 1) * len(vpps) * per_v
+                break
+
+    def _try_knobs(self, world: World, hw: Hardware, links: Links, shape: dict[str, int], b: int, nmb: int,
+                   v: int, sched: str, sp: bool, cpm: str, zeros: list[int], recs: list[str]) -> bool:
+        """ZeRO x recompute for one (b, v, schedule, sp, cp_method); True unless only memory failed.
+
+        Recompute modes are tried cheapest first and stop at the first that fits; ZeRO-1 (or 0)
+        first: once it fits with mode r, ZeRO-3 (more communication) only needs modes cheaper than r.
+        """
+        spec = self.spec
+        cutoff = len(recs)
+        fitted_any = False
+        for zero in zeros:
+            for k, rc in enumerate(recs):
+                if k >= cutoff:
+                    break
+                try:
+                    lay = Layout(tp=shape["tp"], pp=shape["pp"], cp=shape["cp"], dp=shape["dp"], vpp=v,
+                                 micro_batch=b, num_micro_batches=nmb, sp=sp, zero=zero, recompute=rc,
+                                 schedule=sched, cp_method=cpm)
+                except ValueError as exc:
+                    self.reject({**shape, "vpp": v, "schedule": sched}, "layout", str(exc))
+                    return True
+                bad = C.check_schedule(spec, lay, nmb) or C.check_knobs(spec, lay)
+                if bad:
+                    self.reject(lay, bad[0], bad[1])
+                    if bad[0] == "engine":
+                        continue
+                    return True
+                mem = memory_total_gb(spec, lay)
+                if mem > self.limit_gb:
+                    self.reject(lay, "memory", f"needs {mem:.1f} GiB per GPU > {self.limit_gb:.1f} GiB usable")
+                    continue
+                fitted_any = True
+                self.evaluated += 1
+                self.found(estimate_time(spec, hw, lay, links, detail=False).step_time_s, lay, world)
+                if zero < 3:
+                    cutoff = k
+                break
+        return fitted_any
+
+    # ------------------------------------------------------------------ results
+    def top(self) -> list[_Found]:
+        return sorted(self.best_by_shape.values())[: self.top_k]
+
+
+def make_plan(spec: PlanSpec, lay: Layout, world: World) -> Plan:
+    hw = hardware_for(spec, world.speed)
+    est = build_estimate(spec, hw, lay, world.gpus)
+    slots, groups, counts = rank_grid(lay, world.nodes)
+    return Plan(layout=lay, estimate=est, global_batch=spec.global_batch, num_gpus=world.size,
+                rank_grid=slots, spanning_groups=groups, spanning_counts=counts,
+                nodes_used=tuple(n.id for n in world.nodes))
+
+
+def search(spec: PlanSpec, top_k: int = 5) -> PlanResult:
+    t0 = time.perf_counter()
+    searcher = Searcher(spec, top_k)
+    for world in candidate_worlds(spec):
+        searcher.run_world(world)
+    plans = tuple(make_plan(spec, f.layout, f.world) for f in searcher.top())
+    return PlanResult(plans=plans, rejected=tuple(searcher.rejected), searched=searcher.searched,
+                      evaluated=searcher.evaluated, search_time_s=time.perf_counter() - t0,
+                      rejected_counts=dict(searcher.rejected_counts))
+
+
+def evaluate_on(spec: PlanSpec, layout: Layout, nodes: Sequence[NodeSpec] | None) -> Plan | Rejection:
+    """Cost one given layout on ``nodes`` (default: the fastest nodes that hold it): a plan, or
+    the reason it is invalid or does not fit."""
+    if nodes is None:
+        if layout.world_size > spec.cluster.num_gpus:
+            return Rejection(layout.to_dict(), f"needs {layout.world_size} GPUs, the cluster has "
+                             f"{spec.cluster.num_gpus}", "gpus")
+        chosen, total = [], 0
+        for i in sorted(range(len(spec.cluster.nodes)), key=lambda i: -spec.cluster.nodes[i].speed):
+            if total >= layout.world_size:
+                break
+            chosen.append(i)
+            total += spec.cluster.nodes[i].gpus
+        nodes = [spec.cluster.nodes[i] for i in sorted(chosen)]
+    if sum(n.gpus for n in nodes) < layout.world_size:
+        return Rejection(layout.to_dict(), f"needs {layout.world_size} GPUs, the nodes have "
+                         f"{sum(n.gpus for n in nodes)}", "gpus")
+    world = World(layout.world_size, tuple(nodes), min(n.speed for n in nodes),
+                  gpu_histogram([n.gpus for n in nodes]))
+    lay = layout
+    if not lay.num_micro_batches and spec.global_batch % (lay.dp * lay.micro_batch) == 0:
+        lay = lay.with_global_batch(spec.global_batch)
+    bad = C.check_all(spec, lay)
+    if bad:
+        return Rejection(lay.to_dict(), bad[1], bad[0])
+    plan = make_plan(spec, lay, world)
+    limit = memory_limit_gb(spec)
+    if plan.estimate.memory_gb_per_gpu > limit:
+        return Rejection(lay.to_dict(), f"needs {plan.estimate.memory_gb_per_gpu:.1f} GiB per GPU > {limit:.1f} GiB "
+                         "usable", "memory")
+    return plan
+
+
+def evaluate(spec: PlanSpec, layout: Layout) -> Plan | Rejection:
+    """Cost one given layout on the spec's fastest nodes: a plan, or the reason it is invalid."""
+    return evaluate_on(spec, layout, None)

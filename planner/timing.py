@@ -1,0 +1,324 @@
+"""Step time by component.
+
+Per micro-batch and pipeline stage (``tok = b·s/cp`` tokens on a rank, ``T`` = TP):
+
+- **GEMMs** (QKV, proj, fc1, fc2; logits on the last stage) at a roofline with a size-dependent
+  efficiency: ``t = max(2MNK / (peak·eff·g(min(M,N,K))), bytes / (HBM·0.7)) + launch``,
+  ``g(d) = d/(d+32)``, ``eff`` the GPU's sustained large-GEMM fraction. Backward = 2 x forward.
+  fp8 GEMMs run at the fp8 peak with 0.8 x the bf16 efficiency (scaling/casting overheads).
+- **Attention core**: flash (causal half skipped, at the GPU's ``attention_efficiency`` times
+  ``L/(L+400)`` for blocks of length ``L`` (FlashAttention-2's measured fall-off at short sequences;
+  ``L = s/(2cp)`` under zigzag CP), backward 2.5 x forward) or
+  materialized (full s² batched GEMMs at the roofline plus softmax/dropout traffic).
+- **Memory-bound ops** (norms, residuals, dropout, activation function, RoPE): bytes / (HBM·0.7);
+  the replicated part is divided by T only with SP.
+- **TP/SP collectives**: per layer 2 all-reduce-equivalents forward, 2 backward (+2 with full
+  recompute) of ``2·tok·h`` bytes, ring cost ``2(T-1)/T·S/BW``, on NVLink when the TP group fits in
+  a node, on the NICs otherwise (a group with k members per node gets k NICs: NCCL runs a ring per
+  NIC). Not overlapped.
+- **CP**: ring passes K/V chunks ``(cp-1)`` times (backward 2 x), overlapped with attention; only the
+  excess is exposed, plus 20 µs of launch/synchronisation per ring step. Ulysses: two all-to-alls each way, exposed.
+- **PP**: point-to-point ``2·tok·h/T`` bytes per chunk boundary, forward and backward, exposed;
+  bubble ``(p-1)/v`` stage-times, i.e. ``(p-1)/(v·m+p-1)`` of the pipeline time.
+- **DP**: gradient all-reduce (ZeRO-0) or reduce-scatter + parameter all-gather (ZeRO-1) over
+  DP x CP, overlapped with the last micro-batch's backward; ZeRO-3 gathers parameters forward and
+  backward and reduce-scatters gradients for every micro-batch, overlapped with that micro-batch.
+- **Overlap is not free**: every second of communication hidden under compute slows that compute by
+  0.15 s (NCCL kernels occupy SMs and HBM bandwidth), charged to that communication's component;
+  CP also pays the online-softmax merges of partial results.
+- **Recompute**: full = one more forward (with its TP collectives); selective = attention core again.
+- **Optimizer**: ~30 bytes of HBM traffic per local parameter shard.
+
+Compute terms are divided by the slowest used node's relative speed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from planner.flops import layer_params
+from planner.layout import Layout
+from planner.memory import head_layer_equivalents, stage_layers
+from planner.spec import ModelSpec, PlanSpec
+
+GEMM_LAUNCH_S = 4e-6
+GEMM_DIM_HALF = 32.0
+MEM_EFF = 0.70
+NVLINK_EFF = 0.75
+NIC_EFF = 0.80
+LAT_INTRA_S = 2e-6
+LAT_INTER_S = 6e-6
+FP8_EFF = 0.80
+FLASH_HALF_LEN = 400.0  # flash attention reaches half its efficiency at this sequence (block) length
+CP_STEP_S = 20e-6  # per ring step: kernel launch + send/recv synchronisation, not hidden
+ELEM_REPLICATED_BYTES = 32.0  # bytes per hidden element per token per layer forward
+OPT_BYTES_PER_PARAM = 30.0
+OVERLAP_COST = 0.15  # compute lost per second of communication hidden under it (NCCL takes SMs and HBM)
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    peak: float  # FLOP/s for GEMMs at this precision
+    peak_bf16: float
+    eff: float
+    attn_eff: float  # flash attention forward + backward, fraction of the bf16 peak
+    mem_bw: float  # bytes/s achieved by memory-bound kernels
+    intra_bw: float  # bytes/s, effective collective bandwidth on NVLink
+    inter_bw: float  # bytes/s per GPU on the NICs
+    speed: float  # slowest used node's relative speed
+
+
+def hardware_for(spec: PlanSpec, speed: float = 1.0) -> Hardware:
+    c = spec.cluster
+    fp8 = spec.precision == "fp8"
+    return Hardware(
+        peak=(c.peak_tflops_fp8 if fp8 else c.peak_tflops) * 1e12,
+        peak_bf16=c.peak_tflops * 1e12,
+        eff=c.gemm_efficiency * (FP8_EFF if fp8 else 1.0),
+        attn_eff=c.attention_efficiency,
+        mem_bw=c.mem_bw_GBps * 1e9 * MEM_EFF,
+        intra_bw=c.intra_node_bw_GBps * 1e9 * NVLINK_EFF,
+        inter_bw=c.inter_node_bw_Gbps_per_gpu / 8 * 1e9 * NIC_EFF,
+        speed=speed,
+    )
+
+
+def gemm_time(hw: Hardware, m: float, n: float, k: float, peak: float | None = None,
+              eff: float | None = None) -> float:
+    flops = 2.0 * m * n * k
+    d = min(m, n, k)
+    g = d / (d + GEMM_DIM_HALF)
+    compute = flops / ((peak or hw.peak) * (eff or hw.eff) * g)
+    traffic = 2.0 * (m * k + k * n + m * n) / hw.mem_bw
+    return max(compute, traffic) + GEMM_LAUNCH_S
+
+
+def group_link(hw: Hardware, inside_node: bool, per_node: int = 1) -> tuple[float, float]:
+    """(bandwidth, per-hop latency) of a collective's group.
+
+    Inside a node: NVLink. Across nodes NCCL runs one ring per NIC, so a group with ``per_node``
+    members on every node gets ``per_node`` NICs' worth of bus bandwidth (capped by NVLink);
+    point-to-point traffic (``per_node = 1``) gets one NIC.
+    """
+    if inside_node:
+        return hw.intra_bw, LAT_INTRA_S
+    return min(max(1, per_node) * hw.inter_bw, hw.intra_bw), LAT_INTER_S
+
+
+def allreduce_time(size: float, n: int, bw: float, lat: float) -> float:
+    if n <= 1:
+        return 0.0
+    return 2.0 * (n - 1) / n * size / bw + 2 * (n - 1) * lat
+
+
+def half_collective_time(size: float, n: int, bw: float, lat: float) -> float:
+    """Reduce-scatter or all-gather of a tensor of ``size`` bytes (full size) over ``n`` ranks."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * size / bw + (n - 1) * lat
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTimes:
+    """One layer, one micro-batch, one rank. Compute terms already divided by node speed."""
+
+    gemm_f: float
+    attn_f: float
+    attn_b: float
+    elem_f: float
+    tp_f: float  # TP collectives of one forward pass
+    cp_f: float  # CP exposed, forward
+    cp_b: float
+    cp_hidden: float  # CP traffic hidden under attention (both passes)
+    rc: float  # recompute extra (compute + its collectives)
+
+    @property
+    def fwd(self) -> float:
+        return self.gemm_f + self.attn_f + self.elem_f + self.tp_f + self.cp_f
+
+    @property
+    def bwd(self) -> float:
+        return 2 * self.gemm_f + self.attn_b + 2 * self.elem_f + self.tp_f + self.cp_b
+
+    @property
+    def total(self) -> float:
+        return self.fwd + self.bwd + self.rc
+
+
+@lru_cache(maxsize=65536)
+def layer_times(m: ModelSpec, precision: str, hw: Hardware, b: int, tp: int, cp: int, sp: bool,
+                recompute: str, cp_method: str, tp_link: tuple[float, float],
+                cp_link: tuple[float, float]) -> LayerTimes:
+    h, s = m.hidden, m.seq_len
+    dh = m.head_dim
+    kv_local = max(1, m.kv_heads // tp) * dh  # KV heads replicate when tp > kv_heads
+    q_local = h / tp
+    tok = b * s / cp
+    fc1 = (2 if m.gated_mlp else 1) * m.ffn
+    gemm = (
+        gemm_time(hw, tok, q_local + 2 * kv_local, h)
+        + gemm_time(hw, tok, h, q_local)
+        + gemm_time(hw, tok, fc1 / tp, h)
+        + gemm_time(hw, tok, h, m.ffn / tp)
+    )
+    heads_local = m.heads / tp
+    if m.attention == "flash":
+        flops = 4.0 * b * (s / cp) * s * q_local * 0.5  # causal: half the blocks skipped
+        chunk = s / (2 * cp) if cp > 1 else s  # zigzag ring: each step works on s/(2cp)-long blocks
+        attn_f = flops / (hw.peak_bf16 * hw.attn_eff * chunk / (chunk + FLASH_HALF_LEN))
+        attn_b = 2.5 * attn_f  # backward recomputes the scores: 2.5 x the forward FLOPs
+        attn_elem = 0.0
+    else:
+        sq = s / cp
+        per_head = gemm_time(hw, sq, s, dh, peak=hw.peak_bf16) + gemm_time(hw, sq, dh, s, peak=hw.peak_bf16)
+        attn_f = b * heads_local * (per_head - 2 * GEMM_LAUNCH_S) + 2 * GEMM_LAUNCH_S
+        attn_elem = 9.0 * b * heads_local * sq * s / hw.mem_bw  # scale-mask-softmax + dropout
+        attn_f += attn_elem
+        attn_b = 2.0 * attn_f
+    sp_div = tp if sp else 1
+    elem_bytes = (
+        ELEM_REPLICATED_BYTES * tok * h / sp_div
+        + (6.0 if m.gated_mlp else 4.0) * tok * m.ffn / tp
+        + 4.0 * tok * (q_local + kv_local)  # rotary / bias on q, k
+    )
+    elem_f = elem_bytes / hw.mem_bw
+    speed = hw.speed
+    gemm, attn_f, attn_b, elem_f = gemm / speed, attn_f / speed, attn_b / speed, elem_f / speed
+
+    bw, lat = tp_link
+    tp_f = 2 * allreduce_time(2.0 * tok * h, tp, bw, lat)
+
+    cp_f = cp_b = cp_hidden = 0.0
+    if cp > 1:
+        cbw, clat = cp_link
+        if cp_method == "ring":
+            chunk = 2.0 * tok * kv_local * 2.0
+            ring_f = (cp - 1) * (chunk / cbw + clat)
+            merge = (cp - 1) * 12.0 * tok * q_local / hw.mem_bw / hw.speed  # online-softmax merges (fp32)
+            cp_f = max(0.0, ring_f - attn_f) + (cp - 1) * CP_STEP_S
+            cp_b = max(0.0, 2 * ring_f - attn_b) + 2 * (cp - 1) * CP_STEP_S
+            hidden_f = ring_f - max(0.0, ring_f - attn_f)
+            hidden_b = 2 * ring_f - max(0.0, 2 * ring_f - attn_b)
+            cp_hidden = hidden_f + hidden_b
+            cp_f += merge + OVERLAP_COST * hidden_f
+            cp_b += 2 * merge + OVERLAP_COST * hidden_b
+        else:
+            a2a = (cp - 1) / cp * (2.0 * tok * (q_local + 2 * kv_local) + 2.0 * tok * q_local) / cbw
+            cp_f = a2a + 2 * (cp - 1) * clat
+            cp_b = 2 * cp_f
+    rc = 0.0
+    if recompute == "full":
+        rc = gemm + attn_f + elem_f + tp_f + cp_f
+    elif recompute == "selective":
+        rc = attn_f
+    return LayerTimes(gemm, attn_f, attn_b, elem_f, tp_f, cp_f, cp_b, cp_hidden, rc)
+
+
+@dataclass(frozen=True, slots=True)
+class Links:
+    """(bandwidth bytes/s, latency s) per group kind, from the rank placement."""
+
+    tp: tuple[float, float]
+    cp: tuple[float, float]
+    dp: tuple[float, float]
+    pp: tuple[float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class TimeEstimate:
+    step_time_s: float
+    components: dict[str, float]  # exposed seconds per step; they add up to step_time_s
+    hidden: dict[str, float]  # communication hidden under compute, seconds per step
+    bubble_fraction: float
+
+
+@lru_cache(maxsize=4096)
+def head_time(m: ModelSpec, hw: Hardware, b: int, tp: int, cp: int) -> float:
+    """Logits GEMM + cross-entropy (fp32) for one micro-batch, forward and backward."""
+    tok = b * m.seq_len / cp
+    g = gemm_time(hw, tok, m.vocab / tp, m.hidden)
+    ce = 16.0 * tok * m.vocab / tp / hw.mem_bw
+    return (3 * g + ce) / hw.speed
+
+
+def estimate_time(spec: PlanSpec, hw: Hardware, lay: Layout, links: Links, detail: bool = True) -> TimeEstimate:
+    m = spec.model
+    p, v, b, tp, cp, dp = lay.pp, lay.vpp, lay.micro_batch, lay.tp, lay.cp, lay.dp
+    nmb = lay.num_micro_batches or spec.global_batch // (dp * b)
+    lt = layer_times(m, spec.precision, hw, b, tp, cp, lay.sp, lay.recompute, lay.cp_method, links.tp, links.cp)
+    first_layers, last_layers = stage_layers(m.layers, p, v, head_layer_equivalents(m))
+    head = head_time(m, hw, b, tp, cp)
+    # the busiest stage sets the pace: the first (most layers) or the last (layers + output layer)
+    if p > 1 and first_layers * lt.total > last_layers * lt.total + head:
+        n_layers, head = first_layers, 0.0
+    else:
+        n_layers = last_layers
+    tok = b * m.seq_len / cp
+
+    # pipeline point-to-point per micro-batch on a stage
+    p2p = 0.0
+    if p > 1:
+        pbw, plat = links.pp
+        size = 2.0 * tok * m.hidden / (tp if tp > 1 else 1)
+        p2p = 2 * v * (size / pbw + plat)
+
+    # ZeRO-3: per micro-batch parameter gathers and gradient reduce-scatter
+    shard = dp * cp
+    stage_params = n_layers * layer_params(m) / tp + (m.vocab * m.hidden / tp)
+    grad_bytes = 2.0 if spec.precision == "fp16" else 4.0
+    dbw, dlat = links.dp
+    z3_exposed = z3_hidden = 0.0
+    fwd_mb = n_layers * lt.fwd
+    bwd_mb = n_layers * (lt.bwd + lt.rc)
+    if lay.zero >= 3 and shard > 1:
+        ag = half_collective_time(2.0 * stage_params, shard, dbw, dlat)
+        rs = half_collective_time(grad_bytes * stage_params, shard, dbw, dlat)
+        z3_exposed = max(0.0, ag - fwd_mb) + max(0.0, ag + rs - bwd_mb)
+        z3_hidden = 2 * ag + rs - z3_exposed
+        z3_exposed += OVERLAP_COST * z3_hidden
+
+    stage_mb = n_layers * lt.total + head + p2p + z3_exposed
+    bubble = (p - 1) / v * stage_mb
+    pipe = nmb * stage_mb + bubble
+
+    # data-parallel gradient synchronisation (ZeRO 0/1), overlapped with the last backward
+    dp_exposed = dp_hidden = 0.0
+    if lay.zero < 3 and shard > 1:
+        if lay.zero == 0:
+            comm = allreduce_time(grad_bytes * stage_params, shard, dbw, dlat)
+            ag = 0.0
+        else:
+            comm = half_collective_time(grad_bytes * stage_params, shard, dbw, dlat)
+            ag = half_collective_time(2.0 * stage_params, shard, dbw, dlat)
+        window = bwd_mb
+        dp_exposed = max(0.0, comm - window) + max(0.0, ag - fwd_mb)
+        dp_hidden = comm + ag - dp_exposed
+        dp_exposed += OVERLAP_COST * dp_hidden
+    local_params = stage_params / (shard if lay.zero >= 1 else 1)
+    optimizer = OPT_BYTES_PER_PARAM * local_params / hw.mem_bw / hw.speed
+
+    step = pipe + dp_exposed + optimizer
+    bubble_fraction = bubble / pipe if pipe > 0 else 0.0
+    if not detail:
+        return TimeEstimate(step_time_s=step, components={}, hidden={}, bubble_fraction=bubble_fraction)
+    k = nmb
+    comps = {
+        "gemm": k * n_layers * lt.gemm_f * 3,
+        "attention": k * n_layers * (lt.attn_f + lt.attn_b),
+        "elementwise": k * n_layers * lt.elem_f * 3,
+        "logits": k * head,
+        "recompute": k * n_layers * lt.rc,
+        "tp_comm": k * n_layers * 2 * lt.tp_f,
+        "cp_comm": k * n_layers * (lt.cp_f + lt.cp_b),
+        "pp_p2p": k * p2p if p > 1 else 0.0,
+        "zero3_comm": k * z3_exposed,
+        "bubble": bubble,
+        "dp_comm": dp_exposed,
+        "optimizer": optimizer,
+    }
+    hidden = {"cp_comm": k * n_layers * lt.cp_hidden, "dp_comm": dp_hidden + k * z3_hidden}
+    if not math.isfinite(step) or step <= 0:  # pragma: no cover - defensive
+        raise ValueError(f"non-finite step time for {lay.short()}")
+    return TimeEstimate(step_time_s=step, components=comps, hidden=hidden, bubble_fraction=bubble_fraction)

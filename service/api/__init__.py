@@ -1,0 +1,1 @@
+"""The REST API of the control plane (``service.api.app.create_app``)."""

@@ -1,0 +1,196 @@
+"""The bridge to the planner: job spec → planner spec, the fit check of the submission path, and
+the dry run of ``POST /v1/plans``.
+
+The planner (``planner.plan``) is imported lazily. Its ``SpecError.field`` (``model.heads``,
+``parallel.tp``, ``cluster.num_gpus``, ...) is mapped to the job-spec field the user wrote, so a
+422 names it. The fit check asks only "is there any plan for some GPU count in min..max" on the
+configured GPU profile (``engine_only``: layouts the engine runs), caches answers per spec, and
+gives up (accepting the job, logged) when the planner exceeds its time budget, is busy, or breaks: a
+planner bug must not block submissions, and the controller re-plans anyway. At most two searches
+run at once; a dry run finding both busy answers 429, one overrunning its budget 422 (``max_gpus``:
+the range is too large to plan within ``dryrun_timeout_s``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from service.api.config import ApiSettings
+from service.api.schemas import JobSpec, PlanOut
+from service.log import get_logger
+
+log = get_logger("service.api.planning")
+
+_WORKERS = 2
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="planner")
+#: searches in flight (a search that overran its budget keeps its slot until it ends: no backlog)
+_SLOTS = threading.BoundedSemaphore(_WORKERS)
+_CACHE: OrderedDict[str, FitResult] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 2048
+
+# planner field -> where it sits in the job spec
+_FIELD_MAP = {
+    "cluster.num_gpus": ("max_gpus",),
+    "cluster.min_gpus": ("min_gpus",),
+    "cluster": ("max_gpus",),
+    "parallel.global_batch": ("global_batch",),
+    "training.global_batch": ("global_batch",),
+    "parallel.micro_batch": ("layout_hint", "micro_batch"),
+}
+
+
+class PlannerBusy(Exception):
+    """Every planner slot is taken by a running search; try again shortly."""
+
+
+class PlannerTimeout(Exception):
+    """The search did not finish within its budget (the spec's GPU range is too large to plan now)."""
+
+
+class PlannerRefused(Exception):
+    """The planner rejected the spec: ``loc`` is the job-spec field, ``msg`` why."""
+
+    def __init__(self, loc: tuple[str, ...], msg: str) -> None:
+        super().__init__(msg)
+        self.loc = loc
+        self.msg = msg
+
+
+@dataclass(frozen=True)
+class FitResult:
+    ok: bool
+    loc: tuple[str, ...] = ()
+    msg: str = ""
+
+
+def _model(spec: JobSpec) -> dict[str, Any]:
+    if isinstance(spec.model, str):
+        from workers.engine.config import MODEL_PRESETS
+
+        preset = MODEL_PRESETS[spec.model]
+        return {"name": spec.model, **{k: preset[k] for k in
+                                       ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len")}}
+    return spec.model.model_dump(exclude={"rope_theta"})
+
+
+def planner_spec(spec: JobSpec, api: ApiSettings, gpus: int | None = None) -> dict[str, Any]:
+    """The planner's input for ``spec`` on the configured cluster profile: ``gpus`` exactly, or any
+    count in ``min_gpus..max_gpus`` when ``gpus`` is None."""
+    top = gpus or spec.max_gpus
+    cluster: dict[str, Any] = {"gpu_type": api.gpu_type, "num_gpus": top,
+                               "gpus_per_node": min(api.gpus_per_node, top)}
+    if gpus is None and spec.min_gpus < spec.max_gpus:
+        cluster["min_gpus"] = spec.min_gpus
+    parallel: dict[str, Any] = {"global_batch": spec.global_batch}
+    if spec.layout_hint is not None:
+        parallel.update(spec.layout_hint.model_dump(exclude_none=True))
+    return {"model": _model(spec), "cluster": cluster, "parallel": parallel, "precision": "bf16",
+            "engine_only": True}
+
+
+def _loc(field: str) -> tuple[str, ...]:
+    if field in _FIELD_MAP:
+        return _FIELD_MAP[field]
+    head, _, rest = field.partition(".")
+    if head == "model":
+        return ("model", rest) if rest else ("model",)
+    if head == "parallel":
+        return ("layout_hint", rest) if rest else ("layout_hint",)
+    if head == "cluster":
+        return ("max_gpus",)
+    return (field,) if field else ("body",)
+
+
+def _summary(result: Any, spec: JobSpec, api: ApiSettings) -> str:
+    counts = dict(getattr(result, "rejected_counts", {}) or {})
+    reasons = [r.reason for r in result.rejected[:1]]
+    where = f"{spec.min_gpus}..{spec.max_gpus}" if spec.min_gpus < spec.max_gpus else str(spec.max_gpus)
+    detail = f"; e.g. {reasons[0]}" if reasons else ""
+    kinds = f" ({', '.join(f'{k}: {v}' for k, v in list(counts.items())[:3])})" if counts else ""
+    return (f"no parallel layout fits on {where} {api.gpu_type} GPU(s): {result.searched} candidates "
+            f"rejected{kinds}{detail}")
+
+
+def _run_plan(pspec: dict[str, Any], top_k: int) -> Any:
+    import planner
+
+    return planner.plan(pspec, top_k=top_k)
+
+
+def _plan(pspec: dict[str, Any], top_k: int, timeout_s: float) -> Any:
+    """``planner.plan`` with a time budget and a bounded number of searches in flight.
+
+    Raises :class:`PlannerRefused` for the spec's field errors, :class:`PlannerBusy` when every
+    slot is taken, :class:`PlannerTimeout` when the budget runs out (the search finishes in the
+    background and then frees its slot)."""
+    from planner.layout import LayoutError
+    from planner.spec import SpecError
+
+    if not _SLOTS.acquire(timeout=0.05):
+        raise PlannerBusy("the planner is busy")
+    try:
+        future = _POOL.submit(_run_plan, pspec, top_k)
+    except BaseException:
+        _SLOTS.release()
+        raise
+    future.add_done_callback(lambda _: _SLOTS.release())
+    try:
+        return future.result(timeout=timeout_s)
+    except SpecError as exc:
+        raise PlannerRefused(_loc(exc.field), str(exc)) from None
+    except LayoutError as exc:
+        raise PlannerRefused(("layout_hint",), str(exc)) from None
+    except concurrent.futures.TimeoutError:
+        raise PlannerTimeout(f"the planner did not finish within {timeout_s:g} s") from None
+
+
+def check_fit(spec: JobSpec, api: ApiSettings) -> None:
+    """Raise :class:`PlannerRefused` when no GPU count in ``min..max`` has a plan for ``spec``."""
+    pspec = planner_spec(spec, api)
+    key = json.dumps(pspec, sort_keys=True)
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+    if hit is None:
+        try:
+            # the largest count first: one size is cheap and usually fits; then the whole range
+            result = _plan(planner_spec(spec, api, spec.max_gpus), 1, api.plan_timeout_s)
+            if not result.plans and spec.min_gpus < spec.max_gpus:
+                result = _plan(pspec, 1, api.plan_timeout_s)
+            hit = FitResult(True) if result.plans else FitResult(False, ("max_gpus",), _summary(result, spec, api))
+        except PlannerRefused as exc:
+            hit = FitResult(False, exc.loc, exc.msg)
+        except (PlannerTimeout, PlannerBusy) as exc:
+            log.warning("fit check skipped; accepting the job", extra={"why": str(exc)})
+            return
+        except Exception:  # a planner bug must not block submissions
+            log.exception("fit check failed; accepting the job")
+            return
+        with _CACHE_LOCK:
+            _CACHE[key] = hit
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
+    if not hit.ok:
+        raise PlannerRefused(hit.loc, hit.msg)
+
+
+def dry_run(spec: JobSpec, api: ApiSettings, top_k: int) -> PlanOut:
+    """``POST /v1/plans``: the ranked plans for ``spec`` (any GPU count in min..max)."""
+    try:
+        result = _plan(planner_spec(spec, api), top_k, api.dryrun_timeout_s)
+    except PlannerTimeout as exc:
+        raise PlannerRefused(("max_gpus",), f"{exc}; narrow min_gpus..max_gpus or give layout_hint") from None
+    d = result.to_dict()
+    gpus = max((p["layout"]["tp"] * p["layout"]["pp"] * p["layout"]["cp"] * p["layout"]["dp"]
+                for p in d["plans"]), default=spec.max_gpus)
+    if not d["plans"]:
+        raise PlannerRefused(("max_gpus",), _summary(result, spec, api))
+    return PlanOut(gpus=gpus, plans=d["plans"][:top_k], rejected=d["rejected"][:50],
+                   searched=int(d["searched"]), search_time_s=float(d["search_time_s"]))

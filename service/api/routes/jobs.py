@@ -1,0 +1,223 @@
+"""``/v1/jobs``: submit, list, get, cancel, events (JSON or server-sent events), metrics.
+
+Everything is scoped to the caller's tenant in SQL; another tenant's job is a 404.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Response, status
+from fastapi.responses import JSONResponse, StreamingResponse
+from sqlalchemy import exc as sa_exc
+
+from service.api import repo
+from service.api.deps import CurrentTenant, Db
+from service.api.errors import field_error, responses
+from service.api.planning import PlannerRefused, check_fit
+from service.api.schemas import EventPublic, JobList, JobPublic, JobSpec, JobStateName, MetricPublic
+from service.api.sse import event_stream, wants_stream
+from service.db import transitions as tr
+from service.db.models import Job
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="job id")]
+IdemKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$",
+           description="a retry with the same key returns the same job instead of creating another"),
+]
+
+_JOB_LINKS = {
+    "GetJob": {"operationId": "get_job", "parameters": {"job_id": "$response.body#/id"}},
+    "CancelJob": {"operationId": "cancel_job", "parameters": {"job_id": "$response.body#/id"}},
+    "JobEvents": {"operationId": "job_events", "parameters": {"job_id": "$response.body#/id"}},
+    "JobMetrics": {"operationId": "job_metrics", "parameters": {"job_id": "$response.body#/id"}},
+}
+
+
+def validate_spec(spec: JobSpec) -> None:
+    """Cross-field rules the schema cannot say; raises a 422 naming the field."""
+    errors: list[tuple[list[str | int], str]] = []
+    if spec.max_gpus < spec.min_gpus:
+        errors.append((["max_gpus"], f"must be >= min_gpus ({spec.min_gpus})"))
+    if not isinstance(spec.model, str):
+        m = spec.model
+        if m.hidden % m.heads:
+            errors.append((["model", "heads"], f"hidden {m.hidden} is not divisible by heads {m.heads}"))
+        elif (m.hidden // m.heads) % 2:
+            errors.append((["model", "hidden"], "hidden / heads (the head dim) must be even for rotary embeddings"))
+        if m.kv_heads > m.heads or m.heads % m.kv_heads:
+            errors.append((["model", "kv_heads"], f"heads {m.heads} is not a multiple of kv_heads {m.kv_heads}"))
+    if spec.checkpoint is not None and spec.checkpoint.max_every_steps < spec.checkpoint.min_every_steps:
+        errors.append((["checkpoint", "max_every_steps"], "must be >= min_every_steps"))
+    if spec.lr is not None and spec.min_lr is not None and spec.min_lr > spec.lr:
+        errors.append((["min_lr"], "must be <= lr"))
+    if spec.data is not None:
+        if spec.data.kind == "builtin" and spec.data.paths:
+            errors.append((["data", "paths"], "must be empty for the builtin corpus"))
+        if spec.data.kind != "builtin" and not spec.data.paths:
+            errors.append((["data", "paths"], f"required for kind {spec.data.kind!r}"))
+        for i, p in enumerate(spec.data.paths):
+            scheme = p.split("://", 1)[0].lower() if "://" in p else ""
+            if scheme and scheme not in ("s3", "gs"):
+                errors.append((["data", "paths", i], "only paths, s3:// or gs:// are allowed"))
+    hint = spec.layout_hint
+    if hint is not None:
+        used = (hint.tp or 1) * (hint.pp or 1) * (hint.cp or 1) * (hint.dp or 1)
+        if used > spec.max_gpus:
+            errors.append((["layout_hint"], f"tp*pp*cp*dp = {used} is more than max_gpus ({spec.max_gpus})"))
+    if errors:
+        from fastapi.exceptions import RequestValidationError
+
+        raise RequestValidationError(
+            [{"loc": ("body", *loc), "msg": msg, "type": "value_error"} for loc, msg in errors]
+        )
+
+
+def _public(job: Job) -> JobPublic:
+    return JobPublic.model_validate(job)
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobPublic,
+    operation_id="submit_job",
+    summary="Submit a job",
+    responses={
+        200: {"model": JobPublic, "description": "a retry: the job created earlier with this Idempotency-Key"},
+        201: {"description": "created", "links": _JOB_LINKS},
+        **responses(400, 401, 403, 409, 413, 429),
+    },
+)
+def submit_job(spec: JobSpec, request: Request, response: Response, tenant: CurrentTenant, db: Db,
+               idempotency_key: IdemKey = None) -> Any:
+    """Queue a declarative job for the caller's tenant. 422 names the field of an invalid spec,
+    including one the planner says fits on no GPU count in ``min_gpus..max_gpus``."""
+    validate_spec(spec)
+    stored = spec.stored()
+    digest = hashlib.sha256(json.dumps(stored, sort_keys=True).encode()).hexdigest()
+    if idempotency_key is not None:
+        existing = repo.job_by_key(db, tenant.id, idempotency_key)
+        if existing is not None:
+            return _replay(existing, digest, response)
+    repo.check_limits(db, tenant, lock=False)  # cheap early refusal before planning
+    if request.app.state.api.fit_check:
+        try:
+            check_fit(spec, request.app.state.api)
+        except PlannerRefused as exc:
+            raise field_error(["body", *exc.loc], exc.msg, "plan_infeasible") from None
+    try:
+        job = repo.create_job(db, tenant, name=spec.name, spec=stored, min_gpus=spec.min_gpus,
+                              max_gpus=spec.max_gpus, priority=spec.priority, key=idempotency_key,
+                              request_hash=digest)
+        db.commit()
+    except sa_exc.IntegrityError:
+        db.rollback()
+        existing = repo.job_by_key(db, tenant.id, idempotency_key) if idempotency_key else None
+        if existing is None:
+            raise
+        return _replay(existing, digest, response)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return _public(job)
+
+
+def _replay(job: Job, digest: str, response: Response) -> JobPublic:
+    if job.request_hash != digest:
+        raise HTTPException(status.HTTP_409_CONFLICT, "Idempotency-Key was used for a different job spec")
+    response.status_code = status.HTTP_200_OK
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return _public(job)
+
+
+@router.get("", response_model=JobList, operation_id="list_jobs", summary="List jobs",
+            responses=responses(401, 403))
+def list_jobs(
+    tenant: CurrentTenant,
+    db: Db,
+    state: Annotated[JobStateName | None, Query(description="only jobs in this state")] = None,
+    cursor: Annotated[int | None, Query(ge=1, le=2**31 - 1, description="next_cursor of the previous page")] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> JobList:
+    """The tenant's jobs, newest first."""
+    jobs = repo.list_jobs(db, tenant.id, state=state, cursor=cursor, limit=limit)
+    nxt = jobs[-1].id if len(jobs) == limit else None
+    return JobList(items=[_public(j) for j in jobs], next_cursor=nxt)
+
+
+@router.get("/{job_id}", response_model=JobPublic, operation_id="get_job", summary="Get a job",
+            responses=responses(401, 403, 404))
+def get_job(job_id: JobId, tenant: CurrentTenant, db: Db) -> JobPublic:
+    job = repo.get_job(db, tenant.id, job_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "job not found")
+    return _public(job)
+
+
+@router.post("/{job_id}/cancel", response_model=JobPublic, operation_id="cancel_job", summary="Cancel a job",
+             responses=responses(400, 401, 403, 404, 409, 413))
+def cancel_job(job_id: JobId, tenant: CurrentTenant, db: Db) -> JobPublic:
+    """A queued or preempted job is cancelled at once; an admitted or running one is marked
+    ``cancel_requested`` and the controller stops it. 409 when the job has already ended."""
+    outcome = tr.request_cancel(db, job_id, tenant_id=tenant.id)
+    if outcome is tr.CancelOutcome.MISSING:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "job not found")
+    if outcome is tr.CancelOutcome.TERMINAL:
+        raise HTTPException(status.HTTP_409_CONFLICT, "job has already ended")
+    job = repo.get_job(db, tenant.id, job_id)
+    if job is None:  # pragma: no cover - jobs are never deleted
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "job not found")
+    return _public(job)
+
+
+@router.get(
+    "/{job_id}/events",
+    response_model=list[EventPublic],
+    operation_id="job_events",
+    summary="A job's events",
+    responses={
+        200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+              "description": "JSON list, or a server-sent event stream (Accept: text/event-stream)"},
+        **responses(401, 403, 404),
+    },
+)
+def job_events(
+    request: Request,
+    job_id: JobId,
+    tenant: CurrentTenant,
+    db: Db,
+    since: Annotated[int, Query(ge=0, le=2**63 - 1, description="only events with a larger id")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> Any:
+    """Events oldest first (state changes with their reason, and the runtime's events). With
+    ``Accept: text/event-stream`` (or ``?stream=true``) the answer is a server-sent event stream
+    that follows the job and ends (``event: end``) once the job has ended."""
+    job = repo.get_job(db, tenant.id, job_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "job not found")
+    if wants_stream(request):
+        return StreamingResponse(event_stream(request.app, job_id, since), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    rows = repo.list_events(db, job_id, since=since, limit=limit)
+    return JSONResponse([EventPublic.model_validate(e).model_dump(mode="json") for e in rows])
+
+
+@router.get("/{job_id}/metrics", response_model=list[MetricPublic], operation_id="job_metrics",
+            summary="A job's training metrics", responses=responses(401, 403, 404))
+def job_metrics(
+    job_id: JobId,
+    tenant: CurrentTenant,
+    db: Db,
+    since_step: Annotated[int, Query(ge=-1, le=2**31 - 1, description="only steps after this one")] = -1,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 1000,
+) -> list[MetricPublic]:
+    """Loss and throughput per step (per attempt: a step re-run after a recovery appears twice)."""
+    job = repo.get_job(db, tenant.id, job_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "job not found")
+    return [MetricPublic.model_validate(m) for m in repo.list_metrics(db, job_id, since_step=since_step, limit=limit)]
+

@@ -1,0 +1,137 @@
+"""Health, readiness, Prometheus metrics, the planner's dry run, and the cluster view."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import socket
+from typing import Annotated, Any, Protocol
+
+import sqlalchemy as sa
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.api.deps import AnyPrincipal
+from service.api.errors import field_error, responses
+from service.api.planning import PlannerBusy, PlannerRefused, dry_run
+from service.api.routes.jobs import validate_spec
+from service.api.schemas import ClusterJob, ClusterOut, Health, JobSpec, PlanOut, Ready
+from service.db.models import Job
+
+router = APIRouter(tags=["system"])
+#: states in which a job may hold GPUs
+GPU_STATES = ("ADMITTED", "RUNNING", "RECOVERING", "PREEMPTED")
+_RAY_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cluster-view")
+
+
+class ClusterViewLike(Protocol):
+    """What ``service.controller.cluster.cluster_view()`` returns (the parts the API uses)."""
+
+    available: bool
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@router.get("/healthz", response_model=Health, operation_id="healthz", summary="Liveness (no dependencies)")
+def healthz() -> Health:
+    return Health(status="ok")
+
+
+def _ray_reachable(address: str, timeout: float = 1.0) -> str:
+    """TCP reachability of the configured Ray address (``auto``: trust the local cluster)."""
+    if address in ("auto", "local"):
+        return "ok"
+    hostport = address.split("://", 1)[-1].split("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host:
+        host, port = hostport, "6379"
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return "ok"
+    except (OSError, ValueError) as exc:
+        return f"unreachable: {exc}"
+
+
+@router.get("/readyz", response_model=Ready, operation_id="readyz", summary="Readiness (database, Ray)",
+            responses={503: {"model": Ready, "description": "a dependency is not reachable"}})
+def readyz(request: Request) -> Any:
+    checks: dict[str, str] = {}
+    try:
+        with request.app.state.engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+        checks["database"] = "ok"
+    except Exception as exc:
+        checks["database"] = f"unreachable: {type(exc).__name__}"
+    address = request.app.state.settings.ray_address
+    if address:
+        checks["ray"] = _ray_reachable(address)
+    ok = all(v == "ok" for v in checks.values())
+    body = Ready(status="ready" if ok else "not ready", checks=checks)
+    return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+
+
+@router.get("/metrics", operation_id="metrics", summary="Prometheus metrics", response_class=Response,
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                             "description": "Prometheus text format"}})
+def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.post("/v1/plans", response_model=PlanOut, operation_id="plan_job", summary="Plan a job (dry run)",
+             responses=responses(400, 401, 413, 429))
+def plan_job(
+    spec: JobSpec,
+    request: Request,
+    _: AnyPrincipal,
+    top_k: Annotated[int, Query(ge=1, le=20, description="how many plans")] = 3,
+) -> PlanOut:
+    """The planner's ranked layouts for this spec on the cluster profile, for some GPU count in
+    ``min_gpus..max_gpus``; 422 names the field when nothing fits."""
+    validate_spec(spec)
+    try:
+        return dry_run(spec, request.app.state.api, top_k)
+    except PlannerRefused as exc:
+        raise field_error(["body", *exc.loc], exc.msg, "plan_infeasible") from None
+    except PlannerBusy:
+        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, "the planner is busy; retry shortly",
+                            headers={"Retry-After": "1"}) from None
+
+
+def _view() -> ClusterViewLike:
+    from service.controller.cluster import cluster_view
+
+    return cluster_view()
+
+
+@router.get("/v1/cluster", response_model=ClusterOut, operation_id="cluster", summary="Nodes, GPUs, jobs",
+            responses=responses(401))
+async def cluster(request: Request, principal: AnyPrincipal) -> ClusterOut:
+    """The admin sees every node, allocation and job holding GPUs; a tenant sees the totals and
+    its own jobs only."""
+    timeout = request.app.state.api.cluster_timeout_s
+    try:
+        view = await run_in_threadpool(lambda: _RAY_POOL.submit(_view).result(timeout=timeout))
+        d = view.to_dict()
+    except Exception as exc:  # Ray slow or broken: the API still answers
+        d = {"available": False, "reason": f"{type(exc).__name__}: {exc}"[:200]}
+    jobs = await run_in_threadpool(_jobs, request, principal.tenant.id if principal.tenant else None)
+    return ClusterOut(
+        available=bool(d.get("available")), reason=d.get("reason"), total_gpus=int(d.get("total_gpus", 0)),
+        used_gpus=int(d.get("used_gpus", 0)), free_gpus=int(d.get("free_gpus", 0)),
+        alive_nodes=int(d.get("alive_nodes", 0)), nodes=list(d.get("nodes", [])) if principal.is_admin else [],
+        jobs=jobs,
+    )
+
+
+def _jobs(request: Request, tenant_id: int | None) -> list[ClusterJob]:
+    with request.app.state.sessions() as db:
+        q = sa.select(Job).where(Job.state.in_(GPU_STATES)).order_by(Job.id).limit(10_000)
+        if tenant_id is not None:
+            q = q.where(Job.tenant_id == tenant_id)
+        return [
+            ClusterJob(id=j.id, name=j.name, state=j.state, gpus_allocated=j.gpus_allocated,  # type: ignore[arg-type]
+                       tenant_id=j.tenant_id if tenant_id is None else None)
+            for j in db.scalars(q)
+        ]
+

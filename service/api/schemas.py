@@ -1,0 +1,269 @@
+"""Request and response schemas of the REST API (pydantic v2).
+
+Every request model forbids unknown fields (``extra="forbid"``: no mass assignment, OWASP API3),
+is strict (no ``"5"`` for ``5``), and bounds every string, number and list (OWASP API4). Create,
+Update and Public schemas are separate; the tenant of a job comes from the token, never the body.
+Strings are printable ASCII so nothing unstorable (NUL, lone surrogates) reaches the database.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag
+
+JobStateName = Literal["PENDING", "ADMITTED", "RUNNING", "RECOVERING", "PREEMPTED", "SUCCEEDED", "FAILED",
+                       "CANCELLED"]
+
+#: engine model presets (``workers.engine.config.MODEL_PRESETS``)
+ModelPreset = Literal["tiny", "small", "llama-1b", "llama3-1b", "llama2-7b", "llama3-8b", "llama2-13b",
+                      "llama2-70b", "llama3-70b", "llama3-405b"]
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NAME_PATTERN)]
+TenantName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9._-]*$")]
+Text64 = Annotated[str, StringConstraints(max_length=64, pattern=r"^[\x20-\x7e]*$")]
+PathStr = Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^[\x21-\x7e][\x20-\x7e]*$")]
+Int32 = 2**31 - 1
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema counts ``5.0`` as an integer: accept it (strict mode still refuses ``"5"``, ``true``)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _no_bool(value: Any) -> Any:
+    """``false`` is not ``0`` in JSON (Python's ``False == 0`` would let it through a Literal)."""
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
+    return _integral(value)
+
+
+#: a strict integer that also takes integral floats (``27778.0``)
+Int = Annotated[int, BeforeValidator(_integral)]
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+# ------------------------------------------------------------------------------------- job spec
+class ModelShape(_In):
+    """An explicit Llama-style decoder shape (instead of a preset name)."""
+
+    name: Annotated[str, StringConstraints(max_length=64, pattern=r"^[A-Za-z0-9._-]*$")] = "custom"
+    layers: Int = Field(ge=1, le=1024)
+    hidden: Int = Field(ge=2, le=65536)
+    heads: Int = Field(ge=1, le=1024)
+    kv_heads: Int = Field(ge=1, le=1024)
+    ffn: Int = Field(ge=1, le=1 << 20)
+    vocab: Int = Field(ge=1, le=1 << 22)
+    seq_len: Int = Field(ge=2, le=1 << 20)
+    rope_theta: float = Field(default=10000.0, gt=0, le=1e9, allow_inf_nan=False)
+
+
+class DataSpec(_In):
+    """Where the tokens come from: the built-in corpus, text files or token memmaps (paths on the
+    cluster's shared storage or ``s3://`` / ``gs://`` objects; no other URL schemes)."""
+
+    kind: Literal["builtin", "text", "tokens"] = "builtin"
+    paths: list[PathStr] = Field(default_factory=list, max_length=64)
+    dtype: Literal["uint16", "uint32"] = "uint16"
+
+
+class CheckpointSpec(_In):
+    """Checkpoint cadence bounds; the supervisor picks the interval in between (Young's formula)."""
+
+    min_every_steps: Int = Field(default=1, ge=1, le=1_000_000)
+    max_every_steps: Int = Field(default=50, ge=1, le=1_000_000)
+    mtbf_s: float = Field(default=3600.0, gt=0, le=1e9, allow_inf_nan=False)
+
+
+class LayoutHint(_In):
+    """Parallel hints: the fields given are fixed in the first plan (re-plans are free)."""
+
+    tp: Annotated[int, Field(ge=1, le=1024), BeforeValidator(_integral)] | None = None
+    pp: Annotated[int, Field(ge=1, le=1024), BeforeValidator(_integral)] | None = None
+    cp: Annotated[int, Field(ge=1, le=1024), BeforeValidator(_integral)] | None = None
+    dp: Annotated[int, Field(ge=1, le=4096), BeforeValidator(_integral)] | None = None
+    vpp: Annotated[int, Field(ge=1, le=64), BeforeValidator(_integral)] | None = None
+    micro_batch: Annotated[int, Field(ge=1, le=65536), BeforeValidator(_integral)] | None = None
+    sp: bool | None = None
+    zero: Annotated[Literal[0, 1, 3], BeforeValidator(_no_bool)] | None = None
+    recompute: Literal["none", "selective", "full"] | None = None
+    schedule: Literal["gpipe", "1f1b", "interleaved"] | None = None
+    cp_method: Literal["ring", "ulysses"] | None = None
+
+
+def _model_kind(value: Any) -> str:
+    return "preset" if isinstance(value, str) else "shape"
+
+
+ModelField = Annotated[
+    Annotated[ModelPreset, Tag("preset")] | Annotated[ModelShape, Tag("shape")], Discriminator(_model_kind)
+]
+
+
+class JobSpec(_In):
+    """A declarative training job (never code). ``min_gpus <= max_gpus``; the planner must find a
+    layout for some GPU count in that range, or the job is refused with 422."""
+
+    name: Name
+    model: ModelField = Field(description="an engine preset name, or an explicit shape")
+    steps: Int = Field(ge=1, le=10_000_000)
+    global_batch: Int = Field(ge=1, le=1_000_000)
+    min_gpus: Int = Field(default=1, ge=1, le=4096)
+    max_gpus: Int = Field(default=1, ge=1, le=4096)
+    priority: Int = Field(default=0, ge=-100, le=100, description="order within the tenant; higher first")
+    preemptible: bool = True
+    elastic: bool | None = Field(default=None, description="may be grown/shrunk; default: max_gpus > min_gpus")
+    seed: Annotated[int, Field(ge=0, le=Int32), BeforeValidator(_integral)] | None = None
+    lr: float | None = Field(default=None, gt=0, le=10, allow_inf_nan=False)
+    min_lr: float | None = Field(default=None, ge=0, le=10, allow_inf_nan=False)
+    warmup_steps: Annotated[int, Field(ge=0, le=10_000_000), BeforeValidator(_integral)] | None = None
+    weight_decay: float | None = Field(default=None, ge=0, le=10, allow_inf_nan=False)
+    grad_clip: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False)
+    keep_checkpoints: Annotated[int, Field(ge=1, le=100), BeforeValidator(_integral)] | None = None
+    data: DataSpec | None = None
+    checkpoint: CheckpointSpec | None = None
+    layout_hint: LayoutHint | None = None
+
+    def stored(self) -> dict[str, Any]:
+        """The spec as stored with the job (and handed to the runtime): no unset optionals."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class JobPublic(_Out):
+    id: int
+    name: str
+    state: JobStateName
+    reason: str = Field(description="reason of the last state change")
+    priority: int
+    min_gpus: int
+    max_gpus: int
+    gpus_allocated: int
+    cancel_requested: bool
+    attempt: int = Field(description="number of the current attempt (0 before the first)")
+    spec: dict[str, Any]
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    admitted_at: dt.datetime | None = None
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    final_loss: float | None = None
+    final_step: int | None = None
+
+
+class JobList(BaseModel):
+    items: list[JobPublic] = Field(max_length=100)
+    next_cursor: int | None = Field(default=None, description="pass as `cursor` for the next page")
+
+
+class EventPublic(_Out):
+    id: int = Field(description="increasing; pass the last one as `since`")
+    source: str
+    seq: int
+    attempt: int | None = None
+    type: str
+    payload: dict[str, Any]
+    ts: dt.datetime
+
+
+class MetricPublic(_Out):
+    step: int
+    attempt: int
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    ts: dt.datetime
+
+
+# ------------------------------------------------------------------------------------- plans
+class PlanOut(BaseModel):
+    gpus: int = Field(description="GPU count the plans were searched for (max_gpus, down to min_gpus)")
+    plans: list[dict[str, Any]] = Field(max_length=20, description="best first (planner Plan.to_dict())")
+    rejected: list[dict[str, Any]] = Field(max_length=50, description="a sample of rejected candidates")
+    searched: int
+    search_time_s: float
+
+
+# ------------------------------------------------------------------------------------- cluster
+class ClusterJob(BaseModel):
+    id: int
+    name: str
+    state: JobStateName
+    gpus_allocated: int
+    tenant_id: int | None = Field(default=None, description="admin view only")
+
+
+class ClusterOut(BaseModel):
+    available: bool = Field(description="False when Ray could not be asked (see reason)")
+    reason: str | None = None
+    total_gpus: int
+    used_gpus: int
+    free_gpus: int
+    alive_nodes: int
+    nodes: list[dict[str, Any]] = Field(description="per node GPUs and allocations (admin view only)")
+    jobs: list[ClusterJob] = Field(description="jobs holding GPUs (a tenant sees only its own)")
+
+
+# ------------------------------------------------------------------------------------- tenants
+class TenantCreate(_In):
+    name: TenantName
+    gpu_quota: Int = Field(default=0, ge=0, le=1_000_000, description="guaranteed GPUs")
+    weight: float = Field(default=1.0, gt=0, le=1e6, allow_inf_nan=False, description="fair-share weight")
+    max_jobs: Int = Field(default=100, ge=1, le=100_000, description="most non-terminal jobs at once")
+    submit_per_minute: Int = Field(default=60, ge=1, le=100_000, description="job submissions per minute")
+
+
+class TenantUpdate(_In):
+    gpu_quota: Annotated[int, Field(ge=0, le=1_000_000), BeforeValidator(_integral)] | None = None
+    weight: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False)
+    max_jobs: Annotated[int, Field(ge=1, le=100_000), BeforeValidator(_integral)] | None = None
+    submit_per_minute: Annotated[int, Field(ge=1, le=100_000), BeforeValidator(_integral)] | None = None
+
+
+class TenantPublic(_Out):
+    id: int
+    name: str
+    gpu_quota: int
+    weight: float
+    max_jobs: int
+    submit_per_minute: int
+    created_at: dt.datetime
+
+
+class TenantList(BaseModel):
+    items: list[TenantPublic] = Field(max_length=100)
+    next_cursor: int | None = None
+
+
+class TokenCreate(_In):
+    name: Text64 = ""
+    expires_in_days: Annotated[int, Field(ge=1, le=3650), BeforeValidator(_integral)] | None = Field(default=90, description="null: never expires")
+
+
+class TokenCreated(_Out):
+    id: int
+    tenant_id: int
+    name: str
+    prefix: str = Field(description="first characters of the token, safe to show")
+    token: str = Field(description="the secret: shown once, stored only as a hash")
+    created_at: dt.datetime
+    expires_at: dt.datetime | None = None
+
+
+# ------------------------------------------------------------------------------------- system
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Ready(BaseModel):
+    status: Literal["ready", "not ready"]
+    checks: dict[str, str]

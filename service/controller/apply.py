@@ -1,0 +1,311 @@
+"""Apply the scheduler's decisions (and start / restart attempts) — crash-safe by ordering.
+
+Admission of a job, in this order, each step a compare-and-set that a restarted controller can
+redo or see done:
+
+1. **persist the attempt first**: ``PENDING → ADMITTED`` with a new attempt row and epoch + 1 (one
+   transaction, ``start_attempt``). A crash after this leaves an ADMITTED job whose supervisor may
+   or may not exist; reconciliation finds out by name.
+2. **start the supervisor** named after the attempt (``orthoplex-job-{id}-a{n}``); the name makes it
+   idempotent: a second start of the same attempt finds the first actor instead of creating one.
+3. ``ADMITTED → RUNNING`` (fenced on the epoch) and the attempt row to RUNNING.
+
+A *new* attempt (the supervisor vanished) is the same, moving ``RUNNING → RECOVERING`` (or staying
+ADMITTED/RECOVERING) instead of ``PENDING → ADMITTED``; the old attempt is closed as LOST in the same
+transaction and its actor, should it still exist anywhere, is killed: its epoch is fenced already,
+so even a zombie could write nothing.
+
+Preempt asks the supervisor to checkpoint and stop (``preempt()``); the ``preempted`` event it then
+reports moves the job ``RUNNING → PREEMPTED → PENDING`` (see ``events_pull``). Shrink/Grow ask the
+supervisor to re-plan onto the new GPU count at its next checkpoint boundary (``resize(gpus)``)
+when the runtime has that method; otherwise the decision is logged and left alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from service.controller.context import Ctx
+from service.controller.crashpoints import crash_point
+from service.controller.events_pull import JobRef
+from service.controller.snapshot import JobRow
+from service.controller.supervisors import AttemptKey, SupervisorGone, SupervisorUnreachable
+from service.db import transitions as tx
+from service.db.models import Event
+from service.log import get_logger
+from service.scheduler.types import Admit, Decision, Grow, Preempt, Shrink, Wait
+
+log = get_logger("service.controller.apply")
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What became of one decision this round (for logs, tests and the e2e report)."""
+
+    kind: str
+    job_id: int
+    gpus: int | None
+    outcome: str
+    reason: str
+
+
+#: job-spec keys handed to the runtime as they are (``workers.runtime.jobspec.parse_job``)
+RUNTIME_KEYS = (
+    "model",
+    "steps",
+    "global_batch",
+    "seed",
+    "lr",
+    "min_lr",
+    "warmup_steps",
+    "weight_decay",
+    "grad_clip",
+    "beta1",
+    "beta2",
+    "data",
+    "keep_checkpoints",
+    "train",
+    "layout_hint",
+    "checkpoint",
+    "runtime",
+    "faults",
+)
+
+
+def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int) -> dict[str, Any]:
+    """The runtime spec of an attempt: the job's declarative spec, the GPUs the scheduler granted
+    (the runtime plans within ``min_gpus..gpus``) and the job's checkpoint directory, which every
+    attempt shares so that a new attempt resumes from the newest verified checkpoint."""
+    spec = {k: job.spec[k] for k in RUNTIME_KEYS if k in job.spec}
+    spec["checkpoint_dir"] = str(ctx.job_storage(job.id) / "checkpoints")
+    spec["min_gpus"] = max(1, min(job.min_gpus, gpus))
+    spec["max_gpus"] = gpus
+    # capacity belongs to the scheduler: the runtime must not grow onto returning nodes by itself
+    spec["runtime"] = {**dict(spec.get("runtime") or {}), "grow": False}
+    for key, value in ctx.config.spec_overrides.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **value}
+        else:
+            spec[key] = value
+    return spec
+
+
+def launch_attempt(ctx: Ctx, job: JobRow, epoch: int, gpus: int) -> str:
+    """Steps 2 and 3 above for the job's attempt ``job.attempt`` (already persisted)."""
+    key = AttemptKey(job.id, job.attempt)
+    spec = supervisor_spec(ctx, job, gpus)
+    crash_point("admit:persisted")
+    try:
+        ctx.sups.start(key, spec)
+    except Exception as exc:  # the runtime refused the spec, or Ray could not create the actor
+        log.warning("supervisor could not start", extra={"job_id": job.id, "error": repr(exc)})
+        with ctx.txn() as s:
+            tx.transition(
+                s,
+                job.id,
+                expected={job.state},
+                new="FAILED",
+                epoch=epoch,
+                reason=f"supervisor could not start: {exc}"[:1000],
+                commit=False,
+            )
+            tx.end_attempt(s, job.id, epoch=epoch, state="FAILED", reason=str(exc)[:1000], commit=False)
+        return "failed"
+    crash_point("admit:started")
+    with ctx.txn() as s:
+        if job.state == "ADMITTED":
+            tx.transition(
+                s,
+                job.id,
+                expected={"ADMITTED"},
+                new="RUNNING",
+                epoch=epoch,
+                reason=f"supervisor {key.actor_name} started",
+                commit=False,
+            )
+            tx.set_attempt_state(s, job.id, epoch=epoch, state="RUNNING", commit=False)
+    return "started"
+
+
+def admit(ctx: Ctx, job: JobRow, decision: Admit) -> str:
+    """PENDING → ADMITTED (attempt persisted) → supervisor → RUNNING."""
+    number = job.attempt + 1
+    key = AttemptKey(job.id, number)
+    with ctx.txn() as s:
+        epoch = tx.start_attempt(
+            s,
+            job.id,
+            expected={"PENDING"},
+            new="ADMITTED",
+            expected_epoch=job.epoch,
+            reason=f"admitted with {decision.gpus} GPUs: {decision.reason}"[:1000],
+            plan={"placement": dict(decision.placement)},
+            gpus=decision.gpus,
+            supervisor=key.actor_name,
+            commit=False,
+        )
+    if epoch is None:
+        return "lost_race"
+    ctx.placements[(job.id, number)] = dict(decision.placement)
+    job.attempt, job.epoch, job.state, job.gpus_allocated = number, epoch, "ADMITTED", decision.gpus
+    return launch_attempt(ctx, job, epoch, decision.gpus)
+
+
+def retry_attempt(ctx: Ctx, job: JobRow, reason: str) -> str:
+    """The current attempt's supervisor is gone: a new attempt, or FAILED after ``max_attempts``."""
+    old = AttemptKey(job.id, job.attempt)
+    if job.cancel_requested:
+        with ctx.txn() as s:
+            tx.transition(
+                s,
+                job.id,
+                expected={job.state},
+                new="CANCELLED",
+                epoch=job.epoch,
+                reason=f"cancelled ({reason})",
+                commit=False,
+            )
+            tx.end_attempt(s, job.id, epoch=job.epoch, state="LOST", reason=reason, commit=False)
+        ctx.sups.kill(old)
+        return "cancelled"
+    if job.attempt >= ctx.config.max_attempts:
+        with ctx.txn() as s:
+            tx.transition(
+                s,
+                job.id,
+                expected={job.state},
+                new="FAILED",
+                epoch=job.epoch,
+                reason=f"{reason}; gave up after {job.attempt} attempts",
+                commit=False,
+            )
+            tx.end_attempt(s, job.id, epoch=job.epoch, state="LOST", reason=reason, commit=False)
+        ctx.sups.kill(old)
+        return "failed"
+    new_state = "RECOVERING" if job.state in ("RUNNING", "RECOVERING") else job.state
+    gpus = job.gpus_allocated or job.min_gpus
+    with ctx.txn() as s:
+        epoch = tx.start_attempt(
+            s,
+            job.id,
+            expected={job.state},
+            new=new_state,
+            expected_epoch=job.epoch,
+            reason=f"new attempt {job.attempt + 1}: {reason}"[:1000],
+            gpus=gpus,
+            supervisor=AttemptKey(job.id, job.attempt + 1).actor_name,
+            commit=False,
+        )
+        if epoch is not None:
+            tx.end_attempt(s, job.id, epoch=job.epoch, state="LOST", reason=reason, commit=False)
+    if epoch is None:
+        return "lost_race"
+    ctx.sups.kill(old)  # a zombie of the old attempt is fenced already; stop it burning GPUs too
+    job.attempt, job.epoch, job.state, job.gpus_allocated = job.attempt + 1, epoch, new_state, gpus
+    return launch_attempt(ctx, job, epoch, gpus)
+
+
+def preempt(ctx: Ctx, job: JobRow, decision: Preempt) -> str:
+    """Ask the supervisor to checkpoint and stop; the ``preempted`` event requeues the job."""
+    key = AttemptKey(job.id, job.attempt)
+    if job.state != "RUNNING":
+        return "not_running"
+    if key in ctx.preempting:
+        return "already_asked"
+    if not ctx.sups.tell(key, "preempt"):
+        return "supervisor_gone"
+    ctx.preempting.add(key)
+    log.info("preempt requested", extra={"job_id": job.id, "attempt": job.attempt, "reason": decision.reason})
+    return "requested"
+
+
+def resize(ctx: Ctx, job: JobRow, decision: Shrink | Grow) -> str:
+    """Ask the supervisor to re-plan onto ``decision.gpus`` at a checkpoint boundary, if it can."""
+    key = AttemptKey(job.id, job.attempt)
+    handle = ctx.sups.find(key)
+    if handle is None:
+        return "supervisor_gone"
+    if not hasattr(handle, "resize"):
+        return "unsupported"  # recorded as a decision event with this outcome
+    try:
+        ctx.sups.call(key, "resize", decision.gpus)
+    except (SupervisorGone, SupervisorUnreachable) as exc:
+        return f"error: {exc}"
+    return "requested"
+
+
+DECISION_SOURCE = "scheduler"
+
+
+def record_decision(ctx: Ctx, job: JobRow, d: Decision, outcome: str) -> bool:
+    """Store the scheduler's decision about ``job`` as a ``decision`` event (source ``scheduler``)
+    when it differs from the last one stored, so ``GET /v1/jobs/{id}/events`` shows why a job waits,
+    got N GPUs or was preempted, without a row per job per round."""
+    gpus = getattr(d, "gpus", None)
+    sig = (d.kind, gpus, d.reason)
+    if ctx.decided.get(job.id) == sig:
+        return False
+    payload: dict[str, Any] = {"kind": d.kind, "reason": d.reason, "outcome": outcome}
+    if gpus is not None:
+        payload["gpus"] = gpus
+        payload["placement"] = dict(getattr(d, "placement", {}) or {})
+    with ctx.txn() as s:
+        last = s.execute(
+            sa.select(sa.func.max(Event.seq)).where(Event.job_id == job.id, Event.source == DECISION_SOURCE)
+        ).scalar()
+        res = tx.record_event(
+            s,
+            job.id,
+            epoch=job.epoch,
+            source=DECISION_SOURCE,
+            seq=int(last or 0) + 1,
+            type="decision",
+            payload=payload,
+            commit=False,
+        )
+    if res in (tx.Recorded.WRITTEN, tx.Recorded.DUPLICATE):
+        ctx.decided[job.id] = sig
+    return res is tx.Recorded.WRITTEN
+
+
+def apply_decisions(ctx: Ctx, jobs: dict[int, JobRow], decisions: list[Decision]) -> list[Applied]:
+    """Apply each decision to the job it names (and record it); returns what happened to each."""
+    out: list[Applied] = []
+    for d in decisions:
+        job = jobs.get(int(d.job_id))
+        if job is None:
+            continue
+        gpus = getattr(d, "gpus", None)
+        if isinstance(d, Wait):
+            outcome = "waiting"
+        elif isinstance(d, Admit):
+            if job.state != "PENDING" or job.cancel_requested:
+                continue
+            outcome = admit(ctx, job, d)
+            if outcome == "lost_race":
+                continue
+        elif isinstance(d, Preempt):
+            outcome = preempt(ctx, job, d)
+        elif isinstance(d, Shrink | Grow):
+            outcome = resize(ctx, job, d)
+        else:  # pragma: no cover - the Decision union is closed
+            continue
+        changed = record_decision(ctx, job, d, outcome)
+        if isinstance(d, Wait):
+            continue
+        out.append(Applied(d.kind, job.id, gpus, outcome, d.reason))
+        (log.info if changed else log.debug)(
+            "decision applied",
+            extra={"job_id": job.id, "kind": d.kind, "gpus": gpus, "outcome": outcome, "reason": d.reason},
+        )
+    for job_id in [j for j in ctx.decided if j not in jobs]:
+        del ctx.decided[job_id]
+    return out
+
+
+def as_ref(job: JobRow) -> JobRef:
+    """The fields ``events_pull`` needs."""
+    return JobRef(job.id, job.state, job.attempt, job.epoch, job.cancel_requested, job.gpus_allocated)

@@ -1,0 +1,82 @@
+"""What every step of the controller shares: the database, the lease, the supervisors, the knobs.
+
+:meth:`Ctx.txn` is the only way the controller writes: one transaction that first checks, inside
+itself, that this replica still holds the controller lease (:meth:`LeaderLease.guard`), then lets
+the caller make its compare-and-set writes (``service.db.transitions`` with ``commit=False``), then
+commits. A replica that lost the lease raises :class:`~service.controller.lease.LeaseLost` before
+writing anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.controller.lease import LeaderLease
+from service.controller.supervisors import AttemptKey, Supervisors
+from service.db.session import make_sessionmaker
+
+
+@dataclass
+class ControllerConfig:
+    """Knobs of the controller (defaults suit production; tests shorten the times)."""
+
+    tick_s: float = 1.0
+    lease_ttl_s: float = 10.0
+    max_attempts: int = 3
+    call_timeout_s: float = 10.0
+    #: after ``cancel()``, how long to wait for the supervisor's own ``cancelled`` before forcing it
+    cancel_grace_s: float = 30.0
+    #: whether supervisors can re-plan a running job onto a new GPU count (``resize``); see snapshot
+    runtime_resizes: bool = False
+    storage_path: Path = Path("/tmp/orthoplex-storage")
+    #: extra keys merged into every supervisor spec (e.g. a fault-injection hook in tests/demos)
+    spec_overrides: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class Ctx:
+    engine: sa.Engine
+    lease: LeaderLease
+    sups: Supervisors
+    config: ControllerConfig
+    sessions: sessionmaker[Session] = field(init=False)
+    #: last runtime seq stored per attempt (loaded from the DB on first use)
+    cursors: dict[AttemptKey, int] = field(default_factory=dict)
+    #: attempts this controller already asked to preempt / cancel (asked again after a restart)
+    preempting: set[AttemptKey] = field(default_factory=set)
+    cancelling: dict[AttemptKey, float] = field(default_factory=dict)
+    #: the placement each attempt was admitted with, until Ray reports its placement group
+    placements: dict[tuple[int, int], dict[str, int]] = field(default_factory=dict)
+    #: the last decision recorded per job (kind, gpus, reason): a decision is stored when it changes
+    decided: dict[int, tuple[str, int | None, str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.sessions = make_sessionmaker(self.engine)
+
+    @contextmanager
+    def txn(self) -> Iterator[Session]:
+        """A lease-guarded transaction: commits on success, rolls back on any error."""
+        with self.sessions() as session:
+            try:
+                self.lease.guard(session)
+                yield session
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read-only session (no lease needed)."""
+        with self.sessions() as session:
+            yield session
+
+    def job_storage(self, job_id: int) -> Path:
+        """Where a job's checkpoints live: shared by all its attempts, so a new one resumes."""
+        return Path(self.config.storage_path) / "jobs" / str(job_id)

@@ -1,0 +1,155 @@
+"""Build the scheduler's :class:`ClusterSnapshot` from the job store and the Ray cluster view.
+
+Jobs: every non-terminal job. A job that holds GPUs (ADMITTED, RUNNING, RECOVERING, PREEMPTED while
+it checkpoints) is given its per-node allocation from the placement groups Ray reports for its
+current attempt; before its group exists (just admitted), from the placement this controller
+admitted it with; after a controller restart, before placement, its ``gpus_allocated`` count is
+spread over the nodes with the most free GPUs (the count is right, the nodes are a guess, which the
+next round corrects from Ray). Nodes: alive nodes with GPUs, their free GPUs as Ray reports them
+(the scheduler takes the lower of that and what the allocations leave).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from service.controller.cluster import ClusterView
+from service.db.models import TERMINAL_STATES, Job, Tenant
+from service.scheduler.types import ClusterSnapshot, JobView, NodeView, TenantView
+
+HOLDING = frozenset({"ADMITTED", "RUNNING", "RECOVERING", "PREEMPTED"})
+
+
+@dataclass
+class JobRow:
+    """What the controller needs of a non-terminal job (copied out of the session)."""
+
+    id: int
+    tenant_id: int
+    name: str
+    state: str
+    priority: int
+    min_gpus: int
+    max_gpus: int
+    attempt: int
+    epoch: int
+    cancel_requested: bool
+    gpus_allocated: int
+    spec: dict[str, Any]
+    created_at: float
+    admitted_at: float | None
+
+
+@dataclass
+class DbState:
+    tenants: list[TenantView] = field(default_factory=list)
+    jobs: list[JobRow] = field(default_factory=list)
+
+
+def _epoch_s(value: Any) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+def load_db_state(session: Session) -> DbState:
+    """Tenants and every non-terminal job (one consistent read)."""
+    tenants = [
+        TenantView(id=t.id, name=t.name, gpu_quota=t.gpu_quota, weight=t.weight, max_jobs=t.max_jobs)
+        for t in session.execute(sa.select(Tenant).order_by(Tenant.id)).scalars()
+    ]
+    rows = session.execute(
+        sa.select(Job).where(Job.state.not_in(sorted(TERMINAL_STATES))).order_by(Job.id)
+    ).scalars()
+    jobs = [
+        JobRow(
+            id=j.id,
+            tenant_id=j.tenant_id,
+            name=j.name,
+            state=j.state,
+            priority=j.priority,
+            min_gpus=j.min_gpus,
+            max_gpus=j.max_gpus,
+            attempt=j.attempt,
+            epoch=j.epoch,
+            cancel_requested=j.cancel_requested,
+            gpus_allocated=j.gpus_allocated,
+            spec=dict(j.spec or {}),
+            created_at=_epoch_s(j.created_at) or 0.0,
+            admitted_at=_epoch_s(j.admitted_at),
+        )
+        for j in rows
+    ]
+    return DbState(tenants=tenants, jobs=jobs)
+
+
+def _spread(count: int, free: dict[str, int]) -> dict[str, int]:
+    """``count`` GPUs over the nodes with the most free GPUs (a stand-in allocation)."""
+    out: dict[str, int] = {}
+    for node, avail in sorted(free.items(), key=lambda kv: (-kv[1], kv[0])):
+        if count <= 0:
+            break
+        take = min(count, avail)
+        if take:
+            out[node] = take
+            free[node] -= take
+            count -= take
+    return out
+
+
+def build_snapshot(
+    db: DbState,
+    view: ClusterView,
+    admitted_placements: Mapping[tuple[int, int], Mapping[str, int]] | None = None,
+    *,
+    resizable: bool = False,
+) -> ClusterSnapshot:
+    """The snapshot for :func:`service.scheduler.policy.decide` (pure).
+
+    ``resizable``: whether running jobs can be grown or shrunk in place. The runtime has no resize
+    call today, so jobs are presented as fixed-size once admitted (the scheduler then sizes a
+    ``min..max`` job once, at admission, and reclaims GPUs by preemption instead of shrinking).
+    """
+    admitted_placements = admitted_placements or {}
+    nodes = [n for n in view.alive_nodes if n.gpus_total > 0]
+    free = {n.node_id: n.gpus_free for n in nodes}
+    by_attempt: dict[tuple[str, int], dict[str, int]] = {}
+    for n in nodes:
+        for a in n.allocations:
+            if a.job_id is not None and a.attempt is not None:
+                slot = by_attempt.setdefault((a.job_id, a.attempt), {})
+                slot[n.node_id] = slot.get(n.node_id, 0) + a.gpus
+    jobs = []
+    for j in db.jobs:
+        allocated: dict[str, int] = {}
+        if j.state in HOLDING:
+            allocated = by_attempt.get((str(j.id), j.attempt), {})
+            if not allocated:
+                allocated = dict(admitted_placements.get((j.id, j.attempt), {}))
+            if not allocated and j.gpus_allocated:
+                allocated = _spread(j.gpus_allocated, free)
+        jobs.append(
+            JobView(
+                id=j.id,
+                tenant_id=j.tenant_id,
+                state=j.state,
+                priority=j.priority,
+                min_gpus=j.min_gpus,
+                max_gpus=j.max_gpus,
+                submitted_at=j.created_at,
+                allocated=allocated,
+                preemptible=bool(j.spec.get("preemptible", True)),
+                elastic=resizable and bool(j.spec.get("elastic", j.max_gpus > j.min_gpus)),
+                started_at=j.admitted_at,
+            )
+        )
+    node_views = [
+        NodeView(id=n.node_id, gpus=n.gpus_total, free_gpus=n.gpus_free, healthy=n.alive) for n in nodes
+    ]
+    return ClusterSnapshot(
+        tenants=tuple(db.tenants), jobs=tuple(jobs), nodes=tuple(node_views), now=time.time()
+    )

@@ -1,0 +1,2 @@
+"""The job store: models (``models``), engines (``session``), migrations (``migrate``) and the
+compare-and-set state machine (``transitions``)."""

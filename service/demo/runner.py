@@ -1,0 +1,400 @@
+"""``orthoplex demo``: the whole product on one machine, shown live.
+
+1. a local Ray cluster of several nodes with declared GPUs (CPU torch underneath);
+2. the service (API + controller) as a real ``orthoplex serve`` process on SQLite (or the
+   ``ORTHOPLEX_DATABASE_URL`` given);
+3. two tenants and their tokens, created over REST with the admin token;
+4. a job per tenant submitted over REST at the same time, so the scheduler's sharing shows;
+5. live progress from the API (events and metrics), then a node holding the bigger job's ranks is
+   killed: detection, the re-plan (old → new layout with predicted throughput), the resume step and
+   the recovery time by phase appear as they happen;
+6. a summary: loss curve as a PNG and in the terminal, plans used, GPU time lost.
+
+Every process the demo starts is stopped at the end, also on Ctrl-C, unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from service.demo.report import JobReport, save_loss_png, terminal_loss_chart
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+SHOWN_EVENTS = {"plan", "placed", "ranks_mapped", "checkpoint", "node_lost", "rank_failed", "hang", "straggler",
+                "replan", "resumed", "recovery", "finished", "failed", "cancelled", "preempted", "state"}
+
+
+@dataclass
+class DemoConfig:
+    """What the demo runs; the defaults end in a few minutes on a 2-core machine."""
+
+    nodes: int = 3
+    gpus_per_node: int = 4
+    model: str = "tiny"
+    steps: int = 30
+    global_batch: int = 8
+    kill_at_step: int = 10
+    keep: bool = False
+    workdir: Path | None = None
+    timeout_s: float = 900.0
+
+
+@dataclass
+class TenantJob:
+    tenant: str
+    token: str
+    spec: dict[str, Any]
+    job: dict[str, Any] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    last_seq: int = 0
+    task: Any = None
+
+
+class DemoError(RuntimeError):
+    """The demo could not go on (the message says why)."""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Demo:
+    def __init__(self, cfg: DemoConfig, console: Console | None = None) -> None:
+        self.cfg = cfg
+        self.console = console or Console()
+        self.workdir = cfg.workdir or Path(tempfile.mkdtemp(prefix="orthoplex-demo-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.cluster: Any = None
+        self.service: subprocess.Popen[bytes] | None = None
+        self.admin_token = secrets.token_urlsafe(24)
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.killed_node: str | None = None
+        self.jobs: list[TenantJob] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> int:
+        """Run the demo; returns the process exit code (0 when every job succeeded)."""
+        t0 = time.monotonic()
+        try:
+            self._start_cluster()
+            self._start_service()
+            self._create_tenants_and_submit()
+            self._watch()
+            code = self._summary(time.monotonic() - t0)
+            if self.cfg.keep:
+                self._keep()
+            return code
+        finally:
+            if not self.cfg.keep:
+                self.stop()
+
+    def stop(self) -> None:
+        """Stop the service and the cluster (idempotent; also used on Ctrl-C)."""
+        if self.service is not None and self.service.poll() is None:
+            self.service.send_signal(signal.SIGINT)
+            try:
+                self.service.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.service.kill()
+                self.service.wait(timeout=10)
+        self.service = None
+        if self.cluster is not None:
+            with contextlib.suppress(Exception):
+                self._kill_supervisors()
+            self.cluster.shutdown()
+            self.cluster = None
+
+    def _kill_supervisors(self) -> None:
+        """Detached supervisors outlive their driver: end them before the cluster goes."""
+        import ray
+
+        from workers.runtime.launch import find_supervisor
+
+        for tj in self.jobs:
+            jid, attempt = tj.job.get("id"), int(tj.job.get("attempt") or 0)
+            for a in range(1, attempt + 1):
+                handle = find_supervisor(str(jid), a)
+                if handle is not None:
+                    ray.kill(handle, no_restart=True)
+
+    def _keep(self) -> None:
+        c = self.console
+        c.rule("[bold]--keep: the service and cluster stay up")
+        c.print(f"API:          {self.base}   (OpenAPI at {self.base}/docs)")
+        c.print(f"admin token:  {self.admin_token}")
+        for tj in self.jobs:
+            c.print(f"tenant {tj.tenant!r} token: {tj.token}")
+        c.print(f"Ray address:  {self.cluster.address}")
+        c.print("try: ORTHOPLEX_API_URL=... ORTHOPLEX_API_TOKEN=... orthoplex status")
+        c.print("[bold]Ctrl-C stops everything.")
+        try:
+            while self.service is not None and self.service.poll() is None:
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.stop()
+
+    # ------------------------------------------------------------------ steps
+    def _start_cluster(self) -> None:
+        from workers.runtime.local_cluster import InProcessCluster
+
+        cfg = self.cfg
+        with self.console.status(f"starting a local Ray cluster: {cfg.nodes} nodes x {cfg.gpus_per_node} GPUs"):
+            t = time.monotonic()
+            self.cluster = InProcessCluster(nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node).start()
+        self.console.print(
+            f"[green]✓[/] Ray cluster up in {time.monotonic() - t:.1f}s at {self.cluster.address}: "
+            f"{cfg.nodes} nodes x {cfg.gpus_per_node} declared GPUs (CPU torch underneath)"
+        )
+
+    def _service_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("ORTHOPLEX_DATABASE_URL", f"sqlite:///{self.workdir / 'orthoplex.db'}")
+        env["ORTHOPLEX_RAY_ADDRESS"] = self.cluster.address
+        env["ORTHOPLEX_ADMIN_TOKEN"] = self.admin_token
+        env["ORTHOPLEX_STORAGE_PATH"] = str(self.workdir / "storage")
+        env["ORTHOPLEX_HOST"] = "127.0.0.1"
+        env["ORTHOPLEX_PORT"] = str(self.port)
+        env["ORTHOPLEX_LOG_FORMAT"] = "json"
+        env["ORTHOPLEX_GPUS_PER_NODE"] = str(self.cfg.gpus_per_node)
+        env["RAY_AUTH_MODE"] = "disabled"
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def _start_service(self) -> None:
+        env = self._service_env()
+        log = open(self.workdir / "service.log", "wb")  # noqa: SIM115 - closed with the process
+        db = env["ORTHOPLEX_DATABASE_URL"]
+        with self.console.status("starting the service (API + controller)"):
+            t = time.monotonic()
+            self.service = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+                env=env, stdout=log, stderr=subprocess.STDOUT,
+            )
+            deadline = time.monotonic() + 120
+            while True:
+                if self.service.poll() is not None:
+                    raise DemoError(f"the service exited with {self.service.returncode}; see {self.workdir}/service.log")
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{self.base}/readyz", timeout=2).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise DemoError(f"the service did not become ready; see {self.workdir}/service.log")
+                time.sleep(0.5)
+        shown = db if not db.startswith("postgresql") else db.split("@")[-1]
+        self.console.print(f"[green]✓[/] service ready in {time.monotonic() - t:.1f}s at {self.base} (database {shown})")
+
+    def _admin(self, method: str, path: str, json: dict[str, Any] | None = None) -> dict[str, Any]:
+        r = httpx.request(method, self.base + path, json=json, timeout=30,
+                          headers={"Authorization": f"Bearer {self.admin_token}"})
+        if r.status_code >= 400:
+            raise DemoError(f"{method} {path} -> {r.status_code}: {r.text}")
+        return r.json()
+
+    def _create_tenants_and_submit(self) -> None:
+        cfg = self.cfg
+        total = cfg.nodes * cfg.gpus_per_node
+        big_quota = total - cfg.gpus_per_node  # the big job spans all nodes but one
+        small_quota = cfg.gpus_per_node
+        tenants = [("research", big_quota, 2.0), ("product", small_quota, 1.0)]
+        for name, quota, weight in tenants:
+            t = self._admin("POST", "/v1/tenants", {"name": name, "gpu_quota": quota, "weight": weight})
+            tok = self._admin("POST", f"/v1/tenants/{t['id']}/tokens", {"name": f"{name}-demo"})
+            spec: dict[str, Any] = {
+                "name": f"{name}-llama-{cfg.model}",
+                "model": cfg.model,
+                "steps": cfg.steps,
+                "global_batch": cfg.global_batch,
+                "min_gpus": 2,
+                "max_gpus": quota,
+                "priority": 0,
+                "seed": 1234,
+                "lr": 3e-3,
+                "warmup_steps": 3,
+                "checkpoint": {"min_every_steps": 2, "max_every_steps": 5},
+            }
+            if name == "research":  # show TP, PP and DP together on the big job
+                spec["layout_hint"] = {"tp": 2, "pp": 2}
+            self.jobs.append(TenantJob(tenant=name, token=tok["token"], spec=spec))
+            self.console.print(f"[green]✓[/] tenant [bold]{name}[/]: quota {quota} GPUs, weight {weight}, token "
+                               f"{tok['token'][:10]}… (shown once)")
+        # Both tenants submit at the same moment.
+        from concurrent.futures import ThreadPoolExecutor
+
+        def submit(tj: TenantJob) -> dict[str, Any]:
+            r = httpx.post(f"{self.base}/v1/jobs", json=tj.spec, timeout=60,
+                           headers={"Authorization": f"Bearer {tj.token}", "Idempotency-Key": f"demo-{tj.tenant}"})
+            if r.status_code != 201:
+                raise DemoError(f"submit for {tj.tenant} -> {r.status_code}: {r.text}")
+            return r.json()
+
+        with ThreadPoolExecutor(2) as pool:
+            for tj, job in zip(self.jobs, pool.map(submit, self.jobs), strict=True):
+                tj.job = job
+                self.console.print(f"[green]✓[/] {tj.tenant} submitted job {job['id']} over REST "
+                                   f"({tj.spec['min_gpus']}..{tj.spec['max_gpus']} GPUs, {cfg.steps} steps): {job['state']}")
+
+    # ------------------------------------------------------------------ watching
+    def _get(self, tj: TenantJob, path: str, **params: Any) -> Any:
+        r = httpx.get(self.base + path, params=params, timeout=30, headers={"Authorization": f"Bearer {tj.token}"})
+        r.raise_for_status()
+        return r.json()
+
+    def _poll(self, tj: TenantJob) -> list[dict[str, Any]]:
+        jid = tj.job["id"]
+        tj.job = self._get(tj, f"/v1/jobs/{jid}")
+        new = self._get(tj, f"/v1/jobs/{jid}/events", since=tj.last_seq)
+        items = new["items"] if isinstance(new, dict) else new
+        if items:
+            tj.last_seq = max(int(e["seq"]) for e in items)
+            tj.events.extend(items)
+        tj.metrics = self._get(tj, f"/v1/jobs/{jid}/metrics", limit=1000) or []
+        return items
+
+    def _watch(self) -> None:
+        c = self.console
+        progress = Progress(
+            TextColumn("[bold]{task.fields[label]:<22}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[state]:<10} loss {task.fields[loss]:>7} tok/s {task.fields[tps]:>8} "
+                       "{task.fields[layout]}"),
+            TimeElapsedColumn(), console=c,
+        )
+        deadline = time.monotonic() + self.cfg.timeout_s
+        with progress:
+            for tj in self.jobs:
+                tj.task = progress.add_task("", total=self.cfg.steps, label=f"job {tj.job['id']} {tj.tenant}",
+                                            state=tj.job["state"], loss="-", tps="-", layout="")
+            while True:
+                for tj in self.jobs:
+                    for ev in self._poll(tj):
+                        self._print_event(progress, tj, ev)
+                    self._update(progress, tj)
+                self._maybe_kill_node(progress)
+                if all(tj.job["state"] in TERMINAL for tj in self.jobs):
+                    break
+                if time.monotonic() > deadline:
+                    raise DemoError(f"the jobs did not finish within {self.cfg.timeout_s:.0f}s")
+                if self.service is not None and self.service.poll() is not None:
+                    raise DemoError(f"the service died; see {self.workdir}/service.log")
+                time.sleep(0.5)
+
+    def _update(self, progress: Progress, tj: TenantJob) -> None:
+        last = max(tj.metrics, key=lambda m: int(m["step"])) if tj.metrics else None
+        layout = next((_payload(e).get("short") for e in reversed(tj.events)
+                       if e["type"] in ("resumed", "ranks_mapped", "plan") and _payload(e).get("short")), "")
+        progress.update(
+            tj.task, completed=(int(last["step"]) + 1) if last else 0, state=tj.job["state"],
+            loss=f"{float(last['loss']):.4f}" if last and last.get("loss") is not None else "-",
+            tps=f"{float(last['tokens_per_s']):.0f}" if last and last.get("tokens_per_s") else "-",
+            layout=layout or "",
+        )
+
+    def _print_event(self, progress: Progress, tj: TenantJob, ev: dict[str, Any]) -> None:
+        etype = ev.get("type")
+        if etype not in SHOWN_EVENTS:
+            return
+        p = _payload(ev)
+        who = f"[cyan]job {tj.job['id']} ({tj.tenant})[/]"
+        reason = ev.get("reason") or p.get("reason") or ""
+        if etype == "plan":
+            msg = (f"plan [bold]{p.get('short')}[/] on {p.get('num_gpus')} GPUs, predicted "
+                   f"{p.get('predicted_tokens_per_s')} tok/s — {reason}")
+        elif etype == "replan":
+            msg = (f"[yellow]re-plan[/] [bold]{p.get('old_short')} → {p.get('new_short')}[/] "
+                   f"({p.get('decision')}): predicted {p.get('old_tokens_per_s')} → {p.get('new_tokens_per_s')} tok/s, "
+                   f"switch cost {p.get('switch_cost_s')}s — {reason}")
+        elif etype == "recovery":
+            phases = p.get("phases") or {}
+            parts = ", ".join(f"{k} {float(v):.2f}s" for k, v in phases.items())
+            msg = f"[green]recovered[/] in [bold]{p.get('total_s')}s[/]: {parts}"
+        elif etype == "resumed":
+            msg = f"[green]resumed[/] from step {p.get('from_step')} on {p.get('short')} ({p.get('world_size')} ranks)"
+        elif etype in ("node_lost", "rank_failed", "hang", "straggler", "failed"):
+            msg = f"[red]{etype}[/]: {reason}"
+        elif etype == "state":
+            msg = f"state → [bold]{p.get('new') or p.get('state')}[/] {reason}"
+        else:
+            msg = f"{etype}: {reason}"
+        progress.console.print(f"{time.strftime('%H:%M:%S')} {who} {msg}")
+
+    def _maybe_kill_node(self, progress: Progress) -> None:
+        if self.killed_node is not None or not self.jobs:
+            return
+        big = self.jobs[0]
+        steps_done = max((int(m["step"]) for m in big.metrics), default=-1) + 1
+        if steps_done < self.cfg.kill_at_step:
+            return
+        placed = [e for e in big.events if e["type"] == "placed"]
+        if not placed:
+            return
+        nodes = Counter(_payload(placed[-1]).get("bundle_nodes") or [])
+        alive = set(self.cluster.worker_node_ids())
+        candidates = [n for n, _ in nodes.most_common() if n in alive]
+        if not candidates:
+            return
+        victim = candidates[0]
+        progress.console.print(
+            f"{time.strftime('%H:%M:%S')} [bold red]✗ killing node {victim[:12]}[/] (holds {nodes[victim]} of "
+            f"job {big.job['id']}'s ranks) after step {steps_done} — a crash, no graceful drain"
+        )
+        self.cluster.kill_node(victim)
+        self.killed_node = victim
+
+    # ------------------------------------------------------------------ summary
+    def _summary(self, wall_s: float) -> int:
+        c = self.console
+        reports = [JobReport.from_api(tj.job, tj.events, tj.metrics, tj.tenant) for tj in self.jobs]
+        png = save_loss_png(reports, self.workdir / "loss.png")
+        c.rule("[bold]summary")
+        c.print(terminal_loss_chart(reports))
+        table = Table(title="jobs")
+        for col in ("job", "tenant", "state", "steps", "final loss", "plans used", "recoveries", "GPU·s lost"):
+            table.add_column(col)
+        for rep in reports:
+            rec = "; ".join(f"{r.get('cause')} {r.get('total_s')}s" for r in rep.recoveries) or "-"
+            table.add_row(str(rep.job_id), rep.tenant, rep.state, str(len(rep.steps)),
+                          f"{rep.losses[-1]:.4f}" if rep.losses else "-", " → ".join(rep.layouts) or "-", rec,
+                          f"{rep.gpu_seconds_lost:.1f}")
+        c.print(table)
+        for rep in reports:
+            for r in rep.recoveries:
+                phases = r.get("phases") or {}
+                c.print(f"job {rep.job_id} recovery by phase: " + ", ".join(f"{k} {v}s" for k, v in phases.items())
+                        + f" = {r.get('total_s')}s")
+        c.print(f"loss curve: {png}")
+        c.print(f"service log: {self.workdir / 'service.log'}; wall time {wall_s:.0f}s")
+        ok = all(r.state == "SUCCEEDED" for r in reports)
+        recovered = any(r.recoveries for r in reports)
+        if self.killed_node and not recovered:
+            c.print("[red]a node was killed but no recovery was recorded")
+            return 1
+        c.print("[bold green]demo finished: every job succeeded" if ok else "[bold red]demo finished with failures")
+        return 0 if ok else 1
+
+
+def _payload(ev: dict[str, Any]) -> dict[str, Any]:
+    p = ev.get("payload")
+    return p if isinstance(p, dict) else ev

@@ -1,0 +1,35 @@
+"""The multi-tenant gang scheduler: a pure policy (``policy.decide``) and an offline simulator.
+
+No database, Ray or FastAPI imports: the controller builds a ``ClusterSnapshot`` and applies the
+decisions; ``simulate`` drives the same ``decide`` over a synthetic workload.
+"""
+
+from service.scheduler.policy import decide
+from service.scheduler.types import (
+    Admit,
+    ClusterSnapshot,
+    Decision,
+    Grow,
+    JobState,
+    JobView,
+    NodeView,
+    Preempt,
+    Shrink,
+    TenantView,
+    Wait,
+)
+
+__all__ = [
+    "Admit",
+    "ClusterSnapshot",
+    "Decision",
+    "Grow",
+    "JobState",
+    "JobView",
+    "NodeView",
+    "Preempt",
+    "Shrink",
+    "TenantView",
+    "Wait",
+    "decide",
+]

@@ -1,0 +1,74 @@
+"""Fencing in the controller's writes: a stale attempt, or an ex-leader, writes nothing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from service.controller.context import ControllerConfig
+from service.controller.events_pull import JobRef, store_events
+from service.controller.lease import LeaseLost
+from service.controller.loop import Controller
+from service.db import transitions as tx
+from service.db.session import make_engine, make_sessionmaker
+from tests.controller import helpers as h
+
+pytestmark = pytest.mark.postgres
+
+
+def test_stale_attempt_and_ex_leader_write_nothing(migrated_db_url: str, tmp_path) -> None:
+    engine = make_engine(migrated_db_url)
+    tenant = h.add_tenant(engine, "t")
+    job_id = h.add_job(engine, tenant, "j", h.tiny_spec(4), gpus=2)
+    cfg = ControllerConfig(lease_ttl_s=2.0, storage_path=tmp_path)
+    leader, standby = Controller(engine, cfg, holder="a"), Controller(engine, cfg, holder="b")
+    assert leader.heartbeat() and not standby.heartbeat()
+    sm = make_sessionmaker(engine)
+    with sm() as s:  # attempt 1, then attempt 2 (as after a vanished supervisor)
+        assert (
+            tx.start_attempt(s, job_id, expected={"PENDING"}, new="ADMITTED", expected_epoch=0, reason="t")
+            == 1
+        )
+        assert tx.transition(s, job_id, expected={"ADMITTED"}, new="RUNNING", epoch=1, reason="t")
+    old = JobRef(job_id, "RUNNING", attempt=1, epoch=1)
+    step = {"seq": 1, "ts": time.time(), "type": "step", "step": 0, "loss": 5.0}
+    assert leader.heartbeat()  # (renew before each write: the machine may be slow)
+    assert store_events(leader.ctx, old, [step]).stored == 1
+    with sm() as s:
+        assert (
+            tx.start_attempt(s, job_id, expected={"RUNNING"}, new="RECOVERING", expected_epoch=1, reason="t")
+            == 2
+        )
+    before = (len(h.events(engine, job_id)), len(h.metrics(engine, job_id)), h.state(engine, job_id))
+    # attempt 1 is fenced: its later events (a step, a checkpoint, even "finished") change nothing
+    late = [
+        {"seq": 2, "ts": time.time(), "type": "checkpoint", "step": 1, "path": "/x", "bytes": 1},
+        {"seq": 3, "ts": time.time(), "type": "finished", "step": 4, "loss": 1.0},
+    ]
+    assert leader.heartbeat()
+    res = store_events(leader.ctx, old, late)
+    assert res.stale and res.stored == 0 and res.final is None
+    assert (len(h.events(engine, job_id)), len(h.metrics(engine, job_id)), h.state(engine, job_id)) == before
+    assert h.checkpoints(engine, job_id) == []
+    # the current attempt writes, once, even when the same batch is stored twice
+    cur = JobRef(job_id, "RECOVERING", attempt=2, epoch=2)
+    batch = [{"seq": 1, "ts": time.time(), "type": "step", "step": 0, "loss": 4.0}]
+    assert leader.heartbeat()
+    assert store_events(leader.ctx, cur, batch).stored == 1
+    assert h.state(engine, job_id) == "RUNNING"  # a step of the new attempt ends the recovery
+    leader.ctx.cursors.clear()
+    assert leader.heartbeat()
+    assert store_events(leader.ctx, cur, batch).stored == 0
+    # the leader stops renewing; the standby takes over; the ex-leader, still believing, writes nothing
+    time.sleep(2.1)
+    assert standby.heartbeat() and standby.lease.epoch == 2
+    leader.lease.epoch, leader.lease._deadline = 1, time.monotonic() + 60
+    before = len(h.events(engine, job_id))
+    with pytest.raises(LeaseLost):
+        store_events(
+            leader.ctx, cur, [{"seq": 2, "ts": time.time(), "type": "finished", "step": 4, "loss": 1.0}]
+        )
+    assert len(h.events(engine, job_id)) == before and h.state(engine, job_id) == "RUNNING"
+    assert leader.tick().leader is False  # the lease check demoted it
+    engine.dispose()

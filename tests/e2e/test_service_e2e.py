@@ -1,0 +1,234 @@
+"""End to end: REST → controller → runtime on Ray → a node dies → recovery → success.
+
+A real ``orthoplex serve`` process (API on uvicorn + the controller thread) against a Postgres
+database and the session Ray cluster. Two tenants submit at the same time; the scheduler's quota
+sharing shows in the decisions it records; the first tenant's job loses the node it trains on,
+goes RECOVERING → RUNNING and SUCCEEDS; its events and metrics are read back through the API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.controller import helpers as h
+
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.cluster]
+
+ADMIN = "e2e-admin-token-0123456789"
+STEPS = 40
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Service:
+    """``orthoplex serve`` in a subprocess."""
+
+    def __init__(self, db_url: str, ray_address: str, tmp: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ)
+        env.update(
+            {
+                "ORTHOPLEX_DATABASE_URL": db_url,
+                "ORTHOPLEX_RAY_ADDRESS": ray_address,
+                "ORTHOPLEX_STORAGE_PATH": str(tmp / "storage"),
+                "ORTHOPLEX_ADMIN_TOKEN": ADMIN,
+                "ORTHOPLEX_HOST": "127.0.0.1",
+                "ORTHOPLEX_PORT": str(self.port),
+                "ORTHOPLEX_CONTROLLER_TICK_S": "0.5",
+                "ORTHOPLEX_CONTROLLER_LEASE_TTL_S": "5",
+                "ORTHOPLEX_CONTROLLER_SPEC_OVERRIDES": json.dumps({"runtime": h.FAST_RUNTIME}),
+                "RAY_AUTH_MODE": "disabled",
+            }
+        )
+        env.pop("ORTHOPLEX_CONTROLLER_CRASH_AT", None)
+        self.log_path = tmp / "serve.log"
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve"],
+            cwd=h.REPO,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self.admin = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30)
+
+    def wait_ready(self, timeout_s: float = 120) -> None:
+        def up() -> bool:
+            assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
+            try:
+                return self.admin.get("/healthz").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        h.wait_for(up, timeout_s, "the service to answer /healthz")
+
+    def tenant(self, name: str, quota: int) -> httpx.Client:
+        r = self.admin.post("/v1/tenants", json={"name": name, "gpu_quota": quota, "weight": 1.0})
+        assert r.status_code == 201, r.text
+        t = self.admin.post(f"/v1/tenants/{r.json()['id']}/tokens", json={"name": "e2e"})
+        assert t.status_code == 201, t.text
+        token = t.json()["token"]
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def _job(spec: dict[str, Any], name: str, gpus: int) -> dict[str, Any]:
+    body = {k: v for k, v in spec.items() if k != "checkpoint"}
+    body.update({"name": name, "min_gpus": gpus, "max_gpus": gpus, "preemptible": False})
+    body["checkpoint"] = spec["checkpoint"]
+    return body
+
+
+def test_rest_to_recovery_to_success_with_two_tenants(ray_cluster, empty_db_url: str, tmp_path: Path):
+    svc = Service(empty_db_url, ray_cluster.address, tmp_path)
+    t0 = time.monotonic()
+    timings: dict[str, float] = {}
+    hog: h.GpuHog | None = None
+    try:
+        svc.wait_ready()
+        timings["service_up_s"] = time.monotonic() - t0
+        alpha, beta = svc.tenant("alpha", quota=2), svc.tenant("beta", quota=2)
+
+        # two tenants submit at once: alpha two non-preemptible 2-GPU jobs, beta one
+        bodies = [
+            (alpha, _job(h.tiny_spec(STEPS, every=4), "alpha-main", 2), "k-a1"),
+            (alpha, _job(h.tiny_spec(STEPS, every=4), "alpha-second", 2), "k-a2"),
+            (beta, _job(h.tiny_spec(12, every=4), "beta-main", 2), "k-b1"),
+        ]
+        answers: dict[str, httpx.Response] = {}
+
+        def submit(client: httpx.Client, body: dict[str, Any], key: str) -> None:
+            answers[key] = client.post("/v1/jobs", json=body, headers={"Idempotency-Key": key})
+
+        threads = [threading.Thread(target=submit, args=b) for b in bodies]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(r.status_code == 201 for r in answers.values()), {k: r.text for k, r in answers.items()}
+        alpha_ids = [answers[k].json()["id"] for k in ("k-a1", "k-a2")]
+        b1 = answers["k-b1"].json()["id"]
+        retry = alpha.post("/v1/jobs", json=bodies[0][1], headers={"Idempotency-Key": "k-a1"})
+        assert retry.status_code == 200 and retry.json()["id"] == alpha_ids[0]
+
+        def get(client: httpx.Client, job_id: int) -> dict[str, Any]:
+            r = client.get(f"/v1/jobs/{job_id}")
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        def decisions(client: httpx.Client, job_id: int) -> list[dict[str, Any]]:
+            r = client.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000})
+            return [e["payload"] for e in r.json() if e["source"] == "scheduler" and e["type"] == "decision"]
+
+        def alpha_running() -> list[int]:
+            return [j for j in alpha_ids if get(alpha, j)["state"] == "RUNNING"]
+
+        # the scheduler: each tenant gets its quota; alpha's other job waits although GPUs are idle
+        # (non-preemptible jobs never borrow), and the recorded decision says why
+        h.wait_for(
+            lambda: alpha_running() and get(beta, b1)["state"] == "RUNNING",
+            300,
+            "both tenants' first jobs RUNNING",
+        )
+        timings["both_running_s"] = time.monotonic() - t0
+        a1 = alpha_running()[0]
+        a2 = next(j for j in alpha_ids if j != a1)
+        assert [(d["kind"], d["gpus"]) for d in decisions(alpha, a1)] == [("admit", 2)]
+        assert [(d["kind"], d["gpus"]) for d in decisions(beta, b1)] == [("admit", 2)]
+        waits = decisions(alpha, a2)
+        assert get(alpha, a2)["state"] == "PENDING" and [d["kind"] for d in waits] == ["wait"], waits
+        assert "quota" in waits[0]["reason"], waits
+        cluster = svc.admin.get("/v1/cluster").json()
+        assert cluster["available"] and cluster["total_gpus"] == 12 and cluster["free_gpus"] >= 4, cluster
+        assert alpha.get(f"/v1/jobs/{b1}").status_code == 404  # tenants never see each other's jobs
+
+        # alpha's second job is cancelled while queued
+        r = alpha.post(f"/v1/jobs/{a2}/cancel")
+        assert r.status_code == 200 and r.json()["state"] == "CANCELLED", r.text
+
+        # kill the node alpha's job trains on, once it has checkpointed
+        h.wait_for(
+            lambda: any(
+                e["type"] == "checkpoint"
+                for e in alpha.get(f"/v1/jobs/{a1}/events", params={"limit": 1000}).json()
+            ),
+            240,
+            "a checkpoint of alpha's job",
+        )
+        nodes = {
+            n["node_id"]
+            for n in svc.admin.get("/v1/cluster").json()["nodes"]
+            for a in n["allocations"]
+            if a["job_id"] == str(a1)
+        }
+        assert nodes, "alpha's job holds no GPUs"
+        hog = h.GpuHog([n for n in ray_cluster.worker_node_ids() if n not in nodes], leave_free=2)
+        killed_at = time.monotonic()
+        ray_cluster.kill_node(sorted(nodes)[0])
+        h.wait_for(lambda: get(alpha, a1)["state"] == "RECOVERING", 120, "RECOVERING", interval_s=0.2)
+        timings["kill_to_recovering_s"] = time.monotonic() - killed_at
+        h.wait_for(lambda: get(alpha, a1)["state"] in ("RUNNING", "SUCCEEDED"), 240, "RUNNING again")
+        timings["kill_to_running_s"] = time.monotonic() - killed_at
+        hog.release()
+        h.wait_for(lambda: get(alpha, a1)["state"] == "SUCCEEDED", 300, "alpha's job SUCCEEDED")
+        h.wait_for(lambda: get(beta, b1)["state"] == "SUCCEEDED", 120, "beta's job SUCCEEDED")
+        timings["total_s"] = time.monotonic() - t0
+
+        # events and metrics through the API
+        evs = alpha.get(f"/v1/jobs/{a1}/events", params={"limit": 1000}).json()
+        runtime = [e["type"] for e in evs if e["source"].startswith("runtime:")]
+        for kind in ("plan", "placed", "step", "checkpoint", "node_lost", "replan", "resumed", "finished"):
+            assert kind in runtime, (kind, runtime)
+        moves = [(e["payload"].get("from"), e["payload"].get("to")) for e in evs if e["type"] == "transition"]
+        assert ("RUNNING", "RECOVERING") in moves and ("RECOVERING", "RUNNING") in moves, moves
+        assert moves.count(("RUNNING", "SUCCEEDED")) == 1, moves
+        steps = [m["step"] for m in alpha.get(f"/v1/jobs/{a1}/metrics", params={"limit": 1000}).json()]
+        assert steps == list(range(STEPS)), steps
+        final = get(alpha, a1)
+        assert final["attempt"] == 1 and final["gpus_allocated"] == 0
+        h.wait_for(
+            lambda: not h.live_supervisors(a1) and not h.live_supervisors(b1), 60, "supervisors reaped"
+        )
+        print("e2e timings:", json.dumps({k: round(v, 1) for k, v in timings.items()}))
+    except BaseException:
+        text = "\n".join(
+            line for line in svc.log_path.read_text(errors="replace").splitlines() if "service." in line
+        )
+        print(f"---- serve log ----\n{text[-8000:]}")
+        raise
+    finally:
+        if hog is not None:
+            hog.release()
+        svc.stop()
+        from service.controller.supervisors import AttemptKey, Supervisors
+
+        sups = Supervisors()
+        for job_id in range(1, 4):  # the three jobs of this test's fresh database
+            for attempt in range(1, 4):
+                sups.kill(AttemptKey(job_id, attempt))

@@ -1,0 +1,102 @@
+"""Calibration against published runs, and the plan-selection quality bars."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import pytest
+
+from bench.calibration import case_spec, load_cases, run_calibration
+from planner.search import search
+from planner.spec import parse_spec
+
+pytestmark = pytest.mark.unit
+
+LAYOUT_KEYS = ("tp", "pp", "cp", "dp", "vpp")
+
+# Cases where the bar "published layout in the top 5 (by TP/PP/CP/DP shape)" is not met, and why.
+# The test below fails if one of them starts meeting it (then delete it here and in docs/planner.md).
+KNOWN_GAPS = {
+    "narayanan2021_t1_GPT-7.5B": "TP/PP split inferred by the dataset (TP=min(MP,8)); model prefers TP2+PP2",
+    "narayanan2021_t1_GPT-18.4B": "TP/PP split inferred; model prefers TP2+PP4 (no SP in 2021: TP8 replicates norms)",
+    "narayanan2021_t1_GPT-39.1B": "TP/PP split inferred; model prefers TP2+PP8",
+    "narayanan2021_t2_175B_ptdp_384gpu": "TP8xPP12 split inferred; model prefers TP4xPP16",
+    "narayanan2021_t2_175B_ptdp_1536gpu": "TP8xPP12 split inferred; model prefers TP4xPP16",
+    "bloom_176b_384gpu": "model prefers PP6 with CP2 (balanced head stage); BLOOM ran PP12 without CP",
+    "flagperf_llama3_70b_h100_64gpu": "model prefers ZeRO-3 with TP2/CP2 over TP8xPP4 (TP8 comm is 35% of GEMM)",
+    "flagperf_llama2_70b_h800_tp8pp4": "a known-worse layout: FlagPerf measured TP4xPP8 23% faster (we predict 14%)",
+}
+
+
+@lru_cache(maxsize=1)
+def calibration() -> dict[str, Any]:
+    return run_calibration()
+
+
+def test_calibration_median_error_within_10_percent() -> None:
+    cal = calibration()
+    assert cal["cases"] >= 30
+    assert cal["median_abs_rel_error"] <= 0.10, cal["median_abs_rel_error"]
+    # the A100 Megatron cases are the well-documented core: tighter
+    a100 = sorted(abs(r["rel_error"]) for r in cal["rows"] if r["case"].startswith(("narayanan2021_t1", "korthikanti")))
+    assert a100[len(a100) // 2] <= 0.08
+
+
+def test_memory_formula_oracle_is_reproduced() -> None:
+    rows = [r for r in calibration()["memory_rows"] if r["quantity"] != "memory_GiB_in_use"]
+    assert len(rows) == 12
+    for r in rows:
+        assert abs(r["rel_error"]) < 0.01, r
+
+
+def _selection_cases() -> list[dict[str, Any]]:
+    return [c for c in load_cases() if "plan_selection" in c.get("uses", [])
+            and (c.get("parallel") or {}).get("global_batch")]
+
+
+@lru_cache(maxsize=64)
+def _search_pair(case_id: str) -> tuple[Any, Any]:
+    case = next(c for c in load_cases() if c["id"] == case_id)
+    raw = case_spec(case)
+    knobs = {k: v for k, v in raw["parallel"].items() if k not in LAYOUT_KEYS and v is not None}
+    free = search(parse_spec({**raw, "parallel": knobs}), top_k=5)
+    published = search(parse_spec(raw), top_k=1)
+    return free, published
+
+
+def _free_and_published(case: dict[str, Any]) -> tuple[Any, Any]:
+    return _search_pair(case["id"])
+
+
+@pytest.mark.parametrize("case", _selection_cases(), ids=lambda c: c["id"])
+def test_top_plan_at_least_as_fast_as_published(case: dict[str, Any]) -> None:
+    free, published = _free_and_published(case)
+    if not published.plans:
+        # rejected: the stated reason must be the real one
+        par = case["parallel"]
+        kinds = set(published.rejected_counts)
+        assert kinds, "no plan and no reason"
+        if par["global_batch"] % par["dp"]:
+            assert kinds == {"global_batch"}
+            assert "not divisible by dp" in published.rejected[0].reason
+        return
+    assert free.plans
+    assert free.plans[0].estimate.step_time_s <= published.plans[0].estimate.step_time_s * (1 + 1e-9)
+
+
+def test_published_layout_in_top5_or_rejected() -> None:
+    met, missed = [], []
+    for case in _selection_cases():
+        free, published = _free_and_published(case)
+        par = case["parallel"]
+        shapes = [(p.layout.tp, p.layout.pp, p.layout.cp, p.layout.dp) for p in free.plans]
+        if not published.plans:
+            met.append(case["id"])  # rejected; the reason is checked above
+        elif (par["tp"], par["pp"], par["cp"], par["dp"]) in shapes:
+            met.append(case["id"])
+        else:
+            missed.append(case["id"])
+    assert sorted(missed) == sorted(KNOWN_GAPS), {"unexpected misses": set(missed) - set(KNOWN_GAPS),
+                                                  "now met, update KNOWN_GAPS": set(KNOWN_GAPS) - set(missed)}
+    assert len(met) >= 13

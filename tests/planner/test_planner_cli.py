@@ -1,0 +1,97 @@
+"""``orthoplex plan``: table, exact JSON shape, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from service.cli.plan import register
+from tests.planner.conftest import tiny_spec
+
+pytestmark = pytest.mark.unit
+
+PLAN_KEYS = {"tp", "pp", "cp", "dp", "vpp", "micro_batch", "num_micro_batches", "sp", "zero", "recompute",
+             "estimate"}
+ESTIMATE_KEYS = {"step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "memory_gb_per_gpu"}
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+
+    @app.callback()
+    def main() -> None:  # a group, as in orthoplex
+        pass
+
+    return app
+
+
+def _run(tmp_path: Path, spec: Any, *args: str) -> Any:
+    path = tmp_path / "spec.json"
+    path.write_text(spec if isinstance(spec, str) else json.dumps(spec))
+    return CliRunner().invoke(_app(), ["plan", "--spec", str(path), *args])
+
+
+def test_json_shape_exact(tmp_path: Path) -> None:
+    res = _run(tmp_path, tiny_spec(), "--json", "--top", "2")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert set(data) == {"plans", "rejected", "searched", "search_time_s"}
+    assert 1 <= len(data["plans"]) <= 2
+    for p in data["plans"]:
+        assert set(p) == PLAN_KEYS
+        assert set(p["estimate"]) >= ESTIMATE_KEYS
+    steps = [p["estimate"]["step_time_s"] for p in data["plans"]]
+    assert steps == sorted(steps)
+    for r in data["rejected"]:
+        assert set(r) == {"layout", "reason"}
+    assert data["searched"] > 0 and data["search_time_s"] >= 0
+
+
+def test_table_output(tmp_path: Path) -> None:
+    res = _run(tmp_path, tiny_spec())
+    assert res.exit_code == 0, res.output
+    assert "tp" in res.output and "MFU" in res.output and "searched" in res.output
+
+
+def test_nothing_fits_exits_1_with_reasons(tmp_path: Path) -> None:
+    spec = {"model": {"name": "llama3-70b"}, "cluster": {"gpu_type": "A100", "num_gpus": 8},
+            "parallel": {"tp": 1, "pp": 1}, "training": {"global_batch": 8}}
+    res = _run(tmp_path, spec)
+    assert res.exit_code == 1
+    assert "memory" in res.output and "GiB" in res.output
+    res = _run(tmp_path, spec, "--json")
+    assert res.exit_code == 1
+    assert json.loads(res.stdout)["plans"] == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"model": {"name": "llama3-8b", "heads": 2.5}, "cluster": {"gpu_type": "A100", "num_gpus": 8},
+          "training": {"global_batch": 8}}, "model.heads"),
+        ({"model": {"name": "llama3-8b", "layers": -1}, "cluster": {"gpu_type": "A100", "num_gpus": 8},
+          "training": {"global_batch": 8}}, "model.layers"),
+        ({"model": {"name": "llama3-8b"}, "cluster": {"gpu_type": "A100", "num_gpus": 0},
+          "training": {"global_batch": 8}}, "cluster.num_gpus"),
+        ({"model": {"name": "llama3-8b"}, "cluster": {"gpu_type": "Z9000", "num_gpus": 8},
+          "training": {"global_batch": 8}}, "cluster.gpu_type"),
+        ("{not json", "--spec"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_field(tmp_path: Path, spec: Any, field: str) -> None:
+    res = _run(tmp_path, spec, "--json")
+    assert res.exit_code == 2
+    assert field in res.output
+    assert "Traceback" not in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+
+
+def test_missing_file_exits_2(tmp_path: Path) -> None:
+    res = CliRunner().invoke(_app(), ["plan", "--spec", str(tmp_path / "nope.json")])
+    assert res.exit_code == 2 and "--spec" in res.output

@@ -1,0 +1,83 @@
+"""The runtime's CLI: ``orthoplex run`` options -> job spec, the summary, ``cluster up|down``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from service.cli.runtime import build_spec, register, summarize
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+@pytest.mark.unit
+def test_run_options_become_a_spec_with_faults_only_when_asked() -> None:
+    kw = dict(model="tiny", steps=10, global_batch=12, min_gpus=4, layout_hint="tp=2,pp=2", checkpoint_dir="/c",
+              slow_factor=2.0, events_out=None, metrics_out=None, max_checkpoint_every=5, hang_timeout_s=30.0)
+    plain = build_spec(kill_node_at_step=None, slow_node_at_step=None, **kw)
+    assert plain["faults"] == [] and plain["layout_hint"] == "tp=2,pp=2" and plain["min_gpus"] == 4
+    faulty = build_spec(kill_node_at_step=3, slow_node_at_step=5, **kw)
+    assert [f["kind"] for f in faulty["faults"]] == ["kill_node", "slow_node"]
+    assert faulty["faults"][1]["factor"] == 2.0
+
+
+@pytest.mark.unit
+def test_summary_lists_plans_failures_recovery_phases_and_loss() -> None:
+    text = summarize({
+        "state": "SUCCEEDED", "steps_done": 10, "final_loss": 4.2, "error": "",
+        "plans": [{"short": "tp2·pp2·cp1·dp3", "num_gpus": 12}, {"short": "tp2·pp1·cp1·dp4", "num_gpus": 8}],
+        "failures": [{"step": 4, "kind": "node_lost", "reason": "node gone"}],
+        "recoveries": [{"cause": "node_lost", "total_s": 3.0,
+                        "phases": {"detect": 1, "plan": 0, "place": 0, "start": 1, "load": 0.5, "first_step": 0.5}}],
+    })
+    assert "tp2·pp2·cp1·dp3 (12 GPUs) -> tp2·pp1·cp1·dp4 (8 GPUs)" in text
+    assert "node_lost" in text and "detect 1.00s" in text and "final loss: 4.2" in text
+
+
+@pytest.mark.unit
+def test_commands_are_registered() -> None:
+    res = CliRunner().invoke(_app(), ["--help"])
+    assert res.exit_code == 0 and "run" in res.output and "cluster" in res.output
+    res = CliRunner().invoke(_app(), ["cluster", "--help"])
+    assert "up" in res.output and "down" in res.output
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_cluster_up_outlives_the_command_and_down_stops_only_it(tmp_path: Path) -> None:
+    app = _app()
+    res = CliRunner().invoke(app, ["cluster", "up", "--nodes", "1", "--gpus-per-node", "2", "--cpus-per-node", "1",
+                                   "--data-dir", str(tmp_path)])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    rec = json.loads((tmp_path / "cluster.json").read_text())
+    try:
+        assert rec["pids"] and all(Path(f"/proc/{p}").exists() for p in rec["pids"])
+        probe = ("import os, ray; os.environ['RAY_AUTH_MODE']='disabled'; "
+                 f"ray.init(address='{rec['address']}'); r = ray.cluster_resources(); "
+                 "print(int(r.get('GPU', 0))); ray.shutdown()")
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+        assert out.stdout.strip().splitlines()[-1] == "2", out.stderr[-2000:]
+    finally:
+        res = CliRunner().invoke(app, ["cluster", "down", "--data-dir", str(tmp_path)])
+    assert res.exit_code == 0 and "stopped" in res.output
+    assert not (tmp_path / "cluster.json").exists()
+    assert [p for p in rec["pids"] if _running(p)] == []
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False

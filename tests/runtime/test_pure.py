@@ -1,0 +1,179 @@
+"""Unit tests of the runtime's pure pieces: rank mapping, straggler scoring, cadence, events, faults."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from planner.layout import Layout
+from workers.runtime.cadence import CheckpointCadence, young_interval_s
+from workers.runtime.events import EventLog, recovery_event_fields
+from workers.runtime.faults import Fault, FaultInjectionDisabled, FaultPlan, parse_faults
+from workers.runtime.jobspec import parse_hint, parse_job
+from workers.runtime.ranks import assign_ranks, spanning_groups
+from workers.runtime.straggler import StragglerScorer
+
+pytestmark = pytest.mark.unit
+
+
+# ------------------------------------------------------------------------------------ ranks
+def test_interleaved_bundles_keep_tp_then_cp_groups_on_one_node() -> None:
+    lay = Layout(tp=2, cp=2, pp=2, dp=1)  # 8 ranks, TP*CP blocks of 4
+    bundles = ["a", "b", "a", "b", "a", "b", "a", "b"]  # SPREAD-style interleaving
+    rm = assign_ranks(lay, bundles)
+    assert sorted(rm.rank_to_bundle) == list(range(8))
+    assert rm.spanning == {}
+    for group in lay.groups("tp") + lay.groups("cp"):
+        assert len({rm.rank_to_node[r] for r in group}) == 1
+    # the naive identity mapping would have split every TP group
+    assert spanning_groups(lay, bundles)["tp"]
+
+
+def test_uneven_nodes_fall_back_to_tp_blocks() -> None:
+    lay = Layout(tp=2, cp=2, dp=3)  # 12 ranks; nodes of 6,6 fit no 4-block evenly
+    bundles = ["x"] * 6 + ["y"] * 6
+    random.Random(0).shuffle(bundles)
+    rm = assign_ranks(lay, bundles)
+    assert "tp" not in rm.spanning
+    assert [len(g) for g in lay.groups("tp")] == [2] * 6
+
+
+def test_follows_the_plan_when_counts_match_and_maps_plan_nodes_onto_real_ones() -> None:
+    lay = Layout(tp=2, pp=2, dp=2)
+    plan_nodes = ["p0"] * 4 + ["p1"] * 4
+    bundles = ["r1", "r0", "r1", "r0", "r1", "r0", "r1", "r0"]
+    rm = assign_ranks(lay, bundles, plan_nodes)
+    assert rm.method == "plan"
+    assert len(set(rm.rank_to_node[:4])) == 1 and len(set(rm.rank_to_node[4:])) == 1
+    assert rm.rank_to_node[0] != rm.rank_to_node[4]
+
+
+def test_rank_map_rejects_wrong_sizes() -> None:
+    with pytest.raises(ValueError):
+        assign_ranks(Layout(tp=2), ["a"])
+
+
+# ------------------------------------------------------------------------------------ straggler
+def _run_scorer(factor_by_node: dict[str, float], steps: int, start_slow: int, noise: float = 0.02,
+                window: int = 5) -> tuple[list, StragglerScorer]:
+    nodes = {r: f"n{r // 4}" for r in range(12)}
+    roles = {r: (0 if r < 6 else 1,) for r in range(12)}  # two pipeline stages, different work
+    base = {r: (1.0 if r < 6 else 1.6) for r in range(12)}
+    sc = StragglerScorer(nodes, roles, window=window, threshold=0.7)
+    rng = random.Random(1)
+    found = []
+    for s in range(steps):
+        times = {}
+        for r in range(12):
+            f = factor_by_node.get(nodes[r], 1.0) if s >= start_slow else 1.0
+            times[r] = base[r] * f * (1 + rng.uniform(-noise, noise))
+        for x in sc.observe(s, times):
+            found.append((s, x))
+    return found, sc
+
+
+def test_slow_node_detected_within_two_windows() -> None:
+    found, _ = _run_scorer({"n2": 2.0}, steps=30, start_slow=12)
+    assert found, "a node at 0.5x was not detected"
+    step, f = found[0]
+    assert f.node == "n2" and f.score < 0.7
+    assert step - 12 < 2 * 5
+
+
+def test_three_percent_jitter_and_pipeline_imbalance_trigger_nothing() -> None:
+    found, sc = _run_scorer({"n1": 1.03}, steps=40, start_slow=0, noise=0.03)
+    assert found == []
+    assert sc.windows_closed >= 6
+    assert all(v > 0.85 for v in sc.last_scores.values())
+
+
+def test_machine_wide_slowdown_is_not_a_straggler() -> None:
+    found, _ = _run_scorer({"n0": 1.8, "n1": 1.8, "n2": 1.8}, steps=30, start_slow=10)
+    assert found == []
+
+
+def test_one_step_blip_is_not_persistent() -> None:
+    nodes = {r: f"n{r // 2}" for r in range(4)}
+    sc = StragglerScorer(nodes, {r: (0,) for r in range(4)}, window=5)
+    hits = []
+    for s in range(20):
+        t = {r: 1.0 for r in range(4)}
+        if s == 12:
+            t[0] = t[1] = 5.0
+        hits += sc.observe(s, t)
+    assert hits == []
+
+
+# ------------------------------------------------------------------------------------ cadence
+def test_young_interval_matches_the_formula() -> None:
+    assert young_interval_s(11135, 60) == pytest.approx(math.sqrt(2 * 11135 * 60))
+    with pytest.raises(ValueError):
+        young_interval_s(0, 1)
+
+
+def test_cadence_tightens_with_failures_and_respects_bounds() -> None:
+    c = CheckpointCadence(min_steps=2, max_steps=40, prior_mtbf_s=400.0)
+    for _ in range(10):
+        c.observe_step(1.0)
+    c.observe_save(0.5)
+    calm = c.interval_steps()  # sqrt(2*410*0.5) ~ 20 steps
+    assert 15 <= calm <= 25
+    for _ in range(20):
+        c.observe_failure()
+    assert c.interval_steps() < calm
+    assert c.interval_steps() >= 2
+    c2 = CheckpointCadence(min_steps=1, max_steps=3, prior_mtbf_s=1e6)
+    c2.observe_step(0.01)
+    assert c2.interval_steps() == 3 and c2.due(3) and not c2.due(2)
+
+
+# ------------------------------------------------------------------------------------ events
+def test_event_log_sequence_since_and_sink(tmp_path) -> None:
+    sink = tmp_path / "ev.jsonl"
+    log = EventLog(sink)
+    log.emit("plan", "initial", layout={"tp": 2})
+    log.emit("step", step=0, loss=1.0)
+    assert [e["seq"] for e in log.since(0)] == [1, 2]
+    assert [e["type"] for e in log.since(1)] == ["step"]
+    lines = [json.loads(x) for x in sink.read_text().splitlines()]
+    assert lines[0]["type"] == "plan" and "ts" in lines[0] and lines[0]["reason"] == "initial"
+    with pytest.raises(ValueError):
+        log.emit("nonsense")
+
+
+def test_recovery_fields_sum_the_phases() -> None:
+    body = recovery_event_fields({"detect": 1, "plan": 0.1, "place": 0.5, "start": 5, "load": 1, "first_step": 2},
+                                 "node_lost")
+    assert body["total_s"] == pytest.approx(9.6)
+    with pytest.raises(ValueError):
+        recovery_event_fields({"detect": 1}, "x")
+
+
+# ------------------------------------------------------------------------------------ faults / spec
+def test_faults_need_the_explicit_hook_and_fire_once() -> None:
+    faults = parse_faults([{"kind": "kill_node", "at_step": 5}, {"kind": "slow_node", "at_step": 2, "factor": 2}])
+    with pytest.raises(FaultInjectionDisabled):
+        FaultPlan(faults, enabled=False)
+    FaultPlan([], enabled=False)  # a normal run: nothing to fire, nothing refused
+    plan = FaultPlan(faults, enabled=True)
+    assert plan.due(1) == []
+    assert [f.kind for f in plan.due(5)] == ["slow_node", "kill_node"]
+    assert plan.due(6) == [] and plan.pending == []
+    assert Fault("kill_rank", 0, rank=-1).target_rank(8) == 7
+    with pytest.raises(ValueError):
+        Fault("explode", 1)
+
+
+def test_job_spec_parsing(tmp_path) -> None:
+    job = parse_job({"model": "tiny", "steps": 7, "global_batch": 12, "checkpoint_dir": str(tmp_path),
+                     "layout_hint": "tp=2,pp=2", "min_gpus": 4, "runtime": {"hang_timeout_s": 5}})
+    assert job.steps == 7 and job.layout_hint == {"tp": 2, "pp": 2} and job.runtime.hang_timeout_s == 5
+    assert job.train["save_every"] == 0
+    assert parse_hint({"tp": 2}) == {"tp": 2}
+    with pytest.raises(ValueError, match="checkpoint_dir"):
+        parse_job({"model": "tiny", "steps": 1, "global_batch": 4})
+    with pytest.raises(ValueError, match="runtime"):
+        parse_job({"model": "tiny", "steps": 1, "global_batch": 4, "checkpoint_dir": "x", "runtime": {"bogus": 1}})

@@ -1,0 +1,112 @@
+"""The CLI against a real ``orthoplex serve`` process: admin commands (direct database access),
+submit, status, events (also --follow), cancel; exit codes and messages."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from service.cli import client as client_cli
+from service.cli import server as server_cli
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture(scope="module")
+def cli() -> typer.Typer:
+    app = typer.Typer()
+    server_cli.register(app)
+    client_cli.register(app)
+    return app
+
+
+@pytest.fixture(scope="module")
+def tenant_token(cli: typer.Typer, pg_url: str) -> str:
+    runner = CliRunner()
+    name = f"cli-{uuid.uuid4().hex[:6]}"
+    r = runner.invoke(cli, ["admin", "create-tenant", name, "--quota", "4", "--weight", "2", "--database-url", pg_url])
+    assert r.exit_code == 0, r.output
+    assert f"tenant {name} id=" in r.stdout and "quota=4 weight=2" in r.stdout
+    r = runner.invoke(cli, ["admin", "create-tenant", name, "--database-url", pg_url])
+    assert r.exit_code == 1 and "exists" in r.output
+    r = runner.invoke(cli, ["admin", "create-token", name, "--database-url", pg_url])
+    assert r.exit_code == 0, r.output
+    return r.stdout.strip().splitlines()[0]
+
+
+def _run(cli: typer.Typer, live, token: str, *args: str) -> object:
+    return CliRunner().invoke(cli, [*args, "--url", live.url, "--token", token])
+
+
+def test_admin_input_errors(cli: typer.Typer, pg_url: str) -> None:
+    runner = CliRunner()
+    r = runner.invoke(cli, ["admin", "create-tenant", "Bad Name!", "--database-url", pg_url])
+    assert r.exit_code == 2 and "name" in r.output
+    r = runner.invoke(cli, ["admin", "create-token", "no-such-tenant-x", "--database-url", pg_url])
+    assert r.exit_code == 1 and "no tenant" in r.output
+
+
+def test_submit_status_events_cancel(cli: typer.Typer, live, tenant_token: str, tmp_path: Path) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: cli-job\nmodel: tiny\nsteps: 20\nglobal_batch: 8\nmin_gpus: 1\nmax_gpus: 2\n")
+    r = _run(cli, live, tenant_token, "submit", str(spec), "--json")
+    assert r.exit_code == 0, r.output
+    job = json.loads(r.stdout)
+    assert job["state"] == "PENDING" and job["name"] == "cli-job"
+    jid = str(job["id"])
+    r = _run(cli, live, tenant_token, "status")
+    assert r.exit_code == 0 and "cli-job" in r.stdout and "PENDING" in r.stdout
+    r = _run(cli, live, tenant_token, "status", jid, "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["id"] == job["id"]
+    r = _run(cli, live, tenant_token, "events", jid)
+    assert r.exit_code == 0 and "submitted" in r.stdout
+    r = _run(cli, live, tenant_token, "cancel", jid)
+    assert r.exit_code == 0 and f"job {jid}: CANCELLED" in r.stdout
+    r = _run(cli, live, tenant_token, "cancel", jid)
+    assert r.exit_code == 1 and "409" in r.output and "ended" in r.output
+    r = _run(cli, live, tenant_token, "events", jid, "--follow")
+    assert r.exit_code == 0, r.output
+    assert "PENDING -> CANCELLED" in r.stdout and f"job {jid} ended: CANCELLED" in r.stdout
+
+
+def test_submit_errors(cli: typer.Typer, live, tenant_token: str, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    assert _run(cli, live, tenant_token, "submit", str(bad)).exit_code == 2
+    assert _run(cli, live, tenant_token, "submit", str(tmp_path / "missing.yaml")).exit_code == 2
+    invalid = tmp_path / "invalid.yaml"
+    invalid.write_text("name: x\nmodel: tiny\nsteps: 5\nglobal_batch: 8\nmin_gpus: 4\nmax_gpus: 2\n")
+    r = _run(cli, live, tenant_token, "submit", str(invalid))
+    assert r.exit_code == 1 and "max_gpus" in r.output and "422" in r.output
+    r = _run(cli, live, "not-a-token", "status")
+    assert r.exit_code == 1 and "401" in r.output
+    r = _run(cli, live, tenant_token, "status", "2147483000")
+    assert r.exit_code == 1 and "404" in r.output
+
+
+def test_unreachable_service_is_exit_3(cli: typer.Typer, tenant_token: str) -> None:
+    from tests.service.live import free_port
+
+    r = CliRunner().invoke(cli, ["status", "--url", f"http://127.0.0.1:{free_port()}", "--token", tenant_token])
+    assert r.exit_code == 3 and "cannot reach" in r.output
+
+
+def test_submit_retry_is_idempotent(cli: typer.Typer, live, tenant_token: str, tmp_path: Path) -> None:
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps({"name": "same", "model": "tiny", "steps": 5, "global_batch": 4}))
+    ids = {json.loads(_run(cli, live, tenant_token, "submit", str(spec), "--key", "fixed", "--json").stdout)["id"]
+           for _ in range(3)}
+    assert len(ids) == 1
+
+
+def test_serve_migrated_the_schema(live, pg_url: str) -> None:
+    from service.db import migrate
+
+    assert migrate.current(pg_url) == "0001"
+    assert httpx.get(f"{live.url}/healthz").json() == {"status": "ok"}

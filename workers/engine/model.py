@@ -1,0 +1,175 @@
+"""A Llama-style decoder: token embedding, RMSNorm, RoPE, grouped-query attention, SwiGLU, untied head.
+
+The module tree uses TorchTitan's names (``tok_embeddings``, ``layers.<i>.attention.wq``, ...,
+``norm``, ``output``) and keeps ``layers`` an ``nn.ModuleDict`` so a pipeline stage that deletes
+the other layers keeps the global parameter names (checkpoints are keyed by them).
+
+Parallelism hooks, all set by ``workers.engine.parallel``; the single-process model leaves them
+at their defaults:
+
+- ``Attention.core(q, k, v) -> o`` computes causal attention on ``[B, H, S, D]`` tensors (local
+  SDPA by default, ring or Ulysses attention under CP);
+- ``Attention.kv_hook(k)`` turns the output of ``wk``/``wv`` into this rank's KV heads (used when
+  TP > KV heads, where KV heads are replicated);
+- ``Rotary.positions`` holds the global positions of this rank's tokens (CP's zigzag split).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workers.engine.config import ModelConfig
+
+AttnCore = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of ``q [B,H,S,D]`` over ``k, v [B,KV,S,D]`` (GQA by head repetition)."""
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Rotary(nn.Module):
+    """Rotary tables for this rank's positions (non-persistent buffers: not in checkpoints)."""
+
+    def __init__(self, head_dim: int, seq_len: int, theta: float) -> None:
+        super().__init__()
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        self.register_buffer("inv_freq", inv, persistent=False)
+        self.register_buffer("cos", torch.empty(0), persistent=False)
+        self.register_buffer("sin", torch.empty(0), persistent=False)
+        self.set_positions(torch.arange(seq_len))
+
+    def set_positions(self, positions: torch.Tensor) -> None:
+        angles = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
+        self.cos = angles.cos().float()
+        self.sin = angles.sin().float()
+
+    def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos, self.sin
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) of ``x [B, S, H, D]`` by the position's angles."""
+    xr = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = xr[..., 0], xr[..., 1]
+    c = cos[None, :, None, :]
+    s = sin[None, :, None, :]
+    out = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
+    return out.type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        hd = cfg.head_dim
+        self.head_dim = hd
+        self.wq = nn.Linear(cfg.hidden, cfg.heads * hd, bias=False)
+        self.wk = nn.Linear(cfg.hidden, cfg.kv_heads * hd, bias=False)
+        self.wv = nn.Linear(cfg.hidden, cfg.kv_heads * hd, bias=False)
+        self.wo = nn.Linear(cfg.heads * hd, cfg.hidden, bias=False)
+        self.core: AttnCore = sdpa_causal
+        self.kv_hook: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q = self.wq(x)
+        k = self.wk(x)
+        v = self.wv(x)
+        if self.kv_hook is not None:
+            k, v = self.kv_hook(k), self.kv_hook(v)
+        b, s = q.shape[0], q.shape[1]
+        q = apply_rope(q.view(b, s, -1, self.head_dim), cos, sin)  # -1: local heads under TP
+        k = apply_rope(k.view(b, s, -1, self.head_dim), cos, sin)
+        v = v.view(b, s, -1, self.head_dim)
+        o = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self.wo(o.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.w3 = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.w2 = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """The whole decoder, or one pipeline stage of it (missing parts are ``None``)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.rope = Rotary(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.layers)})
+        self.norm: RMSNorm | None = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        self.checkpoint_layers = False  # recompute="full": activation checkpointing per block
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Deterministic init from ``seed`` (same values whatever the layout)."""
+        g = torch.Generator().manual_seed(seed)
+        std = self.cfg.init_std
+        for name, p in sorted(self.named_parameters()):
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                scale = std / (2 * self.cfg.layers) ** 0.5 if name.endswith(("wo.weight", "w2.weight")) else std
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * scale)
+
+    def forward(self, tokens_or_h: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens_or_h) if self.tok_embeddings is not None else tokens_or_h
+        cos, sin = self.rope()
+        for layer in self.layers.values():
+            if self.checkpoint_layers and torch.is_grad_enabled():
+                h = torch.utils.checkpoint.checkpoint(layer, h, cos, sin, use_reentrant=False)
+            else:
+                h = layer(h, cos, sin)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            h = self.output(h)
+        return h
+
+
+def build_model(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu") -> Transformer:
+    """The full model with deterministic weights (every rank builds the same, then shards)."""
+    model = Transformer(cfg)
+    model.init_weights(seed)
+    return model.to(device)

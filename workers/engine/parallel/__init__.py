@@ -1,0 +1,1 @@
+"""The four parallel dimensions of the engine: tensor (+sequence), context, pipeline, data."""

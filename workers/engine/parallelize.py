@@ -1,0 +1,82 @@
+"""Build this rank's model parts for a layout, in TorchTitan's fixed order.
+
+1. build the full model with the seed's weights (every rank the same), cut out this rank's
+   pipeline stages (PP);
+2. per part: CP hooks (zigzag rotary positions, ring/Ulysses attention core), then TP/SP
+   (DTensor plan), then activation recompute, then FSDP2 (zero=3) — FSDP must wrap the
+   TP-sharded modules, not the other way round.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from planner.layout import Layout
+from workers.engine.config import ModelConfig
+from workers.engine.groups import ParallelGroups
+from workers.engine.model import Transformer, build_model
+from workers.engine.parallel.context import (
+    RingContext,
+    UlyssesContext,
+    ring_attention,
+    ulysses_attention,
+    zigzag_positions,
+)
+from workers.engine.parallel.data import apply_fsdp
+from workers.engine.parallel.pipeline import split_stage, stage_ids
+from workers.engine.parallel.tensor import apply_tp
+
+
+class ModelParts:
+    """The stage modules this rank holds (one, or ``vpp`` with interleaving) and their stage ids."""
+
+    def __init__(self, modules: list[Transformer], stages: list[int], ring: RingContext | None) -> None:
+        self.modules = modules
+        self.stages = stages
+        self.ring = ring
+
+    def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        out: list[tuple[str, torch.nn.Parameter]] = []
+        for m in self.modules:
+            out.extend(m.named_parameters())
+        return out
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for _, p in self.named_parameters()]
+
+
+def build_parts(cfg: ModelConfig, seed: int, layout: Layout, groups: ParallelGroups,
+                device: torch.device) -> ModelParts:
+    full = build_model(cfg, seed)
+    c = groups.coords
+    num_stages = layout.pp * layout.vpp
+    ids = stage_ids(layout, c.pp) if layout.pp > 1 else [0]
+    modules = [split_stage(full, s, num_stages) for s in ids] if layout.pp > 1 else [full]
+
+    ring: RingContext | None = None
+    core = None
+    if layout.cp > 1:
+        if layout.cp_method == "ring":
+            ring = RingContext(groups.cp, c.cp, layout.cp,
+                               next_rank=groups.global_rank("cp", (c.cp + 1) % layout.cp),
+                               prev_rank=groups.global_rank("cp", (c.cp - 1) % layout.cp))
+            core = partial(ring_attention, rc=ring)
+        else:
+            uc = UlyssesContext(groups.cp, c.cp, layout.cp, cfg.seq_len // layout.cp)
+            core = partial(ulysses_attention, uc=uc)
+    positions = zigzag_positions(cfg.seq_len, c.cp, layout.cp) if layout.cp > 1 else None
+
+    for m in modules:
+        m.to(device)
+        if positions is not None:
+            m.rope.set_positions(positions.to(device))
+        if core is not None:
+            for block in m.layers.values():
+                block.attention.core = core
+        apply_tp(m, groups.tp_mesh, sp=layout.sp)
+        m.checkpoint_layers = layout.recompute == "full"
+        if layout.zero == 3:
+            apply_fsdp(m, groups, pp_enabled=layout.pp > 1)
+    return ModelParts(modules, ids, ring)

@@ -1,0 +1,254 @@
+"""``RankTrainer``: one rank of a 4D-parallel training run (see docs/contracts.md).
+
+The caller owns the default process group; the trainer builds its sub-groups, model parts,
+optimizer and pipeline schedule from the layout, and tears them down in :meth:`close`, so a
+process can build another trainer with another layout afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from planner.layout import Layout
+from workers.engine.config import TrainConfig
+from workers.engine.groups import ParallelGroups
+from workers.engine.optim import build_adamw, clip_grads, global_grad_norm, lr_at
+from workers.engine.parallel.context import zigzag_split
+from workers.engine.parallel.data import ZeroOneShards, allreduce_grads, fix_partial_grads
+from workers.engine.parallel.pipeline import InFlightCounter, build_schedule
+from workers.engine.parallel.tensor import vocab_parallel_cross_entropy
+from workers.engine.parallelize import ModelParts, build_parts
+from workers.engine.validate import layout_problems
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One optimizer step, as every rank reports it (the loss is identical on every rank).
+
+    ``step`` counts completed steps (1 for the first), the number a checkpoint taken right after it
+    carries; ``restore()`` returns the same number as the next step to run.
+    """
+
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    step: int
+    path: str
+    seconds: float
+    bytes: int
+
+
+class RankTrainer:
+    """One rank's share of model, optimizer and schedule for ``layout``."""
+
+    def __init__(self, cfg: TrainConfig, layout: Layout, rank: int, world_size: int,
+                 collective_timeout_s: float = 60.0) -> None:
+        if layout.num_micro_batches == 0:
+            layout = layout.with_global_batch(cfg.global_batch)
+        problems = layout_problems(cfg.model, layout, cfg.global_batch, world_size)
+        if problems:
+            raise ValueError(f"layout {layout.short()} cannot train {cfg.model.name}: " + "; ".join(problems))
+        self.cfg = cfg
+        self.layout = layout
+        self.rank = rank
+        self.world_size = world_size
+        self.groups = ParallelGroups(layout, rank, world_size, collective_timeout_s)
+        self.device = (torch.device("cuda", torch.cuda.current_device()) if self.groups.backend == "nccl"
+                       else torch.device("cpu"))
+        self.coords = self.groups.coords
+        self.n_micro = layout.num_micro_batches
+        torch.manual_seed(cfg.seed)
+        self.parts: ModelParts = build_parts(cfg.model, cfg.seed, layout, self.groups, self.device)
+        self.params = self.parts.parameters()
+        named = self.parts.named_parameters()
+        self.zero1: ZeroOneShards | None = None
+        if layout.zero == 1:
+            self.zero1 = ZeroOneShards([n for n, _ in named], self.params, self.groups)
+            owned = set(self.zero1.owned())
+            named = [nt for i, nt in enumerate(named) if i in owned]
+        self.optimizer = build_adamw(named, cfg)
+        self.tp_group = self.groups.tp if layout.tp > 1 else None
+        self.vocab_start = self.coords.tp * (cfg.model.vocab // layout.tp)
+        self.schedule = None
+        self.in_flight: InFlightCounter | None = None
+        if layout.pp > 1:
+            self.schedule, _ = build_schedule(layout, self.parts.modules, self.parts.stages, self.groups.pp,
+                                              self.device, self.n_micro, self._loss_fn)
+            if self.coords.pp == 0:
+                self.in_flight = InFlightCounter(self.parts.modules[0])
+        self.next_step = 0  # the step step() runs next
+        self._sampler: Any = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ numerics
+    def _loss_fn(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(logits, target, self.vocab_start, self.tp_group)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def local_inputs(self, batch: torch.Tensor, already_dp_local: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's (inputs, targets) from the global batch ``[B, S+1]`` (DP rows, CP zigzag)."""
+        if not already_dp_local:
+            per = batch.shape[0] // self.layout.dp
+            batch = batch[self.coords.dp * per:(self.coords.dp + 1) * per]
+        x, y = batch[:, :-1], batch[:, 1:]
+        x = zigzag_split(x, self.coords.cp, self.layout.cp).contiguous().to(self.device)
+        y = zigzag_split(y, self.coords.cp, self.layout.cp).contiguous().to(self.device)
+        return x, y
+
+    def forward_backward(self, batch: torch.Tensor, already_dp_local: bool = False) -> float:
+        """Gradients of the mean loss of ``batch`` (global, or this DP rank's rows) in ``.grad``;
+        returns the loss, identical on every rank. Gradients are fully reduced afterwards."""
+        for p in self.params:
+            p.grad = None
+        x, y = self.local_inputs(batch, already_dp_local)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        if self.schedule is not None:
+            if self.in_flight is not None:
+                self.in_flight.reset()
+            losses: list[torch.Tensor] = []
+            with self._autocast():
+                if self.coords.pp == 0:
+                    self.schedule.step(x)
+                elif self.coords.pp == self.layout.pp - 1:
+                    self.schedule.step(target=y, losses=losses)
+                else:
+                    self.schedule.step()
+            if losses:
+                loss_sum += sum(float(t.detach()) for t in losses) / len(losses)
+        else:
+            model = self.parts.modules[0]
+            for xm, ym in zip(x.chunk(self.n_micro), y.chunk(self.n_micro), strict=True):
+                with self._autocast():
+                    loss = self._loss_fn(model(xm), ym) / self.n_micro
+                loss.backward()
+                loss_sum += float(loss.detach())
+        fix_partial_grads(self.params)
+        if self.layout.zero in (0, 1):
+            allreduce_grads(self.params, self.groups.dp_cp)
+        # loss: last stage -> all stages (sum over pp), then mean over dp*cp
+        loss_t = loss_sum.to(self.device if self.device.type == "cuda" else "cpu").reshape(1)
+        if self.layout.pp > 1:
+            dist.all_reduce(loss_t, group=self.groups.pp)
+        if dist.get_world_size(self.groups.dp_cp) > 1:
+            dist.all_reduce(loss_t, group=self.groups.dp_cp)
+            loss_t /= dist.get_world_size(self.groups.dp_cp)
+        return float(loss_t.item())
+
+    def optimizer_step(self, step: int) -> tuple[float, float]:
+        """Clip by the global norm, set the step's lr, AdamW, and (zero=1) re-broadcast parameters."""
+        norm = global_grad_norm(self.params, self.groups)
+        clip_grads(self.params, norm, self.cfg.grad_clip)
+        lr = lr_at(step, self.cfg)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self.optimizer.step()
+        if self.zero1 is not None:
+            self.zero1.broadcast_params()
+        return norm, lr
+
+    def train_batch(self, batch: torch.Tensor, already_dp_local: bool = False) -> StepResult:
+        """One optimizer step on a given batch (tests feed fresh random batches through this)."""
+        t0 = time.perf_counter()
+        loss = self.forward_backward(batch, already_dp_local)
+        norm, lr = self.optimizer_step(self.next_step)
+        self.next_step += 1
+        return StepResult(step=self.next_step, loss=loss, grad_norm=norm, lr=lr,
+                          tokens=self.cfg.global_batch * self.cfg.model.seq_len,
+                          seconds=time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ data
+    def _data(self) -> Any:
+        if self._sampler is None:
+            from workers.engine.data import GlobalBatchSampler, build_dataset
+
+            dataset = build_dataset(self.cfg.data, self.cfg.model.seq_len)
+            self._sampler = GlobalBatchSampler(dataset, self.cfg.global_batch, self.cfg.seed)
+        return self._sampler
+
+    def step(self) -> StepResult:
+        """One optimizer step on the data sampler's batch for ``next_step``."""
+        local = self._data().local_batch(self.next_step, self.coords.dp, self.layout.dp)
+        if int(local.max()) >= self.cfg.model.vocab:
+            raise ValueError(f"token id {int(local.max())} outside the model vocabulary {self.cfg.model.vocab}")
+        return self.train_batch(local, already_dp_local=True)
+
+    # ------------------------------------------------------------------ checkpoints
+    def app_state(self) -> Any:
+        """Model parts + optimizer (+ the step and data position) as one DCP ``Stateful``; parameters
+        and optimizer state are keyed by global parameter name, so any layout can load them."""
+        from workers.engine.checkpoint import ModelOptimizerState
+
+        return ModelOptimizerState(self.parts.modules, self.optimizer, extra=self._trainer_state())
+
+    def _trainer_state(self) -> dict[str, Any]:
+        return {"next_step": self.next_step, "consumed_samples": self.next_step * self.cfg.global_batch,
+                "seed": self.cfg.seed, "global_batch": self.cfg.global_batch}
+
+    def _manifest_extra(self) -> dict[str, Any]:
+        from workers.engine.checkpoint import capture_rng_state
+
+        return {"layout": self.layout.to_dict(), "train": self.cfg.to_dict(),
+                "data": {"step": self.next_step, "consumed_samples": self.next_step * self.cfg.global_batch,
+                         "seed": self.cfg.seed, "global_batch": self.cfg.global_batch},
+                "rng": capture_rng_state()}
+
+    def save(self) -> CheckpointInfo:
+        """Checkpoint of the state after the last step (collective over all ranks)."""
+        if not self.cfg.checkpoint_dir:
+            raise ValueError("save() needs cfg.checkpoint_dir")
+        from workers.engine.checkpoint import save_checkpoint
+
+        t0 = time.perf_counter()
+        res = save_checkpoint(self.cfg.checkpoint_dir, self.next_step, self.app_state(), self._manifest_extra(),
+                              self.rank, self.world_size, self.cfg.keep_checkpoints, None)
+        return CheckpointInfo(step=self.next_step, path=str(res.path), seconds=time.perf_counter() - t0,
+                              bytes=int(res.bytes))
+
+    def restore(self) -> int:
+        """Load the newest verified checkpoint (any layout); returns the next step to run (0 if none).
+
+        The learning rate is a function of the step and the sampler is addressed by step, so the
+        step is the whole position; RNG is not consumed by training (no dropout)."""
+        if not self.cfg.checkpoint_dir:
+            return 0
+        from workers.engine.checkpoint import load_latest
+
+        state = self.app_state()
+        res = load_latest(self.cfg.checkpoint_dir, state)
+        if res is None:
+            return 0
+        saved_batch = state.extra.get("global_batch", self.cfg.global_batch)
+        if saved_batch != self.cfg.global_batch:
+            raise ValueError(f"checkpoint {res.path} was written with global_batch {saved_batch}, "
+                             f"this run has {self.cfg.global_batch}; the sample order would differ")
+        self.next_step = int(state.extra.get("next_step", res.step))
+        return self.next_step
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """Barrier, then destroy this trainer's sub-groups (not the default group)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.in_flight is not None:
+            self.in_flight.remove()
+        self.schedule = None
+        self.groups.close()

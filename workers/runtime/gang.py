@@ -1,0 +1,123 @@
+"""A gang: the placement group of one plan, its RankWorker actors and their process group.
+
+``start_gang`` turns a ready reservation into running ranks: map ranks onto bundles (topology-aware,
+after placement), create one actor per bundle, check every actor sits where Ray said, rendezvous on
+rank 0's address and a free port, and build each rank's trainer. ``teardown`` kills every actor and
+removes the placement group, whatever state they are in (no leaks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.layout import Layout
+from workers.runtime.placement import Reservation, release
+from workers.runtime.ranks import RankMap, assign_ranks
+from workers.runtime.watchdog import Failure, classify, gather
+
+
+class StartFailed(RuntimeError):
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.reason)
+        self.failure = failure
+
+
+@dataclass
+class Gang:
+    plan: Any
+    layout: Layout
+    reservation: Reservation
+    rank_map: RankMap
+    workers: list[Any] = field(default_factory=list)  # index = rank
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rank_nodes(self) -> list[str]:
+        return self.rank_map.rank_to_node
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.rank_map.nodes()
+
+
+def worker_class(cpu_per_bundle: float) -> Any:
+    import ray
+
+    from workers.runtime.worker import RankWorker
+
+    return ray.remote(num_cpus=cpu_per_bundle, num_gpus=1, max_concurrency=4, max_restarts=0)(RankWorker)
+
+
+def start_gang(
+    plan: Any,
+    reservation: Reservation,
+    train_cfg: dict[str, Any],
+    *,
+    plan_nodes: list[str] | None,
+    cpu_per_bundle: float,
+    collective_timeout_s: float,
+    start_timeout_s: float,
+    alive_nodes: Any,
+    on_created: Any = None,
+) -> Gang:
+    """Actors up, ranks mapped, process group joined, trainers built; raises ``StartFailed``."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    layout: Layout = plan.layout.with_global_batch(int(train_cfg["global_batch"])) \
+        if plan.layout.num_micro_batches == 0 else plan.layout
+    rank_map = assign_ranks(layout, reservation.bundle_nodes, plan_nodes)
+    gang = Gang(plan, layout, reservation, rank_map)
+    cls = worker_class(cpu_per_bundle)
+    t0 = time.monotonic()
+    for rank in range(layout.world_size):
+        strategy = PlacementGroupSchedulingStrategy(
+            reservation.pg, placement_group_bundle_index=rank_map.rank_to_bundle[rank]
+        )
+        gang.workers.append(cls.options(scheduling_strategy=strategy).remote())
+    if on_created is not None:
+        on_created(gang)
+    infos = gather({r: w.info.remote() for r, w in enumerate(gang.workers)}, deadline_s=start_timeout_s)
+    if not infos.ok:
+        raise StartFailed(classify(infos, rank_map.rank_to_node, alive_nodes=alive_nodes, what="actor start"))
+    wrong = [r for r, i in infos.results.items() if i["node_id"] != rank_map.rank_to_node[r]]
+    if wrong:
+        raise StartFailed(Failure("rank_failed", f"actors of ranks {wrong} are not on their bundle's node",
+                                  (), tuple(wrong), time.time()))
+    t1 = time.monotonic()
+    endpoint = gather({0: gang.workers[0].endpoint.remote(collective_timeout_s)}, deadline_s=start_timeout_s)
+    if not endpoint.ok:
+        raise StartFailed(classify(endpoint, rank_map.rank_to_node, alive_nodes=alive_nodes, what="rendezvous"))
+    rdzv = endpoint.results[0]
+    refs = {
+        r: w.setup.remote(rdzv, train_cfg, layout.to_dict(), r, layout.world_size, collective_timeout_s)
+        for r, w in enumerate(gang.workers)
+    }
+    setup = gather(refs, deadline_s=start_timeout_s, workers=gang.workers)
+    if not setup.ok:
+        raise StartFailed(classify(setup, rank_map.rank_to_node, alive_nodes=alive_nodes, what="setup"))
+    gang.timings = {"actors_s": t1 - t0, "setup_s": time.monotonic() - t1, "rendezvous": rdzv}
+    return gang
+
+
+def teardown(gang: Gang | None, *, graceful: bool = False, close_timeout_s: float = 15.0) -> float:
+    """Kill every actor and remove the placement group; ``graceful`` closes the process group first."""
+    import ray
+
+    if gang is None:
+        return 0.0
+    t0 = time.monotonic()
+    if graceful and gang.workers:
+        gather({r: w.close.remote() for r, w in enumerate(gang.workers)}, deadline_s=close_timeout_s)
+    for w in gang.workers:
+        with contextlib.suppress(Exception):  # already dead
+            ray.kill(w, no_restart=True)
+    release(gang.reservation)
+    gang.workers = []
+    return time.monotonic() - t0

@@ -1,0 +1,135 @@
+"""The runtime's job spec: what ``start_supervisor(job_id, attempt, spec)`` accepts.
+
+A plain dict (JSON), so the control plane can store it with the attempt::
+
+    {"model": "tiny",                    # engine preset name, or a dict of ModelConfig fields
+     "steps": 20, "global_batch": 12,   # plus any TrainConfig field: seed, lr, warmup_steps, ...
+     "train": {...},                     # optional extra TrainConfig fields (data, keep_checkpoints, ...)
+     "checkpoint_dir": "/data/job-7",    # where the engine's layout-independent checkpoints live
+     "min_gpus": 4, "max_gpus": 12,      # elastic range (max defaults to every GPU Ray has)
+     "layout_hint": "tp=2,pp=2",         # fixes these fields of the first plan (re-plans are free)
+     "checkpoint": {"min_every_steps": 1, "max_every_steps": 50, "mtbf_s": 3600},
+     "runtime": {...RuntimeSettings fields...},
+     "events_out": "events.jsonl", "metrics_out": "metrics.jsonl",
+     "faults": [...]}                    # test/demo hook only (see workers.runtime.faults)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.layout import Layout
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    placement_timeout_s: float = 30.0  # a gang not ready by then -> try a smaller plan
+    placement_retry_s: float = 5.0  # below min_gpus: wait this long, then try again
+    placement_give_up_s: float = 600.0  # ... until this much time has passed
+    hang_timeout_s: float = 60.0  # a step with no progress for this long is a hang (at least)
+    hang_factor: float = 5.0  # ... or this many times the median step time, whichever is larger
+    start_timeout_s: float = 180.0  # actors up + rendezvous + trainer built
+    collective_timeout_s: float = 60.0  # torch.distributed timeouts (default group and sub-groups)
+    heartbeat_s: float = 2.0
+    heartbeat_timeout_s: float = 15.0
+    node_confirm_s: float = 5.0  # how long to wait for the GCS to confirm a node death
+    cpu_per_bundle: float = 0.05
+    straggler_window: int = 5  # steps per scoring window
+    straggler_threshold: float = 0.7
+    straggler_persist: float = 0.6  # fraction of a window's steps that must be below the threshold
+    grow: bool = True  # re-plan onto returning nodes at a checkpoint boundary
+    max_recoveries: int = 10
+    linger_s: float = 0.0  # >0: a finished detached supervisor exits on its own after this long
+    strategy: str = "PACK"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> RuntimeSettings:
+        d = dict(d or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown runtime setting(s): {', '.join(unknown)}")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    train: dict[str, Any]  # TrainConfig.to_dict() shape
+    min_gpus: int = 1
+    max_gpus: int | None = None
+    layout_hint: dict[str, Any] = field(default_factory=dict)
+    min_every_steps: int = 1
+    max_every_steps: int = 50
+    mtbf_s: float = 3600.0
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    events_out: str | None = None
+    metrics_out: str | None = None
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return int(self.train["steps"])
+
+    @property
+    def global_batch(self) -> int:
+        return int(self.train["global_batch"])
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return dict(self.train["model"])
+
+
+_TRAIN_KEYS = ("steps", "global_batch", "seed", "lr", "min_lr", "warmup_steps", "weight_decay", "grad_clip",
+               "beta1", "beta2", "data", "checkpoint_dir", "keep_checkpoints")
+
+
+def parse_hint(hint: str | dict[str, Any] | None) -> dict[str, Any]:
+    """``"tp=2,pp=2"`` or a dict -> the parallel fields it fixes (validated through ``Layout``)."""
+    if not hint:
+        return {}
+    if isinstance(hint, str):
+        parsed = Layout.parse(hint)
+        keys = [p.split("=", 1)[0].strip() for p in hint.split(",") if "=" in p]
+        return {k: getattr(parsed, k) for k in keys}
+    Layout.from_dict(dict(hint))  # validates field names and values
+    return dict(hint)
+
+
+def parse_job(spec: dict[str, Any]) -> JobSpec:
+    """Validate a job spec dict; raises ``ValueError`` naming the field."""
+    from workers.engine.config import ModelConfig, TrainConfig
+
+    if not isinstance(spec, dict):
+        raise ValueError("spec: must be an object")
+    model = spec.get("model", "tiny")
+    mc = ModelConfig.preset(model) if isinstance(model, str) else ModelConfig.from_dict(dict(model))
+    train: dict[str, Any] = {"model": mc.to_dict()}
+    for key in _TRAIN_KEYS:
+        if key in spec:
+            train[key] = spec[key]
+    train.update(dict(spec.get("train") or {}))
+    train["save_every"] = 0  # the supervisor decides when to save
+    if not train.get("checkpoint_dir"):
+        raise ValueError("checkpoint_dir: required (re-plan and resume load from it)")
+    cfg = TrainConfig.from_dict(train)  # validates
+    ck = dict(spec.get("checkpoint") or {})
+    job = JobSpec(
+        train=cfg.to_dict(),
+        min_gpus=int(spec.get("min_gpus", 1)),
+        max_gpus=int(spec["max_gpus"]) if spec.get("max_gpus") else None,
+        layout_hint=parse_hint(spec.get("layout_hint")),
+        min_every_steps=int(ck.get("min_every_steps", 1)),
+        max_every_steps=int(ck.get("max_every_steps", 50)),
+        mtbf_s=float(ck.get("mtbf_s", 3600.0)),
+        runtime=RuntimeSettings.from_dict(spec.get("runtime")),
+        events_out=spec.get("events_out"),
+        metrics_out=spec.get("metrics_out"),
+        faults=list(spec.get("faults") or []),
+        raw=dict(spec),
+    )
+    if job.min_gpus < 1 or (job.max_gpus is not None and job.max_gpus < job.min_gpus):
+        raise ValueError("min_gpus/max_gpus: need 1 <= min_gpus <= max_gpus")
+    return job

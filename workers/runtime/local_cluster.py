@@ -1,0 +1,227 @@
+"""Local multi-node Ray clusters whose nodes declare GPUs (CPU torch underneath).
+
+Two kinds:
+
+* :class:`InProcessCluster` wraps ``ray.cluster_utils.Cluster`` for tests and ``orthoplex run``:
+  a head with no GPUs and N worker nodes with G declared GPUs each; it can kill a node (SIGKILL of
+  its raylet, as a crash) and add nodes back. It lives as long as the Python process.
+* :func:`cluster_up` / :func:`cluster_down` start real ``ray start`` processes that outlive the
+  command (``orthoplex cluster up``). Everything runs under a private ``--temp-dir`` recorded in the
+  state file, so ``down`` stops exactly these processes (by pid), never anybody else's Ray.
+
+Every node of a local cluster shares one IP, so nodes are told apart by Ray node id. Ray never gets
+the default port 6379 (a local Redis may hold it); token auth is disabled for local clusters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Fast failure detection for local clusters (defaults would take ~15 s to mark a node dead).
+FAST_HEALTH_CHECK: dict[str, Any] = {
+    "health_check_initial_delay_ms": 1000,
+    "health_check_period_ms": 1000,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 3,
+}
+
+
+def local_env() -> None:
+    """Environment every local cluster needs (idempotent)."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class InProcessCluster:
+    """A ``cluster_utils.Cluster``: head (0 GPUs) + ``nodes`` x ``gpus_per_node`` declared GPUs."""
+
+    nodes: int = 3
+    gpus_per_node: int = 4
+    cpus_per_node: float = 2.0
+    head_cpus: float = 1.0
+    connect: bool = True
+    cluster: Any = None
+    _workers: dict[str, Any] = field(default_factory=dict)  # ray node id -> cluster_utils node
+
+    def start(self) -> InProcessCluster:
+        local_env()
+        import ray
+        from ray.cluster_utils import Cluster
+
+        self.cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": self.head_cpus, "num_gpus": 0,
+                            "include_dashboard": False, "_system_config": dict(FAST_HEALTH_CHECK)},
+        )
+        for _ in range(self.nodes):
+            self.add_node()
+        if self.connect:
+            ray.init(address=self.cluster.address, namespace="orthoplex", log_to_driver=False)
+        self.cluster.wait_for_nodes()
+        return self
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+    def add_node(self) -> str:
+        node = self.cluster.add_node(num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node)
+        self._workers[node.node_id] = node
+        return str(node.node_id)
+
+    def worker_node_ids(self) -> list[str]:
+        return list(self._workers)
+
+    def kill_node(self, node_id: str) -> None:
+        """Crash a node (no graceful drain): its raylet and everything under it die."""
+        node = self._workers.pop(node_id)
+        self.cluster.remove_node(node, allow_graceful=False)
+
+    def forget_dead_nodes(self) -> list[str]:
+        """Drop nodes that died behind our back (e.g. a fault hook killed their raylet)."""
+        import ray
+
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        dead = [nid for nid in self._workers if nid not in alive]
+        for nid in dead:
+            node = self._workers.pop(nid)
+            with contextlib.suppress(Exception):  # its processes are gone already
+                self.cluster.remove_node(node, allow_graceful=False)
+        return dead
+
+    def restore(self) -> list[str]:
+        """Back to exactly ``nodes`` alive worker nodes (dead ones replaced, extra ones removed);
+        returns the ids of the nodes added."""
+        self.forget_dead_nodes()
+        while len(self._workers) > self.nodes:
+            extra = list(self._workers)[-1]
+            self.cluster.remove_node(self._workers.pop(extra))
+        added = [self.add_node() for _ in range(self.nodes - len(self._workers))]
+        if added:
+            self.cluster.wait_for_nodes()
+        return added
+
+    def shutdown(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster = None
+
+
+# ---------------------------------------------------------------------------- ray start clusters
+def state_file(data_dir: Path | None = None) -> Path:
+    if data_dir is None:
+        from service.settings import get_settings
+
+        data_dir = get_settings().storage_path.parent
+    return Path(data_dir) / "cluster.json"
+
+
+def _ray_bin() -> str:
+    return str(Path(sys.executable).with_name("ray"))
+
+
+def _ray_start(args: list[str], env: dict[str, str]) -> None:
+    proc = subprocess.run([_ray_bin(), "start", *args], env=env, capture_output=True, text=True, timeout=180)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ray start {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+
+
+def cluster_up(nodes: int, gpus_per_node: int, *, cpus_per_node: float = 2.0, data_dir: Path | None = None,
+               port: int | None = None) -> dict[str, Any]:
+    """Start a head (no GPUs) and ``nodes`` worker nodes as ``ray start`` processes; returns the record."""
+    local_env()
+    path = state_file(data_dir)
+    if path.exists():
+        rec = json.loads(path.read_text())
+        if _pids_alive(rec):
+            raise RuntimeError(f"a local cluster is already up at {rec['address']} (orthoplex cluster down)")
+        path.unlink()
+    port = port or free_port()
+    temp_dir = Path(f"/tmp/orthoplex-ray-{os.getpid()}-{port}")
+    env = dict(os.environ)
+    env["RAY_AUTH_MODE"] = "disabled"
+    address = f"127.0.0.1:{port}"
+    common = ["--disable-usage-stats", f"--temp-dir={temp_dir}"]
+    system_config = json.dumps(FAST_HEALTH_CHECK)
+    _ray_start(["--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0", "--include-dashboard=false",
+                "--node-ip-address=127.0.0.1", f"--system-config={system_config}", *common], env)
+    for _ in range(nodes):
+        _ray_start([f"--address={address}", f"--num-cpus={cpus_per_node:g}", f"--num-gpus={gpus_per_node}",
+                    "--node-ip-address=127.0.0.1", *common], env)
+    rec = {"address": address, "temp_dir": str(temp_dir), "nodes": nodes, "gpus_per_node": gpus_per_node,
+           "started_at": time.time(), "pids": _pids_under(temp_dir)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rec, indent=2))
+    return rec
+
+
+def read_record(data_dir: Path | None = None) -> dict[str, Any] | None:
+    path = state_file(data_dir)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _pids_under(temp_dir: Path) -> list[int]:
+    """Pids of the processes whose command line names our private temp dir (our cluster only)."""
+    marker = str(temp_dir)
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd and int(entry.name) != os.getpid():
+            out.append(int(entry.name))
+    return sorted(out)
+
+
+def _pids_alive(rec: dict[str, Any]) -> list[int]:
+    return [p for p in rec.get("pids", []) if Path(f"/proc/{p}").exists()]
+
+
+def cluster_down(data_dir: Path | None = None, *, timeout_s: float = 20.0) -> int:
+    """Stop the recorded cluster's processes (SIGTERM, then SIGKILL); returns how many were signalled."""
+    path = state_file(data_dir)
+    rec = read_record(data_dir)
+    if rec is None:
+        return 0
+    pids = sorted(set(_pids_alive(rec)) | set(_pids_under(Path(rec["temp_dir"]))))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, sig)
+        deadline = time.monotonic() + (timeout_s if sig == signal.SIGTERM else 5.0)
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and not _zombie(p) for p in pids):
+            time.sleep(0.2)
+    path.unlink(missing_ok=True)
+    return len(pids)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return True

@@ -1,0 +1,128 @@
+"""The bridge to ``planner``: turn what Ray has into a planner spec, ask for a plan or a re-plan.
+
+The cluster view is the alive GPU nodes (by Ray node id) with the GPUs free for this job and a
+per-node relative speed (1.0, or the straggler score measured for a slow node). A layout hint fixes
+parallel fields of the *first* plan only; re-plans may change any of TP, PP, CP, DP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from workers.runtime.jobspec import JobSpec
+from workers.runtime.placement import NodeView
+
+MODEL_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len")
+
+
+class PlanningError(RuntimeError):
+    """No plan fits the GPUs available (or the planner refused the spec)."""
+
+
+@dataclass
+class ClusterChange:
+    """What changed since the previous plan, in ``planner.replan``'s ``cluster_change`` shape."""
+
+    lost_nodes: list[str] = field(default_factory=list)
+    slow_nodes: dict[str, float] = field(default_factory=dict)
+    added_nodes: list[dict[str, Any]] = field(default_factory=list)  # [{"id", "gpus", "speed"}]
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.lost_nodes:
+            out["lost_nodes"] = list(self.lost_nodes)
+        if self.slow_nodes:
+            out["slow_nodes"] = dict(self.slow_nodes)
+        if self.added_nodes:
+            out["added_nodes"] = [dict(n) for n in self.added_nodes]
+        return out
+
+
+def planner_spec(
+    job: JobSpec,
+    nodes: Sequence[NodeView],
+    *,
+    speeds: Mapping[str, float] | None = None,
+    max_gpus: int | None = None,
+    hint: Mapping[str, Any] | None = None,
+    restart_s: float | None = None,
+    horizon_s: float | None = None,
+) -> dict[str, Any]:
+    """A ``planner.plan`` spec for ``job`` over ``nodes`` (ids are Ray node ids)."""
+    if not nodes:
+        raise PlanningError("no alive node with free GPUs")
+    speeds = dict(speeds or {})
+    node_list = [{"id": n.id, "gpus": n.free_gpus, "speed": float(speeds.get(n.id, 1.0))} for n in nodes
+                 if n.free_gpus > 0]
+    if not node_list:
+        raise PlanningError("no GPU is free on the alive nodes")
+    total = sum(int(n["gpus"]) for n in node_list)
+    cap = min(total, max_gpus or job.max_gpus or total)
+    if cap < job.min_gpus:
+        raise PlanningError(f"{cap} GPUs available, the job needs at least {job.min_gpus}")
+    model = {k: job.model[k] for k in MODEL_KEYS}
+    training: dict[str, Any] = {}
+    if restart_s is not None:
+        training["restart_s"] = max(float(restart_s), 1e-3)
+    if horizon_s is not None:
+        training["horizon_s"] = max(float(horizon_s), 1e-3)
+    return {
+        "model": model,
+        "cluster": {"gpu_type": job.raw.get("gpu_type", "CPU"), "nodes": node_list, "num_gpus": cap,
+                    "min_gpus": job.min_gpus},
+        "parallel": {"global_batch": job.global_batch, **dict(hint or {})},
+        "training": training,
+        "engine_only": True,
+    }
+
+
+def first_plan(job: JobSpec, nodes: Sequence[NodeView], *, max_gpus: int | None = None) -> Any:
+    """The best plan for ``nodes`` (honouring the job's layout hint when one is given)."""
+    import planner
+
+    spec = planner_spec(job, nodes, max_gpus=max_gpus, hint=job.layout_hint)
+    try:
+        result = planner.plan(spec, top_k=5)
+    except ValueError as exc:
+        raise PlanningError(f"planner refused the spec: {exc}") from exc
+    if not result.plans:
+        reasons = "; ".join(sorted({r.reason for r in result.rejected})[:3])
+        raise PlanningError(f"no plan fits: {reasons or 'nothing searched'}")
+    return result.plans[0]
+
+
+def replan(
+    job: JobSpec,
+    previous: Any,
+    checkpoint_layout: Any,
+    change: ClusterChange,
+    base_nodes: Sequence[NodeView],
+    *,
+    restart_s: float | None = None,
+    horizon_s: float | None = None,
+) -> Any:
+    """``planner.replan``; ``base_nodes`` is the cluster *before* ``change`` (lost nodes included,
+    added nodes not). Returns the planner's ``Replan``."""
+    import planner
+
+    spec = planner_spec(job, base_nodes, restart_s=restart_s, horizon_s=horizon_s)
+    try:
+        return planner.replan(previous, checkpoint_layout, change.to_dict(), spec)
+    except ValueError as exc:
+        raise PlanningError(f"planner refused the re-plan: {exc}") from exc
+
+
+def plan_nodes(plan: Any) -> list[str] | None:
+    """The node (Ray node id) the plan wants for each rank, or ``None`` when it does not say."""
+    grid = sorted(getattr(plan, "rank_grid", ()) or (), key=lambda s: s.rank)
+    if len(grid) != plan.layout.world_size:
+        return None
+    return [str(s.node) for s in grid]
+
+
+def nodes_used(plan: Any) -> list[str]:
+    used = [str(n) for n in (getattr(plan, "nodes_used", ()) or ())]
+    return used or sorted(set(plan_nodes(plan) or []))

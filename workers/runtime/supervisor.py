@@ -1,0 +1,570 @@
+"""JobSupervisor: owns one job attempt: plan, place, launch, watch, checkpoint, re-plan, resume.
+
+A detached, named Ray actor (``orthoplex-job-{job_id}-a{attempt}``, namespace ``orthoplex``; see
+``launch``). ``run()`` drives the job to an end in one thread while ``status()``, ``events()``,
+``cancel()`` and ``preempt()`` answer from others (threaded actor). The control plane *pulls*
+events, so training goes on while the service is down.
+
+The loop, per gang (one plan on one placement group):
+
+    plan -> reserve (timeout -> smaller plan, down to min_gpus) -> map ranks -> start actors
+    -> rendezvous -> restore newest verified checkpoint (resharded) -> steps
+       every step: deadline + heartbeats (hang), actor/node death, straggler scoring
+       at the checkpoint cadence (Young): save; then maybe grow onto returned nodes
+    -> on failure: classify, tear down everything, re-plan over the nodes left, go again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workers.runtime import placement, planning
+from workers.runtime.cadence import CheckpointCadence
+from workers.runtime.events import RECOVERY_PHASES, EventLog, recovery_event_fields
+from workers.runtime.faults import FaultPlan, parse_faults
+from workers.runtime.gang import Gang, StartFailed, start_gang, teardown
+from workers.runtime.jobspec import JobSpec, parse_job
+from workers.runtime.straggler import StragglerScorer, median
+from workers.runtime.watchdog import Failure, classify, gather
+
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED")
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class Switch:
+    """Why the current gang ends before the job does."""
+
+    kind: str  # failure | straggler | grow | finished | cancelled | preempted
+    failure: Failure | None = None
+    fault_ts: float | None = None  # when the fault that caused it started (detect phase)
+    change: planning.ClusterChange | None = None
+    replan: Any = None
+    detect_s: float = 0.0
+    plan_s: float = 0.0  # planner time already spent deciding the switch
+
+
+class JobSupervisor:
+    def __init__(self, job_id: str, attempt: int, spec: dict[str, Any], enable_fault_injection: bool = False):
+        self.job_id = str(job_id)
+        self.attempt = int(attempt)
+        self.job: JobSpec = parse_job(spec)
+        self.settings = self.job.runtime
+        self.log = EventLog(self.job.events_out)
+        self.faults = FaultPlan(parse_faults(self.job.faults), enabled=enable_fault_injection)
+        self.cadence = CheckpointCadence(self.job.min_every_steps, self.job.max_every_steps, self.job.mtbf_s)
+        self._lock = threading.Lock()
+        self._run_lock = threading.Lock()
+        self._cancel = False
+        self._preempt = False
+        self._state = "PENDING"
+        self._summary: dict[str, Any] | None = None
+        self._gang: Gang | None = None
+        self._next_step = 0
+        self._last_loss: float | None = None
+        self._losses: dict[int, float] = {}
+        self._plans: list[dict[str, Any]] = []
+        self._failures: list[dict[str, Any]] = []
+        self._recoveries: list[dict[str, Any]] = []
+        self._excluded: set[str] = set()  # lost or slow nodes kept out of plans
+        self._views: dict[str, placement.NodeView] = {}  # every node seen (gpus), by Ray node id
+        self._released: dict[str, int] = {}  # GPUs per node of the gang just torn down
+        self._start_failures: dict[tuple[str, str], int] = {}  # deterministic start errors end the job
+        self._node_faults: dict[str, tuple[str, float]] = {}  # node -> ("slow"|"jitter", value), test hook
+        self._last_ckpt_step = 0
+        self._restart_s = 30.0  # measured cost of a gang switch (start + load), updated as we go
+        self._started_at = time.time()
+
+    # ------------------------------------------------------------------ public API
+    def run(self) -> dict[str, Any]:
+        """Drive the job to an end; idempotent (a second call waits and returns the same summary)."""
+        with self._run_lock:
+            if self._summary is None:
+                self._summary = self._drive()
+                if self.settings.linger_s > 0:
+                    threading.Timer(self.settings.linger_s, _exit_self).start()
+            return dict(self._summary)
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            gang = self._gang
+            return {
+                "job_id": self.job_id,
+                "attempt": self.attempt,
+                "state": self._state,
+                "next_step": self._next_step,
+                "steps": self.job.steps,
+                "loss": self._last_loss,
+                "layout": gang.layout.short() if gang else None,
+                "world_size": gang.world_size if gang else 0,
+                "nodes": gang.nodes if gang else [],
+                "failures": len(self._failures),
+                "recoveries": len(self._recoveries),
+                "last_checkpoint_step": self._last_ckpt_step,
+                "last_event_seq": self.log.last_seq,
+                "cadence": self.cadence.to_dict(),
+            }
+
+    def events(self, since: int = 0) -> list[dict[str, Any]]:
+        return self.log.since(since)
+
+    def cancel(self) -> bool:
+        self._cancel = True
+        return True
+
+    def preempt(self) -> bool:
+        self._preempt = True
+        return True
+
+    # ------------------------------------------------------------------ the loop
+    def _set_state(self, state: str) -> None:
+        with self._lock:
+            self._state = state
+
+    def _drive(self) -> dict[str, Any]:
+        self._set_state("RUNNING")
+        switch: Switch | None = None
+        try:
+            while True:
+                if self._cancel or self._preempt:
+                    switch = Switch("cancelled" if self._cancel else "preempted")
+                    break
+                phases: dict[str, float] = {}
+                t_down = time.monotonic()
+                old = self._take_gang()
+                self._released = _held(old) if old is not None else {}
+                teardown_s = teardown(old)  # a failed or switched gang goes first
+                t_plan = time.monotonic()
+                plan, replan = self._choose_plan(switch)
+                phases["plan"] = time.monotonic() - t_plan + (switch.plan_s if switch else 0.0)
+                t_place = time.monotonic()
+                plan, reservation = self._place(plan)
+                phases["place"] = time.monotonic() - t_place + (t_plan - t_down)
+                t_start = time.monotonic()
+                try:
+                    gang = self._start(plan, reservation)
+                    phases["start"] = time.monotonic() - t_start
+                    t_load = time.monotonic()
+                    start_step = self._restore(gang)
+                    phases["load"] = time.monotonic() - t_load
+                except StartFailed as exc:  # a node died while we started: re-plan without it
+                    switch = self._record_failure(exc.failure, time.time())
+                    self._check_failure_budget()
+                    key = (exc.failure.kind, exc.failure.reason)
+                    self._start_failures[key] = self._start_failures.get(key, 0) + 1
+                    if exc.failure.kind != "node_lost" and self._start_failures[key] >= 2:
+                        raise JobFailed(f"the same start failure twice, giving up: {exc.failure.reason}") from exc
+                    continue
+                if switch is not None:
+                    self._event_resumed(switch, replan, start_step, gang)
+                recovery = None
+                if switch is not None:
+                    recovery = {"switch": switch, "phases": {**phases, "detect": switch.detect_s},
+                                "teardown_s": teardown_s, "t0": time.time()}
+                switch = self._train(gang, start_step, recovery)
+                if switch.kind in ("finished", "cancelled", "preempted"):
+                    break
+                if switch.kind == "failure":
+                    self._check_failure_budget()
+                self._set_state("RECOVERING")
+        except (JobFailed, planning.PlanningError) as exc:
+            teardown(self._take_gang())
+            self._set_state("FAILED")
+            self.log.emit("failed", str(exc), step=self._next_step)
+            return self._final("FAILED", str(exc))
+        except Exception as exc:  # anything unexpected: never leak actors or placement groups
+            teardown(self._take_gang())
+            self._set_state("FAILED")
+            self.log.emit("failed", f"supervisor error: {type(exc).__name__}: {exc}", step=self._next_step)
+            return self._final("FAILED", f"{type(exc).__name__}: {exc}")
+        assert switch is not None
+        if switch.kind == "finished":
+            teardown(self._take_gang(), graceful=True)
+            self._set_state("SUCCEEDED")
+            self.log.emit("finished", f"all {self.job.steps} steps done", step=self.job.steps,
+                          loss=self._last_loss, failures=len(self._failures),
+                          recoveries=len(self._recoveries))
+            return self._final("SUCCEEDED", "")
+        if switch.kind == "preempted":
+            teardown(self._take_gang(), graceful=True)
+            self._set_state("PREEMPTED")
+            self.log.emit("preempted", "preempted: checkpoint saved, gang released",
+                          checkpoint_step=self._last_ckpt_step)
+            return self._final("PREEMPTED", "")
+        teardown(self._take_gang())
+        self._set_state("CANCELLED")
+        self.log.emit("cancelled", "cancelled by request", step=self._next_step)
+        return self._final("CANCELLED", "")
+
+    def _check_failure_budget(self) -> None:
+        self.cadence.observe_failure()
+        if len(self._failures) > self.settings.max_recoveries:
+            raise JobFailed(f"more than {self.settings.max_recoveries} failures")
+
+    def _take_gang(self) -> Gang | None:
+        with self._lock:
+            gang, self._gang = self._gang, None
+        return gang
+
+    def _final(self, state: str, error: str) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "state": state,
+            "error": error,
+            "steps_done": self._next_step,
+            "final_loss": self._last_loss,
+            "losses": {str(k): v for k, v in sorted(self._losses.items())},
+            "plans": [{"short": p["plan"].layout.short(), "layout": p["plan"].layout.to_dict(),
+                       "num_gpus": p["plan"].num_gpus, "ts": p["ts"]} for p in self._plans],
+            "failures": list(self._failures),
+            "recoveries": list(self._recoveries),
+            "last_checkpoint_step": self._last_ckpt_step,
+            "wall_s": round(time.time() - self._started_at, 3),
+        }
+
+    # ------------------------------------------------------------------ plan / place / start
+    def _horizon_s(self) -> float:
+        """Time over which a switch must pay for itself (the planner's ``horizon_s``)."""
+        return float(self.job.raw.get("replan_horizon_s") or 3600.0)
+
+    def _nodes(self, held: dict[str, int] | None = None) -> list[placement.NodeView]:
+        """The cluster view for planning; GPUs our torn-down gang held count as free (the GCS may
+        not have caught up with the release yet)."""
+        views = placement.cluster_nodes(exclude=self._excluded, held=held if held is not None else self._released)
+        for v in views:
+            self._views[v.id] = v
+        return views
+
+    def _choose_plan(self, switch: Switch | None) -> tuple[Any, Any]:
+        nodes = self._nodes()
+        if switch is None:
+            plan = planning.first_plan(self.job, nodes)
+            self._event_plan(plan, "initial plan over the GPUs Ray has")
+            return plan, None
+        if switch.replan is not None:  # decided already (straggler / grow)
+            return switch.replan.plan, switch.replan
+        prev = self._plans[-1]["plan"]
+        change = switch.change or planning.ClusterChange()
+        have = {n.id for n in nodes}
+        base = nodes + [dataclasses.replace(self._views[n], free_gpus=self._views[n].gpus)
+                        for n in change.lost_nodes if n in self._views and n not in have]
+        change.lost_nodes = [n for n in change.lost_nodes if n in self._views]
+        rp = planning.replan(self.job, prev, prev.layout, change, base,
+                             restart_s=self._restart_s, horizon_s=self._horizon_s())
+        self._event_replan(prev, rp, change)
+        return rp.plan, rp
+
+    def _place(self, plan: Any) -> tuple[Any, placement.Reservation]:
+        """Reserve the plan's GPUs; on timeout try smaller plans down to min_gpus, then wait and retry."""
+        give_up = time.monotonic() + self.settings.placement_give_up_s
+        while True:
+            used = planning.nodes_used(plan)
+            res = placement.reserve(plan.layout.world_size, nodes=used, cpu_per_bundle=self.settings.cpu_per_bundle,
+                                    timeout_s=self.settings.placement_timeout_s, strategy=self.settings.strategy,
+                                    name=f"orthoplex-{self.job_id}-a{self.attempt}")
+            if res is not None:
+                self.log.emit("placed", f"gang of {res.size} GPU bundles ready in {res.seconds:.2f}s",
+                              gpus=res.size, bundle_nodes=res.bundle_nodes, seconds=round(res.seconds, 4),
+                              strategy=res.strategy)
+                return plan, res
+            smaller = plan.layout.world_size - 1
+            self.log.emit("placement_timeout", f"{plan.layout.world_size} GPUs not ready within "
+                          f"{self.settings.placement_timeout_s}s", gpus=plan.layout.world_size)
+            nodes = self._nodes()
+            if smaller < self.job.min_gpus:
+                if time.monotonic() > give_up:
+                    raise JobFailed(f"could not place even {self.job.min_gpus} GPUs")
+                time.sleep(self.settings.placement_retry_s)
+                smaller = None
+            plan = planning.first_plan(self.job, nodes, max_gpus=smaller) if smaller else \
+                planning.first_plan(self.job, nodes)
+            self._event_plan(plan, "smaller plan after a placement timeout")
+
+    def _start(self, plan: Any, res: placement.Reservation) -> Gang:
+        try:
+            gang = start_gang(plan, res, self.job.train, plan_nodes=planning.plan_nodes(plan),
+                              cpu_per_bundle=self.settings.cpu_per_bundle,
+                              collective_timeout_s=self.settings.collective_timeout_s,
+                              start_timeout_s=self.settings.start_timeout_s,
+                              alive_nodes=placement.alive_node_ids, on_created=self._adopt)
+        except BaseException:
+            if self._gang is None or self._gang.reservation is not res:
+                placement.release(res)  # failed before the gang existed: nobody else owns the group
+            raise
+        self.log.emit("ranks_mapped", f"ranks mapped onto bundles ({gang.rank_map.method})",
+                      layout=gang.layout.to_dict(), **gang.rank_map.to_dict())
+        self.log.emit("started", f"{gang.world_size} rank actors up, process group joined",
+                      actors_s=round(gang.timings["actors_s"], 4), setup_s=round(gang.timings["setup_s"], 4),
+                      backend=gang.timings["rendezvous"]["backend"])
+        for node, (kind, value) in self._node_faults.items():  # test hook: node properties persist
+            for r in gang.rank_map.ranks_on(node):
+                gang.workers[r].inject.remote(kind, factor=value, amplitude=value)
+        return gang
+
+    def _adopt(self, gang: Gang) -> None:
+        """Called as soon as the gang's actors exist, so any later error tears them down."""
+        with self._lock:
+            self._gang = gang
+
+    def _restore(self, gang: Gang) -> int:
+        res = gather({r: w.restore.remote() for r, w in enumerate(gang.workers)},
+                     deadline_s=self.settings.start_timeout_s, workers=gang.workers)
+        if not res.ok:
+            raise StartFailed(classify(res, gang.rank_nodes, alive_nodes=placement.alive_node_ids,
+                                       confirm_s=self.settings.node_confirm_s, what="restore"))
+        starts = set(res.results.values())
+        if len(starts) != 1:
+            raise JobFailed(f"ranks restored different steps: {sorted(starts)}")
+        return int(starts.pop())
+
+    # ------------------------------------------------------------------ training
+    def _deadline_s(self, walls: list[float], first: bool) -> float:
+        base = self.settings.hang_factor * median(walls[-20:]) if walls else 0.0
+        d = max(self.settings.hang_timeout_s, base)
+        return d * 3 if first else d
+
+    def _train(self, gang: Gang, start: int, recovery: dict[str, Any] | None) -> Switch:
+        s = self.settings
+        roles = {r: (gang.layout.coords(r).pp,) for r in range(gang.world_size)}
+        scorer = StragglerScorer(dict(enumerate(gang.rank_nodes)), roles, window=s.straggler_window,
+                                 threshold=s.straggler_threshold, persist_fraction=s.straggler_persist)
+        walls: list[float] = []
+        since_save = 0
+        step = start
+        self._next_step = start
+        while step < self.job.steps:
+            fault_ts = self._fire_faults(gang, step)
+            t_launch = time.time()
+            refs = {r: w.step.remote() for r, w in enumerate(gang.workers)}
+            res = gather(refs, deadline_s=self._deadline_s(walls, first=not walls), workers=gang.workers,
+                         heartbeat_s=s.heartbeat_s, heartbeat_timeout_s=s.heartbeat_timeout_s)
+            if not res.ok:
+                return self._on_failure(gang, res, fault_ts or t_launch)
+            out = res.results
+            wall = max(o["wall_s"] for o in out.values())
+            walls.append(wall)
+            loss = float(out[0]["loss"])
+            with self._lock:
+                self._last_loss = loss
+                self._losses[step] = loss
+                self._next_step = step + 1
+            self.cadence.observe_step(wall)
+            busy = {r: float(o["busy_s"]) for r, o in out.items()}
+            self.log.emit("step", "", step=step, loss=round(loss, 6), wall_s=round(wall, 4),
+                          busy_max_s=round(max(busy.values()), 4), world_size=gang.world_size,
+                          tokens_per_s=round(out[0]["tokens"] / max(wall, 1e-9), 1))
+            self._metrics(step, out, gang)
+            if recovery is not None:
+                self._event_recovery(recovery, time.time() - recovery["t0"])
+                recovery = None
+            step += 1
+            since_save += 1
+            findings = scorer.observe(step - 1, busy)
+            if self._cancel:
+                return Switch("cancelled")
+            if self._preempt or (step < self.job.steps and self.cadence.due(since_save)) or step == self.job.steps:
+                failed = self._save(gang, step)
+                if failed is not None:
+                    return failed
+                since_save = 0
+                if self._preempt:
+                    return Switch("preempted")
+                if step < self.job.steps and s.grow:
+                    grow = self._maybe_grow(gang, walls)
+                    if grow is not None:
+                        return grow
+            if findings:
+                sw = self._on_straggler(gang, findings, scorer, walls, step)
+                if sw is not None:
+                    return sw
+        return Switch("finished")
+
+    def _save(self, gang: Gang, step: int) -> Switch | None:
+        t0 = time.time()
+        res = gather({r: w.save.remote() for r, w in enumerate(gang.workers)},
+                     deadline_s=max(self.settings.hang_timeout_s, 10 * self.cadence.save_s),
+                     workers=gang.workers, heartbeat_s=self.settings.heartbeat_s,
+                     heartbeat_timeout_s=self.settings.heartbeat_timeout_s)
+        if not res.ok:
+            return self._on_failure(gang, res, t0, what="checkpoint")
+        info = res.results[0]
+        self.cadence.observe_save(float(info["seconds"]))
+        self._last_ckpt_step = int(info["step"])
+        self.log.emit("checkpoint", "checkpoint committed", step=int(info["step"]), path=info["path"],
+                      seconds=round(float(info["seconds"]), 4), bytes=int(info["bytes"]),
+                      next_interval_steps=self.cadence.interval_steps(), cadence=self.cadence.to_dict())
+        return None
+
+    def _metrics(self, step: int, out: dict[int, dict[str, Any]], gang: Gang) -> None:
+        if not self.job.metrics_out:
+            return
+        busy = [float(o["busy_s"]) for o in out.values()]
+        row = {"ts": time.time(), "step": step, "loss": out[0]["loss"], "grad_norm": out[0]["grad_norm"],
+               "lr": out[0]["lr"], "tokens": out[0]["tokens"], "wall_s": max(o["wall_s"] for o in out.values()),
+               "busy_max_s": max(busy), "busy_median_s": median(busy), "world_size": gang.world_size,
+               "layout": gang.layout.short()}
+        path = Path(self.job.metrics_out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    # ------------------------------------------------------------------ faults (test hook)
+    def _fire_faults(self, gang: Gang, step: int) -> float | None:
+        import ray
+
+        fired_at = None
+        for f in self.faults.due(step):
+            fired_at = fired_at or time.time()
+            rank = f.target_rank(gang.world_size)
+            node = gang.rank_nodes[rank]
+            targets: list[int] = [rank]
+            if f.kind == "kill_node":
+                gang.workers[rank].inject.remote("kill_node")
+            elif f.kind == "kill_rank":
+                gang.workers[rank].inject.remote("exit")
+            elif f.kind == "hang_rank":
+                ray.get(gang.workers[rank].inject.remote("hang"))
+            else:
+                kind, value = ("slow", f.factor) if f.kind == "slow_node" else ("jitter", f.amplitude)
+                self._node_faults[node] = (kind, value)
+                targets = gang.rank_map.ranks_on(node)
+                ray.get([gang.workers[r].inject.remote(kind, factor=value, amplitude=value) for r in targets])
+            fired_at = fired_at or time.time()
+            self.log.emit("fault_injected", f"test hook: {f.kind} before step {step}", step=step,
+                          node=node, ranks=targets, **{k: v for k, v in f.to_dict().items() if k != "rank"})
+            if f.kind == "kill_node":
+                time.sleep(0.2)  # let the node die before the step is launched onto it
+        return fired_at
+
+    # ------------------------------------------------------------------ failures and switches
+    def _on_failure(self, gang: Gang, res: Any, fault_ts: float, what: str = "step") -> Switch:
+        failure = classify(res, gang.rank_nodes, alive_nodes=placement.alive_node_ids,
+                           confirm_s=self.settings.node_confirm_s, what=what)
+        return self._record_failure(failure, fault_ts)
+
+    def _record_failure(self, failure: Failure, fault_ts: float) -> Switch:
+        detected = time.time()
+        change = planning.ClusterChange(reason=failure.reason)
+        if failure.kind == "node_lost":
+            self._excluded.update(failure.nodes)
+            change.lost_nodes = list(failure.nodes)
+            self.log.emit("node_lost", failure.reason, nodes=list(failure.nodes), ranks=list(failure.ranks),
+                          step=self._next_step)
+        elif failure.kind == "hang":
+            self.log.emit("hang", failure.reason, ranks=list(failure.ranks), step=self._next_step)
+        else:
+            self.log.emit("rank_failed", failure.reason, ranks=list(failure.ranks), nodes=list(failure.nodes),
+                          step=self._next_step)
+        self._failures.append({**failure.to_dict(), "step": self._next_step, "ts": detected})
+        return Switch("failure", failure=failure, fault_ts=fault_ts, change=change,
+                      detect_s=max(0.0, detected - fault_ts))
+
+    def _on_straggler(self, gang: Gang, findings: list[Any], scorer: StragglerScorer, walls: list[float],
+                      step: int) -> Switch | None:
+        speeds = {f.node: max(0.05, f.score) for f in findings}
+        for f in findings:
+            self.log.emit("straggler", f"node {f.node[:8]} at {f.score:.2f}x the median over window "
+                          f"{f.window} (threshold {self.settings.straggler_threshold})",
+                          step=step, **f.to_dict())
+        prev = self._plans[-1]["plan"]
+        change = planning.ClusterChange(slow_nodes=speeds, reason="straggler")
+        t0 = time.monotonic()
+        nodes = self._nodes(held=_held(gang))
+        rp = planning.replan(self.job, prev, prev.layout, change, nodes,
+                             restart_s=self._restart_s, horizon_s=self._horizon_s())
+        plan_s = time.monotonic() - t0
+        self._event_replan(prev, rp, change)
+        scorer.ignore_nodes = frozenset(scorer.ignore_nodes | set(speeds))
+        if rp.decision == "keep":
+            return None
+        used = set(planning.nodes_used(rp.plan))
+        self._excluded.update(n for n in speeds if n not in used)
+        failed = self._save(gang, step) if self._last_ckpt_step != step else None
+        if failed is not None:
+            return failed
+        slow_since = min((e["ts"] for e in self.log.of_type("fault_injected")
+                          if e.get("node") in speeds), default=None)
+        return Switch("straggler", change=change, replan=rp, plan_s=plan_s,
+                      detect_s=max(0.0, time.time() - slow_since) if slow_since else 0.0)
+
+    def _maybe_grow(self, gang: Gang, walls: list[float]) -> Switch | None:
+        """At a checkpoint boundary: re-plan onto nodes that (re)joined when the planner predicts a gain."""
+        t0 = time.monotonic()
+        nodes = self._nodes(held=_held(gang))
+        current = set(gang.nodes)
+        added = [n for n in nodes if n.id not in current and n.free_gpus > 0]
+        if not added:
+            return None
+        prev = self._plans[-1]["plan"]
+        change = planning.ClusterChange(added_nodes=[{"id": n.id, "gpus": n.free_gpus, "speed": 1.0} for n in added],
+                                        reason="capacity returned")
+        base = [n for n in nodes if n.id in current or n.id in set(planning.nodes_used(prev))]
+        base = [n for n in base if n not in added]
+        try:
+            rp = planning.replan(self.job, prev, prev.layout, change, base,
+                                 restart_s=self._restart_s, horizon_s=self._horizon_s())
+        except planning.PlanningError:
+            return None
+        if rp.decision == "keep" or rp.plan.layout.world_size <= gang.world_size:
+            return None
+        self._event_replan(prev, rp, change)
+        return Switch("grow", change=change, replan=rp, plan_s=time.monotonic() - t0)
+
+    # ------------------------------------------------------------------ events
+    def _event_plan(self, plan: Any, reason: str) -> None:
+        self._plans.append({"plan": plan, "ts": time.time()})
+        est = plan.estimate
+        self.log.emit("plan", reason, layout=plan.layout.to_dict(), short=plan.layout.short(),
+                      num_gpus=plan.num_gpus, nodes=planning.nodes_used(plan),
+                      predicted_tokens_per_s=round(est.tokens_per_s, 2),
+                      predicted_step_time_s=round(est.step_time_s, 6))
+
+    def _event_replan(self, prev: Any, rp: Any, change: planning.ClusterChange) -> None:
+        if rp.decision != "keep":
+            self._plans.append({"plan": rp.plan, "ts": time.time()})
+        self.log.emit("replan", rp.reason or change.reason, decision=rp.decision,
+                      old=prev.layout.to_dict(), new=rp.plan.layout.to_dict(),
+                      old_short=prev.layout.short(), new_short=rp.plan.layout.short(),
+                      old_tokens_per_s=round(rp.old_tokens_per_s, 2), new_tokens_per_s=round(rp.new_tokens_per_s, 2),
+                      switch_cost_s=round(rp.switch_cost_s, 3), change=change.to_dict(),
+                      nodes=planning.nodes_used(rp.plan))
+
+    def _event_resumed(self, switch: Switch, replan: Any, start: int, gang: Gang) -> None:
+        self.log.emit("resumed", f"resumed from the checkpoint of step {start} after {switch.kind}",
+                      from_step=start, layout=gang.layout.to_dict(), short=gang.layout.short(),
+                      world_size=gang.world_size, steps_redone=max(0, self._next_step - start))
+
+    def _event_recovery(self, recovery: dict[str, Any], first_step_s: float) -> None:
+        sw: Switch = recovery["switch"]
+        phases = {**recovery["phases"], "first_step": first_step_s}
+        phases = {p: phases[p] for p in RECOVERY_PHASES}
+        body = recovery_event_fields(phases, sw.failure.kind if sw.failure else sw.kind)
+        self._restart_s = phases["start"] + phases["load"] + phases["first_step"]
+        self._recoveries.append(body)
+        self.log.emit("recovery", f"recovered from {body['cause']} in {body['total_s']:.2f}s", **body,
+                      teardown_s=round(recovery["teardown_s"], 4))
+
+
+def _held(gang: Gang) -> dict[str, int]:
+    """GPUs this gang holds per node (given back if the job switches plans)."""
+    out: dict[str, int] = {}
+    for n in gang.rank_nodes:
+        out[n] = out.get(n, 0) + 1
+    return out
+
+
+def _exit_self() -> None:
+    """A finished detached supervisor that nobody collected goes away on its own (``linger_s``)."""
+    import ray
+
+    ray.kill(ray.get_runtime_context().current_actor, no_restart=True)

@@ -1,0 +1,162 @@
+"""Watching a gang of rank actors: deadlines, heartbeats, and what a failure was.
+
+``gather`` waits for one call per rank (a step, a save, a setup) with ``ray.wait`` and a deadline.
+While it waits it pings every pending rank's ``heartbeat()``; a rank that does not answer within
+``heartbeat_timeout_s`` is dead or wedged. The first error ends the wait after a short grace (so
+the other ranks of a dead node report too); a deadline with ranks still pending is a *hang* (a
+collective that makes no progress), never waited on forever.
+
+``classify`` turns the outcome into a :class:`Failure`: ``node_lost`` (every actor of a node died,
+or the GCS marks the node dead), ``rank_failed`` (a process died or raised on a live node) or
+``hang``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class GatherResult:
+    results: dict[int, Any] = field(default_factory=dict)
+    errors: dict[int, BaseException] = field(default_factory=dict)
+    pending: list[int] = field(default_factory=list)
+    unresponsive: list[int] = field(default_factory=list)
+    timed_out: bool = False
+    seconds: float = 0.0
+    first_error_at: float | None = None  # time.time() of the first error seen
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not self.pending and not self.unresponsive
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str  # node_lost | rank_failed | hang
+    reason: str
+    nodes: tuple[str, ...] = ()
+    ranks: tuple[int, ...] = ()
+    detected_at: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": self.kind, "reason": self.reason, "nodes": list(self.nodes), "ranks": list(self.ranks)}
+
+
+def gather(
+    refs: Mapping[int, Any],
+    *,
+    deadline_s: float,
+    workers: Sequence[Any] | None = None,
+    heartbeat_s: float = 2.0,
+    heartbeat_timeout_s: float = 10.0,
+    error_grace_s: float = 2.0,
+    poll_s: float = 0.25,
+    on_poll: Callable[[], None] | None = None,
+) -> GatherResult:
+    """Wait for ``refs`` (rank -> ObjectRef) until all are done, an error (+grace), or the deadline."""
+    import ray
+
+    t0 = time.monotonic()
+    out = GatherResult()
+    by_ref = {ref: rank for rank, ref in refs.items()}
+    remaining = list(by_ref)
+    hb_refs: dict[int, tuple[Any, float]] = {}
+    last_hb = t0
+    stop_at = t0 + deadline_s
+    while remaining:
+        now = time.monotonic()
+        if now >= stop_at:
+            out.timed_out = out.first_error_at is None
+            break
+        ready, remaining = ray.wait(remaining, num_returns=len(remaining), timeout=min(poll_s, stop_at - now))
+        for ref in ready:
+            rank = by_ref[ref]
+            try:
+                out.results[rank] = ray.get(ref)
+            except Exception as exc:  # RayActorError, RayTaskError(...), ...
+                out.errors[rank] = exc
+                if out.first_error_at is None:
+                    out.first_error_at = time.time()
+                    stop_at = min(stop_at, time.monotonic() + error_grace_s)
+        if on_poll is not None:
+            on_poll()
+        if workers is not None and remaining:
+            now = time.monotonic()
+            pending_ranks = {by_ref[r] for r in remaining}
+            if now - last_hb >= heartbeat_s:
+                last_hb = now
+                for rank in pending_ranks:
+                    if rank not in hb_refs:
+                        hb_refs[rank] = (workers[rank].heartbeat.remote(), now)
+            for rank, (hb, sent) in list(hb_refs.items()):
+                done, _ = ray.wait([hb], timeout=0)
+                if done:
+                    del hb_refs[rank]
+                    try:
+                        ray.get(hb)
+                    except Exception as exc:
+                        out.errors.setdefault(rank, exc)
+                        if out.first_error_at is None:
+                            out.first_error_at = time.time()
+                            stop_at = min(stop_at, time.monotonic() + error_grace_s)
+                elif now - sent > heartbeat_timeout_s and rank in pending_ranks:
+                    out.unresponsive.append(rank)
+                    del hb_refs[rank]
+                    if out.first_error_at is None:
+                        out.first_error_at = time.time()
+                        stop_at = min(stop_at, time.monotonic() + error_grace_s)
+    out.pending = sorted(by_ref[r] for r in remaining)
+    out.seconds = time.monotonic() - t0
+    return out
+
+
+def is_actor_death(exc: BaseException) -> bool:
+    from ray.exceptions import RayActorError
+
+    return isinstance(exc, RayActorError)
+
+
+def classify(
+    res: GatherResult,
+    rank_nodes: Sequence[str],
+    *,
+    alive_nodes: Callable[[], set[str]],
+    confirm_s: float = 3.0,
+    what: str = "step",
+) -> Failure:
+    """What went wrong in a failed ``gather`` (which must not be ``ok``)."""
+    now = time.time()
+    died = sorted(r for r, e in res.errors.items() if is_actor_death(e)) + sorted(res.unresponsive)
+    nodes = sorted(set(rank_nodes))
+    if died or res.errors:
+        # Which nodes are gone? Actor deaths name suspects; wait briefly for the GCS to agree. A
+        # rank that only *raised* (peer connection closed) may also mean a peer's node died.
+        suspect = sorted({rank_nodes[r] for r in died}) or nodes
+        whole = [n for n in suspect if all(r in died for r, m in enumerate(rank_nodes) if m == n)]
+        deadline = time.monotonic() + (confirm_s if whole or not died else 0.0)
+        dead = set(suspect) - alive_nodes()
+        while (set(whole) - dead or (not died and not dead)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            dead = set(suspect) - alive_nodes()
+        lost = sorted(n for n in suspect if n in dead)
+        if lost:
+            ranks = tuple(r for r, n in enumerate(rank_nodes) if n in lost)
+            return Failure("node_lost", f"{what}: node(s) {', '.join(x[:8] for x in lost)} dead "
+                           f"({len(ranks)} rank actors gone)", tuple(lost), ranks, now)
+        if died:
+            return Failure("rank_failed", f"{what}: rank process(es) {died} died on live node(s)",
+                           tuple(sorted({rank_nodes[r] for r in died})), tuple(died), now)
+    if res.errors:
+        first = min(res.errors)
+        msg = str(res.errors[first]).strip().splitlines()
+        detail = msg[-1][:200] if msg else type(res.errors[first]).__name__
+        return Failure("rank_failed", f"{what}: rank {first} raised: {detail}",
+                       tuple(sorted({rank_nodes[r] for r in res.errors})), tuple(sorted(res.errors)), now)
+    if res.timed_out or res.pending:
+        return Failure("hang", f"{what}: no progress within the deadline; ranks {res.pending} still pending",
+                       tuple(nodes), tuple(res.pending), now)
+    raise ValueError("classify() called on a successful gather")

@@ -1,0 +1,165 @@
+"""The RankWorker actor: one per placement-group bundle, runs one rank of the engine.
+
+It owns a ``RankTrainer`` (workers/engine) and answers ``heartbeat()`` while a step runs (the actor
+is threaded), so the supervisor can tell a live-but-stuck rank from a dead one. Every step reports
+its *busy* time (this thread's CPU time: compute, not time blocked in collectives, since
+``torch.set_num_threads(1)`` keeps the compute on the calling thread) next to the wall time; the
+straggler scorer uses the busy time.
+
+Fault hooks (``inject``) exist for tests and demos only; the supervisor calls them only when fault
+injection was enabled explicitly (see ``faults``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from typing import Any
+
+
+class RankWorker:
+    """Plain class; ``launch``/``supervisor`` wrap it with ``ray.remote`` and per-bundle options."""
+
+    def __init__(self) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+        self._trainer: Any = None
+        self._rank = -1
+        self._lock = threading.Lock()
+        self._hb: dict[str, Any] = {"phase": "idle", "step": -1, "since": time.time()}
+        self._slow_factor = 1.0
+        self._jitter = 0.0
+        self._hang = False
+        self._rng = random.Random(os.getpid())
+
+    # ---------------------------------------------------------------- bookkeeping
+    def _phase(self, phase: str, step: int | None = None) -> None:
+        with self._lock:
+            self._hb = {"phase": phase, "step": self._hb["step"] if step is None else step, "since": time.time()}
+
+    def info(self) -> dict[str, Any]:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {
+            "node_id": ctx.get_node_id(),
+            "pid": os.getpid(),
+            "ip": ray.util.get_node_ip_address(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        }
+
+    def heartbeat(self) -> dict[str, Any]:
+        with self._lock:
+            hb = dict(self._hb)
+        hb["rank"] = self._rank
+        hb["now"] = time.time()
+        return hb
+
+    # ---------------------------------------------------------------- lifecycle
+    def endpoint(self, timeout_s: float) -> dict[str, Any]:
+        from workers.runtime.rendezvous import endpoint
+
+        return endpoint(timeout_s).to_dict()
+
+    def setup(self, rdzv: dict[str, Any], cfg: dict[str, Any], layout: dict[str, Any], rank: int,
+              world_size: int, collective_timeout_s: float) -> dict[str, float]:
+        """Join the process group and build this rank's trainer for ``layout``."""
+        from planner.layout import Layout
+        from workers.engine.config import TrainConfig
+        from workers.engine.trainer import RankTrainer
+        from workers.runtime.rendezvous import Rendezvous, join
+
+        self._rank = rank
+        self._phase("setup")
+        t0 = time.perf_counter()
+        join(Rendezvous.from_dict(rdzv), rank, world_size)
+        t1 = time.perf_counter()
+        self._trainer = RankTrainer(TrainConfig.from_dict(cfg), Layout.from_dict(layout), rank, world_size,
+                                    collective_timeout_s=collective_timeout_s)
+        self._phase("idle")
+        return {"join_s": t1 - t0, "build_s": time.perf_counter() - t1}
+
+    def restore(self) -> int:
+        self._phase("restore")
+        start = int(self._trainer.restore())
+        self._phase("idle", start - 1)
+        return start
+
+    def step(self) -> dict[str, Any]:
+        """One optimizer step; the slow/jitter hooks add busy time after the step's collectives."""
+        from workers.runtime.faults import burn_cpu
+
+        self._phase("step", self._trainer.next_step)
+        w0, c0 = time.perf_counter(), time.thread_time()
+        while self._hang:  # fault hook: a rank that stops making progress (no crash)
+            time.sleep(0.05)
+        res = self._trainer.step()
+        busy = time.thread_time() - c0
+        extra = busy * (self._slow_factor - 1.0)
+        if self._jitter:
+            extra += busy * self._rng.uniform(0.0, 2.0 * self._jitter)
+        burn_cpu(extra)
+        out = {
+            "rank": self._rank,
+            "step": res.step,
+            "loss": res.loss,
+            "grad_norm": res.grad_norm,
+            "lr": res.lr,
+            "tokens": res.tokens,
+            "seconds": res.seconds,
+            "busy_s": time.thread_time() - c0,
+            "wall_s": time.perf_counter() - w0,
+        }
+        self._phase("idle", res.step)
+        return out
+
+    def save(self) -> dict[str, Any]:
+        self._phase("save")
+        info = self._trainer.save()
+        self._phase("idle")
+        return {"step": info.step, "path": info.path, "seconds": info.seconds, "bytes": info.bytes}
+
+    def close(self) -> None:
+        """Barrier + destroy the trainer's groups and the default group (clean end of a run)."""
+        from workers.runtime.rendezvous import leave
+
+        self._phase("close")
+        if self._trainer is not None:
+            self._trainer.close()
+            self._trainer = None
+        leave()
+        self._phase("closed")
+
+    # ---------------------------------------------------------------- fault hooks (tests/demos)
+    def inject(self, kind: str, factor: float = 1.0, amplitude: float = 0.0) -> bool:
+        """Arm a fault on this rank: ``slow``/``jitter`` (sticky), ``hang`` (next step), ``exit``, ``kill_node``."""
+        if kind == "slow":
+            self._slow_factor = float(factor)
+        elif kind == "jitter":
+            self._jitter = float(amplitude)
+        elif kind == "hang":
+            self._hang = True
+        elif kind == "exit":
+            threading.Timer(0.05, os._exit, args=(1,)).start()
+        elif kind == "kill_node":
+            threading.Timer(0.05, _kill_own_node).start()
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+        return True
+
+
+def _kill_own_node() -> None:
+    """SIGKILL this node's raylet (our parent process), then ourselves: a hard node failure."""
+    raylet = os.getppid()
+    try:
+        with open(f"/proc/{raylet}/comm") as f:
+            is_raylet = f.read().strip() == "raylet"
+    except OSError:
+        is_raylet = False
+    if is_raylet:
+        os.kill(raylet, signal.SIGKILL)
+    os._exit(1)
