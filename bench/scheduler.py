@@ -31,7 +31,11 @@ def _curve(rng: random.Random, lo: int, hi: int) -> dict[int, float]:
 
 
 def make_snapshot(
-    n_jobs: int = 10_000, n_nodes: int = 2_000, gpus_per_node: int = 8, seed: int = 0, elastic_share: float = 0.25
+    n_jobs: int = 10_000,
+    n_nodes: int = 2_000,
+    gpus_per_node: int = 8,
+    seed: int = 0,
+    elastic_share: float = 0.25,
 ) -> ClusterSnapshot:
     """The benchmark's cluster and queue (deterministic for a seed); ``elastic_share`` of the jobs
     have a min..max range and a goodput curve."""
@@ -40,7 +44,9 @@ def make_snapshot(
     capacity = sum(n.gpus for n in nodes if n.healthy)
     weights = [rng.choice([1.0, 1.0, 2.0, 4.0]) for _ in range(20)]
     tenants = [
-        TenantView(f"tenant-{t:02d}", f"tenant-{t:02d}", gpu_quota=int(0.6 * capacity * w / sum(weights)), weight=w)
+        TenantView(
+            f"tenant-{t:02d}", f"tenant-{t:02d}", gpu_quota=int(0.6 * capacity * w / sum(weights)), weight=w
+        )
         for t, w in enumerate(weights)
     ]
     jobs: list[JobView] = []
@@ -67,11 +73,18 @@ def make_snapshot(
         elastic = rng.random() < elastic_share and size >= 2
         jobs.append(
             JobView(
-                id=jid, tenant_id=rng.choice(tenants).id, state=JobState.RUNNING, priority=rng.choice([0, 0, 1, 2]),
-                min_gpus=size if not elastic else max(1, size // 2), max_gpus=size if not elastic else size * 2,
-                submitted_at=float(jid), allocated=alloc, elastic=elastic,
+                id=jid,
+                tenant_id=rng.choice(tenants).id,
+                state=JobState.RUNNING,
+                priority=rng.choice([0, 0, 1, 2]),
+                min_gpus=size if not elastic else max(1, size // 2),
+                max_gpus=size if not elastic else size * 2,
+                submitted_at=float(jid),
+                allocated=alloc,
+                elastic=elastic,
                 throughput=_curve(rng, max(1, size // 2), size * 2) if elastic else None,
-                started_at=float(jid), est_end=1e5 + rng.uniform(0, 1e5),
+                started_at=float(jid),
+                est_end=1e5 + rng.uniform(0, 1e5),
             )
         )
         used += size
@@ -82,9 +95,16 @@ def make_snapshot(
         top = size * 4 if elastic else size
         jobs.append(
             JobView(
-                id=jid, tenant_id=rng.choice(tenants).id, priority=rng.choice([0, 0, 0, 1, 2]), min_gpus=size,
-                max_gpus=top, submitted_at=1e4 + jid, elastic=elastic, preemptible=rng.random() < 0.95,
-                throughput=_curve(rng, size, top) if elastic else None, est_duration=rng.uniform(600, 86_400),
+                id=jid,
+                tenant_id=rng.choice(tenants).id,
+                priority=rng.choice([0, 0, 0, 1, 2]),
+                min_gpus=size,
+                max_gpus=top,
+                submitted_at=1e4 + jid,
+                elastic=elastic,
+                preemptible=rng.random() < 0.95,
+                throughput=_curve(rng, size, top) if elastic else None,
+                est_duration=rng.uniform(600, 86_400),
             )
         )
         jid += 1
@@ -100,7 +120,9 @@ def naive_first_fit(snapshot: ClusterSnapshot) -> dict[Any, dict[str, int]]:
             if node in free:
                 free[node] -= k
     nodes = sorted(free)
-    queue = sorted((j for j in snapshot.jobs if j.state == JobState.PENDING), key=lambda j: (-j.priority, j.submitted_at))
+    queue = sorted(
+        (j for j in snapshot.jobs if j.state == JobState.PENDING), key=lambda j: (-j.priority, j.submitted_at)
+    )
     admitted: dict[Any, dict[str, int]] = {}
     for job in queue:
         need, got = job.min_gpus, {}
@@ -142,6 +164,8 @@ def run(quick: bool = False) -> dict:
     repeats = 1 if quick else 5
     rows: list[dict[str, Any]] = []
     cases = [(1_000, 200, 0.25, ""), (10_000, 2_000, 0.25, ""), (10_000, 2_000, 0.0, ", fixed-size jobs")]
+    if quick:  # a smoke run: the naive baseline alone takes seconds at full size
+        cases = [(1_000, 200, 0.25, ""), (2_000, 400, 0.0, ", fixed-size jobs")]
     for n_jobs, n_nodes, elastic_share, note in cases:
         snap = make_snapshot(n_jobs, n_nodes, elastic_share=elastic_share)
         t_decide, c_decide, decisions = _time(decide, snap, repeats)
@@ -160,13 +184,17 @@ def run(quick: bool = False) -> dict:
                 "naive_first_fit_cpu_s": round(c_naive, 4),
                 "speedup_cpu": round(c_naive / c_decide, 1) if c_decide else None,
                 "admitted": kinds.get("admit", 0),
-                "backfilled": sum(1 for d in decisions if d.kind == "admit" and d.reason.startswith("backfill")),
+                "backfilled": sum(
+                    1 for d in decisions if d.kind == "admit" and d.reason.startswith("backfill")
+                ),
                 "naive_admitted": len(naive),
                 "decisions": dict(sorted(kinds.items())),
                 "repeats": repeats,
             }
         )
-    wl = synthetic_workload(seed=0, n_jobs=100 if quick else 300, n_nodes=16, mean_interarrival=45.0, failures=3)
+    wl = synthetic_workload(
+        seed=0, n_jobs=100 if quick else 300, n_nodes=16, mean_interarrival=45.0, failures=3
+    )
     sim = simulate(wl).to_dict()
     rows.append({"case": "simulator", **sim})
     md = [

@@ -70,6 +70,9 @@ def check_knobs(spec: PlanSpec, lay: Layout) -> tuple[str, str] | None:
 
 def check_all(spec: PlanSpec, lay: Layout) -> tuple[str, str] | None:
     """Every structural rule for a complete layout (memory is checked separately)."""
+    if lay.num_micro_batches and lay.num_micro_batches * lay.dp * lay.micro_batch != spec.global_batch:
+        return "global_batch", (f"dp*micro_batch*num_micro_batches = {lay.dp}*{lay.micro_batch}*"
+                                f"{lay.num_micro_batches} is not the global_batch {spec.global_batch}")
     nmb = lay.num_micro_batches or (spec.global_batch // (lay.dp * lay.micro_batch)
                                     if spec.global_batch % (lay.dp * lay.micro_batch) == 0 else 0)
     return (check_tp(spec, lay.tp) or check_cp(spec, lay.cp) or check_pp(spec, lay.pp, lay.vpp)

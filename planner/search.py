@@ -382,12 +382,11 @@ def evaluate_on(spec: PlanSpec, layout: Layout, nodes: Sequence[NodeSpec] | None
     bad = C.check_all(spec, lay)
     if bad:
         return Rejection(lay.to_dict(), bad[1], bad[0])
-    plan = make_plan(spec, lay, world)
     limit = memory_limit_gb(spec)
-    if plan.estimate.memory_gb_per_gpu > limit:
-        return Rejection(lay.to_dict(), f"needs {plan.estimate.memory_gb_per_gpu:.1f} GiB per GPU > {limit:.1f} GiB "
-                         "usable", "memory")
-    return plan
+    mem = memory_total_gb(spec, lay)
+    if mem > limit:
+        return Rejection(lay.to_dict(), f"needs {mem:.1f} GiB per GPU > {limit:.1f} GiB usable", "memory")
+    return make_plan(spec, lay, world)
 
 
 def evaluate(spec: PlanSpec, layout: Layout) -> Plan | Rejection:

@@ -100,8 +100,8 @@ def launch_attempt(ctx: Ctx, job: JobRow, epoch: int, gpus: int) -> str:
     crash_point("admit:persisted")
     try:
         ctx.sups.start(key, spec)
-    except Exception as exc:  # the runtime refused the spec, or Ray could not create the actor
-        log.warning("supervisor could not start", extra={"job_id": job.id, "error": repr(exc)})
+    except ValueError as exc:  # the runtime refused the spec: no attempt will ever do better
+        log.warning("supervisor refused the spec", extra={"job_id": job.id, "error": repr(exc)})
         with ctx.txn() as s:
             tx.transition(
                 s,
@@ -114,6 +114,13 @@ def launch_attempt(ctx: Ctx, job: JobRow, epoch: int, gpus: int) -> str:
             )
             tx.end_attempt(s, job.id, epoch=epoch, state="FAILED", reason=str(exc)[:1000], commit=False)
         return "failed"
+    except Exception as exc:  # Ray could not create the actor now (e.g. the GCS is recovering)
+        # the attempt stays persisted without a supervisor: the next round finds it gone and starts
+        # another attempt (counted against max_attempts), exactly as after a crash at this point
+        log.warning(
+            "supervisor could not start; retried next round", extra={"job_id": job.id, "error": repr(exc)}
+        )
+        return "retry"
     crash_point("admit:started")
     with ctx.txn() as s:
         if job.state == "ADMITTED":

@@ -43,7 +43,9 @@ def participants(rnd: Round) -> list[JobView]:
             and (job.max_gpus or 0) > job.min_gpus
         ):
             out.append(job)
-    out.extend(rnd.jobs[j] for j in sorted(rnd.admitted) if (rnd.jobs[j].max_gpus or 0) > rnd.jobs[j].min_gpus)
+    out.extend(
+        rnd.jobs[j] for j in sorted(rnd.admitted) if (rnd.jobs[j].max_gpus or 0) > rnd.jobs[j].min_gpus
+    )
     return out
 
 
@@ -134,7 +136,9 @@ def _better(receiver: tuple, donor: tuple, same_tenant: bool) -> bool:
     return -receiver[1] > -donor[1] * (1.0 + HYSTERESIS) + 1e-12
 
 
-def rebalance(rnd: Round, ent: Mapping[Id, float], jobs: list[JobView], donors: set[Id]) -> dict[Id, list[Id]]:
+def rebalance(
+    rnd: Round, ent: Mapping[Id, float], jobs: list[JobView], donors: set[Id]
+) -> dict[Id, list[Id]]:
     """Shrink donor jobs whose GPUs another job would use much better; returns donor -> receivers.
 
     Only jobs in ``donors`` (running before this round, not grown in it) give GPUs. Receivers are

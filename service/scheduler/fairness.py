@@ -41,7 +41,9 @@ class FairQueue:
     ``usage / weight`` (ties: tenant id). Usage is read live from ``usage``, so admitting a job
     (which raises its tenant's usage) reorders the tenants."""
 
-    def __init__(self, queues: Mapping[Id, list[JobView]], usage: Mapping[Id, int], weight: Mapping[Id, float]):
+    def __init__(
+        self, queues: Mapping[Id, list[JobView]], usage: Mapping[Id, int], weight: Mapping[Id, float]
+    ):
         self._queues = {t: deque(q) for t, q in queues.items() if q}
         self._usage = usage
         self._weight = weight

@@ -127,7 +127,9 @@ def _guaranteed(rnd: Round) -> list[JobView]:
             leftover.append(job)
             continue
         if rnd.avail >= m:
-            rnd.admit(job, f"gang of {m} GPU(s) within tenant {t}'s quota ({used + m}/{quota} after admission)")
+            rnd.admit(
+                job, f"gang of {m} GPU(s) within tenant {t}'s quota ({used + m}/{quota} after admission)"
+            )
             continue
         plan = plan_quota_reclaim(rnd, job, m - rnd.avail)
         if plan is None:  # quotas exceed what the healthy nodes hold: queue as a borrower would
@@ -168,15 +170,25 @@ def _borrow_and_backfill(rnd: Round, leftover: list[JobView]) -> _Head | None:
             continue
         hid = head.job.id
         if rnd.avail < m:
-            rnd.waiting[job.id] = f"needs {m} GPUs, {rnd.avail} free and unreserved; queued behind head job {hid}"
+            rnd.waiting[job.id] = (
+                f"needs {m} GPUs, {rnd.avail} free and not promised; queued behind head job {hid}"
+            )
             if rnd.avail == 0:  # nothing can start any more this round
                 for rest in queue.remaining():
                     if not _cannot_start(rnd, rest):
-                        rnd.waiting[rest.id] = f"needs {rest.min_gpus} GPUs, 0 free and unreserved; queued behind head job {hid}"
+                        rnd.waiting[rest.id] = (
+                            f"needs {rest.min_gpus} GPUs, 0 free and not promised; queued behind head job {hid}"
+                        )
             continue
-        ends = job.est_duration is not None and head.start is not None and rnd.now + job.est_duration <= head.start
+        ends = (
+            job.est_duration is not None
+            and head.start is not None
+            and rnd.now + job.est_duration <= head.start
+        )
         if ends:
-            rnd.admit(job, f"backfill: {what}; ends by {rnd.now + job.est_duration:g}, before head job {hid} starts")
+            rnd.admit(
+                job, f"backfill: {what}; ends by {rnd.now + job.est_duration:g}, before head job {hid} starts"
+            )
         elif m <= head.extra:
             head.extra -= m
             rnd.admit(job, f"backfill: {what}; uses GPUs head job {hid} will not need")
@@ -264,7 +276,9 @@ def _emit(rnd: Round) -> list[Decision]:
             continue
         released = placement.release_plan(current, held - rnd.size[job_id])
         out.append(
-            Shrink(job_id, rnd.size[job_id], placement.subtract(current, released), released, rnd.shrunk[job_id])
+            Shrink(
+                job_id, rnd.size[job_id], placement.subtract(current, released), released, rnd.shrunk[job_id]
+            )
         )
     pool = placement.NodePool(rnd.node_free)
     grows: list[Decision] = []

@@ -38,9 +38,13 @@ class ReclaimPlan:
         if self.releasing:
             parts.append(f"{self.releasing} GPU(s) being released by preempted jobs")
         if self.shrinks:
-            parts.append("shrinking " + ", ".join(f"job {j.id} {rnd.size[j.id]}->{n}" for j, n in self.shrinks))
+            parts.append(
+                "shrinking " + ", ".join(f"job {j.id} {rnd.size[j.id]}->{n}" for j, n in self.shrinks)
+            )
         if self.preempts:
-            parts.append("preempting " + ", ".join(f"job {j.id} ({rnd.size[j.id]} GPUs)" for j in self.preempts))
+            parts.append(
+                "preempting " + ", ".join(f"job {j.id} ({rnd.size[j.id]} GPUs)" for j in self.preempts)
+            )
         return "; ".join(parts)
 
 
@@ -166,7 +170,9 @@ def commit(rnd: Round, plan: ReclaimPlan, job: JobView, why: str) -> str:
         rnd.resize(v, new)
         rnd.pinned.add(v.id)
     for v in plan.preempts:
-        rnd.preempt(v, f"{why}: tenant {v.tenant_id} borrows beyond its quota; GPUs go to queued job {job.id}")
+        rnd.preempt(
+            v, f"{why}: tenant {v.tenant_id} borrows beyond its quota; GPUs go to queued job {job.id}"
+        )
     reserved = min(rnd.avail, job.min_gpus)
     rnd.avail -= reserved
     rnd.committed[job.tenant_id] += job.min_gpus

@@ -149,16 +149,31 @@ class _Live:
 Policy = Callable[[ClusterSnapshot], list[Decision]]
 
 
-def simulate(workload: Workload, policy: Policy = decide, horizon: float = math.inf, max_rounds: int = 4) -> SimResult:
+def simulate(
+    workload: Workload, policy: Policy = decide, horizon: float = math.inf, max_rounds: int = 4
+) -> SimResult:
     """Run ``workload`` until every job finished (or ``horizon``); see the module docstring."""
     cap = {n.id: n.gpus for n in workload.nodes}
     healthy = {n.id: n.healthy for n in workload.nodes}
-    jobs = {j.id: _Live(j, Curve(JobView(id=j.id, tenant_id=j.tenant_id, min_gpus=j.min_gpus,
-                                          max_gpus=j.max_gpus, throughput=j.throughput)))
-            for j in workload.jobs}
+    jobs = {
+        j.id: _Live(
+            j,
+            Curve(
+                JobView(
+                    id=j.id,
+                    tenant_id=j.tenant_id,
+                    min_gpus=j.min_gpus,
+                    max_gpus=j.max_gpus,
+                    throughput=j.throughput,
+                )
+            ),
+        )
+        for j in workload.jobs
+    }
     arrivals = sorted(workload.jobs, key=lambda j: (j.submit_at, j.id))
     node_events = sorted(
-        [(f.at, 0, f.node_id) for f in workload.failures] + [(f.at + f.repair_after, 1, f.node_id) for f in workload.failures]
+        [(f.at, 0, f.node_id) for f in workload.failures]
+        + [(f.at + f.repair_after, 1, f.node_id) for f in workload.failures]
     )
     counts = {"admit": 0, "grow": 0, "shrink": 0, "preempt": 0, "requeued_by_failure": 0}
     gpu_seconds: dict[Id, float] = {t.id: 0.0 for t in workload.tenants}

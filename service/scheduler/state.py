@@ -32,7 +32,9 @@ def victim_order(jobs: list[JobView]) -> list[JobView]:
     """Preemption/shrink order: lowest priority first, then the most recently started, then the
     larger id (the later job)."""
     by_id = sorted(jobs, key=lambda j: j.id, reverse=True)
-    return sorted(by_id, key=lambda j: (j.priority, -(j.started_at if j.started_at is not None else j.submitted_at)))
+    return sorted(
+        by_id, key=lambda j: (j.priority, -(j.started_at if j.started_at is not None else j.submitted_at))
+    )
 
 
 @dataclass

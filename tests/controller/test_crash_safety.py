@@ -39,6 +39,7 @@ def _job_nodes(job_id: int) -> set[str]:
     return {n.node_id for n in view.alive_nodes for a in n.allocations if a.job_id == str(job_id)}
 
 
+@pytest.mark.timeout(900)  # a few minutes on an idle machine; far longer on a loaded one
 def test_kill9_during_admission_running_recovery_and_cancel(
     ray_cluster, migrated_db_url: str, tmp_path: Path
 ):

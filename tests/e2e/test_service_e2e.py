@@ -105,6 +105,7 @@ def _job(spec: dict[str, Any], name: str, gpus: int) -> dict[str, Any]:
     return body
 
 
+@pytest.mark.timeout(900)  # a few minutes on an idle machine; far longer on a loaded one
 def test_rest_to_recovery_to_success_with_two_tenants(ray_cluster, empty_db_url: str, tmp_path: Path):
     svc = Service(empty_db_url, ray_cluster.address, tmp_path)
     t0 = time.monotonic()

@@ -104,7 +104,7 @@ def check_layout_equivalence(layout: Layout, cfg: TrainConfig, batches: list[tor
             "curve_err": curve_err, "curve": curve, "in_flight_peak": peak}
 
 
-def test_layout(spec: str) -> Layout:
+def fast_layout(spec: str) -> Layout:
     """``spec`` with a micro-batch that keeps tests fast: one micro-batch per step without PP,
     ``pp`` micro-batches with PP (the 1F1B minimum), unless the spec sets ``micro_batch``."""
     layout = Layout.parse(spec)
@@ -115,17 +115,23 @@ def test_layout(spec: str) -> Layout:
     return dataclasses.replace(layout, micro_batch=max(1, mb))
 
 
-def run_equivalence(rank: int, world: int, specs: list[str]) -> list[dict[str, Any]]:
-    """Rank body: reference once, then every layout in ``specs`` built and torn down in turn."""
-    import time
-
+def equivalence_inputs() -> tuple[TrainConfig, list[torch.Tensor], dict[str, Any]]:
+    """The config, 10 fresh random batches and the single-process reference (computed once, in the
+    pytest process, and shipped to the ranks)."""
     cfg = tiny_cfg(steps=10)
     batches = random_batches(cfg, 10, seed=99)
-    ref = reference(cfg, batches)
+    return cfg, batches, reference(cfg, batches)
+
+
+def run_equivalence(rank: int, world: int, specs: list[str], inputs: tuple) -> list[dict[str, Any]]:
+    """Rank body: every layout in ``specs`` built, checked and torn down in turn."""
+    import time
+
+    cfg, batches, ref = inputs
     out = []
     for spec in specs:
         t0 = time.perf_counter()
-        r = check_layout_equivalence(test_layout(spec), cfg, batches, ref, rank, world)
+        r = check_layout_equivalence(fast_layout(spec), cfg, batches, ref, rank, world)
         r["spec"] = spec
         r["seconds"] = time.perf_counter() - t0
         out.append(r)
@@ -143,3 +149,53 @@ def assert_equivalent(results: list[list[dict[str, Any]]]) -> None:
     # the loss is identical on every rank
     for i in range(len(results[0])):
         assert len({round(rows[i]["curve"][-1], 12) for rows in results}) == 1
+
+
+def _local_bytes(t: object) -> int:
+    if isinstance(t, DTensor):
+        t = t.to_local()
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def measure_sp_memory(rank: int, world: int) -> dict[str, tuple[int, int]]:
+    """Per-rank activation bytes in the norm regions (inputs + outputs of every RMSNorm) and all
+    saved-for-backward bytes, for ``tp=world`` with and without sequence parallelism."""
+    from workers.engine.model import RMSNorm
+    from workers.engine.trainer import RankTrainer
+
+    cfg = tiny_cfg()
+    batch = random_batches(cfg, 1, seed=3)[0]
+    out = {}
+    for sp in (True, False):
+        trainer = RankTrainer(cfg, Layout(tp=world, sp=sp, micro_batch=8), rank, world)
+        region = {"bytes": 0}
+        saved = {"bytes": 0}
+
+        def hook(_m: torch.nn.Module, args: tuple, result: torch.Tensor, region: dict = region) -> None:
+            region["bytes"] += _local_bytes(args[0]) + _local_bytes(result)
+
+        def pack(t: torch.Tensor, saved: dict = saved) -> torch.Tensor:
+            saved["bytes"] += _local_bytes(t)
+            return t
+
+        handles = [m.register_forward_hook(hook) for m in trainer.parts.modules[0].modules()
+                   if isinstance(m, RMSNorm)]
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            trainer.forward_backward(batch)
+        for h in handles:
+            h.remove()
+        trainer.close()
+        out["sp" if sp else "no_sp"] = (region["bytes"], saved["bytes"])
+    return out
+
+
+def equivalence_and_sp_body(rank: int, world: int, specs: list[str], inputs: tuple) -> dict[str, Any]:
+    return {"eq": run_equivalence(rank, world, specs, inputs), "sp": measure_sp_memory(rank, world)}
+
+
+def assert_sp_memory_drops(results: list[dict[str, Any]], tp: int) -> None:
+    for r in results:
+        sp_region, sp_saved = r["sp"]["sp"]
+        full_region, full_saved = r["sp"]["no_sp"]
+        assert sp_region * tp == full_region, (sp_region, full_region)
+        assert sp_saved < full_saved

@@ -114,13 +114,21 @@ def test_round_trip_and_pipeline_parts(tmp_path: Path) -> None:
     m3, o3 = _fresh()
     assert load_latest(tmp_path, ModelOptimizerState(m3, o3)).step == 3
     _assert_exact(_snapshot(m3, o3), ref)
-    # one optimizer over both stages (virtual stages on one rank)
+    # one optimizer over both stages (virtual stages on one rank), each stage with its own
+    # parameter-less helper of the same name (like the engine's rotary tables)
     m4, _ = _fresh()
     pa, pb = nn.Module(), nn.Module()
     pa.emb, pa.w1, pb.w2, pb.out = m4.emb, m4.w1, m4.w2, m4.out
+    pa.rope, pb.rope = nn.Identity(), nn.Identity()
     o4 = torch.optim.AdamW(m4.parameters(), lr=1e-2)
     assert load_latest(tmp_path, ModelOptimizerState([pa, pb], o4)).step == 3
     _assert_exact(_snapshot(m4, o4), ref)
+    with pytest.raises(ValueError, match="2 optimizers for 3 model parts"):
+        ModelOptimizerState([pa, pb, nn.Linear(2, 2)], opts)
+    pc = nn.Module()
+    pc.w2 = nn.Linear(32, 16)
+    with pytest.raises(ValueError, match="'w2' with parameters"):
+        ModelOptimizerState([pb, pc], o4)
 
 
 @pytest.mark.unit

@@ -42,7 +42,7 @@ def _ranks_body(rank: int, world: int) -> dict:
         ref.backward(dout)
         refs = [t.detach() for t in (ref, q.grad, k.grad, v.grad)]
 
-        def local(t: torch.Tensor) -> torch.Tensor:
+        def local(t: torch.Tensor, cp_rank: int = cp_rank, cp: int = cp) -> torch.Tensor:
             return zigzag_split(t.detach(), cp_rank, cp, dim=2).clone().requires_grad_(True)
 
         for method in ("ring", "ulysses", "ring-contiguous"):

@@ -1,8 +1,13 @@
 """Every 2-rank layout (and its schedule / ZeRO / CP-method / SP variants) equals the single process."""
 
 import pytest
+from engine_harness import (
+    assert_equivalent,
+    assert_sp_memory_drops,
+    equivalence_and_sp_body,
+    equivalence_inputs,
+)
 
-from engine_harness import assert_equivalent, run_equivalence
 from workers.engine.launch import run_ranks
 
 SPECS = [
@@ -21,11 +26,24 @@ SPECS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def results() -> list[dict]:
+    """One spawn of 2 ranks builds and tears down every layout in turn (and the SP measurement)."""
+    return run_ranks(equivalence_and_sp_body, 2, SPECS, equivalence_inputs(), timeout_s=1500)
+
+
 @pytest.mark.engine
-def test_every_two_rank_layout_matches_single_process() -> None:
-    results = run_ranks(run_equivalence, 2, SPECS, timeout_s=900)
-    assert_equivalent(results)
-    by_spec = {r["spec"]: r for r in results[0]}
-    # 1F1B keeps at most pp micro-batches in flight on the first stage; GPipe keeps them all
-    assert by_spec["pp=2,micro_batch=1"]["in_flight_peak"] == 2
-    assert by_spec["pp=2,schedule=gpipe,micro_batch=1"]["in_flight_peak"] == 8
+def test_sequence_parallel_divides_norm_region_activations_by_tp(results: list[dict]) -> None:
+    assert_sp_memory_drops(results, tp=2)
+
+
+@pytest.mark.engine
+def test_every_two_rank_layout_matches_single_process(results: list[dict]) -> None:
+    assert_equivalent([r["eq"] for r in results])
+
+
+@pytest.mark.engine
+def test_1f1b_keeps_at_most_pp_micro_batches_in_flight(results: list[dict]) -> None:
+    peak = {r["spec"]: r["in_flight_peak"] for r in results[0]["eq"]}
+    assert peak["pp=2,micro_batch=1"] == 2  # 8 micro-batches, pp=2: 1F1B holds at most 2
+    assert peak["pp=2,schedule=gpipe,micro_batch=1"] == 8  # GPipe holds all of them

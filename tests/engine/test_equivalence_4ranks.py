@@ -2,8 +2,13 @@
 single process: loss 1e-5 relative, every gradient 1e-4, 10 AdamW steps 1e-4 relative."""
 
 import pytest
+from engine_harness import (
+    assert_equivalent,
+    assert_sp_memory_drops,
+    equivalence_and_sp_body,
+    equivalence_inputs,
+)
 
-from engine_harness import assert_equivalent, run_equivalence
 from workers.engine.launch import run_ranks
 
 SPECS = [
@@ -27,9 +32,23 @@ SPECS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def results() -> list[dict]:
+    """One spawn of 4 ranks builds and tears down every layout in turn (and the SP measurement)."""
+    return run_ranks(equivalence_and_sp_body, 4, SPECS, equivalence_inputs(), timeout_s=1500)
+
+
 @pytest.mark.engine
-def test_every_four_rank_layout_matches_single_process() -> None:
-    results = run_ranks(run_equivalence, 4, SPECS, timeout_s=1200)
-    assert_equivalent(results)
-    peak = {r["spec"]: r["in_flight_peak"] for r in results[0]}
-    assert peak["pp=4,micro_batch=1"] == 4  # at most pp in flight on the first stage
+def test_sequence_parallel_divides_norm_region_activations_by_tp(results: list[dict]) -> None:
+    assert_sp_memory_drops(results, tp=4)
+
+
+@pytest.mark.engine
+def test_every_four_rank_layout_matches_single_process(results: list[dict]) -> None:
+    assert_equivalent([r["eq"] for r in results])
+
+
+@pytest.mark.engine
+def test_1f1b_keeps_at_most_pp_micro_batches_in_flight(results: list[dict]) -> None:
+    peak = {r["spec"]: r["in_flight_peak"] for r in results[0]["eq"]}
+    assert peak["pp=4,micro_batch=1"] == 4  # 8 micro-batches through 4 stages

@@ -2,8 +2,8 @@
 with every schedule, ZeRO stage and CP method, equal the single process."""
 
 import pytest
+from engine_harness import assert_equivalent, equivalence_inputs, run_equivalence
 
-from engine_harness import assert_equivalent, run_equivalence
 from workers.engine.launch import run_ranks
 
 SPECS = [
@@ -22,5 +22,5 @@ SPECS = [
 @pytest.mark.engine
 @pytest.mark.slow
 def test_eight_rank_layouts_match_single_process() -> None:
-    results = run_ranks(run_equivalence, 8, SPECS, timeout_s=1800)
+    results = run_ranks(run_equivalence, 8, SPECS, equivalence_inputs(), timeout_s=1800)
     assert_equivalent(results)

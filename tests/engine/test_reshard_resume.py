@@ -4,8 +4,8 @@ PP, DP, VPP, ZeRO, and another world size): steps 4-6 match the uninterrupted ru
 from pathlib import Path
 
 import pytest
+from engine_harness import fast_layout, random_batches, tiny_cfg
 
-from engine_harness import random_batches, test_layout, tiny_cfg
 from workers.engine.launch import run_ranks
 
 # (A, B) pairs inside a 4-rank world
@@ -22,10 +22,10 @@ PAIRS_4_TO_2 = [
 ]
 
 
-def _run_a(cfg, spec, batches, rank, world):  # noqa: ANN001, ANN202
+def _run_a(cfg, spec, batches, rank, world):
     from workers.engine.trainer import RankTrainer
 
-    t = RankTrainer(cfg, test_layout(spec), rank, world)
+    t = RankTrainer(cfg, fast_layout(spec), rank, world)
     losses = []
     for i, b in enumerate(batches):
         losses.append(t.train_batch(b).loss)
@@ -36,10 +36,10 @@ def _run_a(cfg, spec, batches, rank, world):  # noqa: ANN001, ANN202
     return losses
 
 
-def _resume_b(cfg, spec, batches, rank, world):  # noqa: ANN001, ANN202
+def _resume_b(cfg, spec, batches, rank, world):
     from workers.engine.trainer import RankTrainer
 
-    t = RankTrainer(cfg, test_layout(spec), rank, world)
+    t = RankTrainer(cfg, fast_layout(spec), rank, world)
     start = t.restore()
     assert start == 3, start
     losses = [t.train_batch(b).loss for b in batches[3:]]

@@ -73,7 +73,7 @@ def test_node_loss_replans_onto_8_gpus_and_matches_the_no_failure_loss(ray_clust
         pass
 
     ev, met = tmp_path / "events.jsonl", tmp_path / "metrics.jsonl"
-    kill_at = 4
+    kill_at = 5
     args = ["run", "--address", ray_cluster.address, "--nodes", "3", "--gpus-per-node", "4", "--model", "tiny",
             "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH), "--min-gpus", "4",
             "--layout-hint", HINT, "--kill-node-at-step", str(kill_at), "--max-checkpoint-every", "2",

@@ -177,3 +177,29 @@ def test_job_spec_parsing(tmp_path) -> None:
         parse_job({"model": "tiny", "steps": 1, "global_batch": 4})
     with pytest.raises(ValueError, match="runtime"):
         parse_job({"model": "tiny", "steps": 1, "global_batch": 4, "checkpoint_dir": "x", "runtime": {"bogus": 1}})
+
+
+# ------------------------------------------------------------------------------------ watchdog
+def test_classify_tells_node_loss_rank_crash_raise_and_hang_apart() -> None:
+    from ray.exceptions import ActorDiedError
+
+    from workers.runtime.watchdog import GatherResult, classify
+
+    nodes = ["a", "a", "b", "b"]
+    died = GatherResult(errors={2: ActorDiedError(), 3: ActorDiedError(), 0: RuntimeError("Connection closed")})
+    f = classify(died, nodes, alive_nodes=lambda: {"a"}, confirm_s=0.2)
+    assert f.kind == "node_lost" and f.nodes == ("b",) and f.ranks == (2, 3)
+    one = GatherResult(errors={3: ActorDiedError()})
+    f = classify(one, nodes, alive_nodes=lambda: {"a", "b"}, confirm_s=0.2)
+    assert f.kind == "rank_failed" and f.ranks == (3,)
+    raised = GatherResult(errors={1: ValueError("token id 999 outside the vocabulary")})
+    f = classify(raised, nodes, alive_nodes=lambda: {"a", "b"}, confirm_s=0.2)
+    assert f.kind == "rank_failed" and "vocabulary" in f.reason
+    hung = GatherResult(results={0: 1}, pending=[1, 2, 3], timed_out=True)
+    f = classify(hung, nodes, alive_nodes=lambda: {"a", "b"})
+    assert f.kind == "hang" and f.ranks == (1, 2, 3)
+    silent = GatherResult(unresponsive=[0, 1], pending=[0, 1, 2, 3])
+    f = classify(silent, nodes, alive_nodes=lambda: {"b"}, confirm_s=0.2)
+    assert f.kind == "node_lost" and f.nodes == ("a",)
+    with pytest.raises(ValueError):
+        classify(GatherResult(results={0: 1}), nodes, alive_nodes=lambda: {"a", "b"})

@@ -55,7 +55,9 @@ def held_by_tenant(s: ClusterSnapshot) -> dict:
     out = {t.id: 0 for t in s.tenants}
     for j in s.jobs:
         if j.state in ACTIVE_STATES:
-            out[j.tenant_id] = out.get(j.tenant_id, 0) + sum(k for n, k in j.allocated.items() if n in healthy)
+            out[j.tenant_id] = out.get(j.tenant_id, 0) + sum(
+                k for n, k in j.allocated.items() if n in healthy
+            )
     return out
 
 
@@ -115,7 +117,9 @@ def apply(s: ClusterSnapshot, decisions: list[Decision], dt: float = 1.0) -> Clu
     for d in decisions:
         j = jobs[d.job_id]
         if isinstance(d, Admit):
-            jobs[j.id] = dataclasses.replace(j, state=JobState.RUNNING, allocated=d.placement, started_at=s.now)
+            jobs[j.id] = dataclasses.replace(
+                j, state=JobState.RUNNING, allocated=d.placement, started_at=s.now
+            )
         elif isinstance(d, (Grow, Shrink)):
             jobs[j.id] = dataclasses.replace(j, allocated=d.placement)
         elif isinstance(d, Preempt):

@@ -123,24 +123,41 @@ def build_backfill_snapshot(seed: int, n_nodes: int, n_small: int) -> ClusterSna
     """A busy cluster (running jobs with estimated ends), one big high-priority job at the head of
     the queue and ``n_small`` small queued jobs with run-time estimates: backfill territory."""
     rng = random.Random(seed)
-    base = build_snapshot(seed, n_nodes, rng.randint(1, 3), rng.randint(2, 10), quotas_fit=False, estimates=True)
+    base = build_snapshot(
+        seed, n_nodes, rng.randint(1, 3), rng.randint(2, 10), quotas_fit=False, estimates=True
+    )
     capacity = sum(n.gpus for n in base.nodes if n.healthy)
     jobs = list(base.jobs)
     tenant_ids = [t.id for t in base.tenants]
     jobs.append(
-        JobView(id="head", tenant_id=rng.choice(tenant_ids), priority=9, min_gpus=max(1, capacity - rng.randint(0, 2)),
-                submitted_at=-1.0, est_duration=50.0)
+        JobView(
+            id="head",
+            tenant_id=rng.choice(tenant_ids),
+            priority=9,
+            min_gpus=max(1, capacity - rng.randint(0, 2)),
+            submitted_at=-1.0,
+            est_duration=50.0,
+        )
     )
     for i in range(n_small):
         jobs.append(
-            JobView(id=f"s{i:02d}", tenant_id=rng.choice(tenant_ids), min_gpus=rng.randint(1, 3),
-                    submitted_at=float(rng.randint(0, 5)), est_duration=float(rng.randint(1, 150)),
-                    max_gpus=rng.randint(3, 6), elastic=rng.random() < 0.5)
+            JobView(
+                id=f"s{i:02d}",
+                tenant_id=rng.choice(tenant_ids),
+                min_gpus=rng.randint(1, 3),
+                submitted_at=float(rng.randint(0, 5)),
+                est_duration=float(rng.randint(1, 150)),
+                max_gpus=rng.randint(3, 6),
+                elastic=rng.random() < 0.5,
+            )
         )
     return ClusterSnapshot(tenants=base.tenants, jobs=jobs, nodes=base.nodes, now=base.now)
 
 
 def backfill_snapshots() -> st.SearchStrategy[ClusterSnapshot]:
     return st.builds(
-        build_backfill_snapshot, seed=st.integers(0, 2**32 - 1), n_nodes=st.integers(2, 6), n_small=st.integers(1, 10)
+        build_backfill_snapshot,
+        seed=st.integers(0, 2**32 - 1),
+        n_nodes=st.integers(2, 6),
+        n_small=st.integers(1, 10),
     )

@@ -75,7 +75,9 @@ def test_no_tenant_below_quota_with_demand_while_another_borrows(s):
     held = held_by_tenant(s)
     quota = {t.id: t.gpu_quota for t in s.tenants}
     limit = {t.id: t.max_jobs for t in s.tenants}
-    active = {t.id: sum(1 for j in s.jobs if j.tenant_id == t.id and j.state in ACTIVE_STATES) for t in s.tenants}
+    active = {
+        t.id: sum(1 for j in s.jobs if j.tenant_id == t.id and j.state in ACTIVE_STATES) for t in s.tenants
+    }
     borrowers = [t for t in quota if held[t] > quota[t]]
     for j in s.jobs:
         t = j.tenant_id
@@ -103,8 +105,11 @@ def test_backfill_never_delays_the_head_jobs_estimated_start(s):
     healthy = {n.id for n in s.nodes if n.healthy}
     touched = {d.job_id for d in decisions if d.kind in ("shrink", "preempt")}
     used = sum(
-        k for j in s.jobs if j.state in ACTIVE_STATES or j.state == JobState.PREEMPTED
-        for n, k in j.allocated.items() if n in healthy
+        k
+        for j in s.jobs
+        if j.state in ACTIVE_STATES or j.state == JobState.PREEMPTED
+        for n, k in j.allocated.items()
+        if n in healthy
     )
     free_at_start = sum(n.gpus for n in s.nodes if n.healthy) - used
     for j in s.jobs:

@@ -31,7 +31,12 @@ def test_gang_waits_until_its_minimum_fits_then_starts():
 
 
 def test_placement_best_fit_then_whole_nodes_first():
-    ns = [NodeView("n0", 8), NodeView("n1", 8, free_gpus=3), NodeView("n2", 8, free_gpus=4), NodeView("n3", 8)]
+    ns = [
+        NodeView("n0", 8),
+        NodeView("n1", 8, free_gpus=3),
+        NodeView("n2", 8, free_gpus=4),
+        NodeView("n3", 8),
+    ]
     s = snap([tenant("a")], [pending(1, "a", 4), pending(2, "a", 16, submitted_at=1)], ns)
     _, k = run(s)
     assert k["admit"][1].placement == {"n2": 4}  # the tightest node that holds it
@@ -42,12 +47,16 @@ def test_placement_best_fit_then_whole_nodes_first():
 
 
 def test_unhealthy_nodes_are_ignored():
-    s = snap([tenant("a")], [pending(1, "a", 8), pending(2, "a", 4, submitted_at=1)], nodes(8, 4, unhealthy=[0]))
+    s = snap(
+        [tenant("a")], [pending(1, "a", 8), pending(2, "a", 4, submitted_at=1)], nodes(8, 4, unhealthy=[0])
+    )
     _, k = run(s)
     assert "healthy nodes have 4" in k["wait"][1].reason
     assert k["admit"][2].placement == {"n1": 4}
     # a running job's GPUs on a failed node are not counted as free or as held
-    s = snap([tenant("a", quota=4)], [running(3, "a", {"n0": 8}), pending(4, "a", 4)], nodes(8, 4, unhealthy=[0]))
+    s = snap(
+        [tenant("a", quota=4)], [running(3, "a", {"n0": 8}), pending(4, "a", 4)], nodes(8, 4, unhealthy=[0])
+    )
     _, k = run(s)
     assert k["admit"][4].placement == {"n1": 4}
 
@@ -68,7 +77,11 @@ def test_priority_within_a_tenant():
 
 
 def test_fifo_among_equals_then_id():
-    jobs = [pending(3, "a", 8, submitted_at=5), pending(1, "a", 8, submitted_at=7), pending(2, "a", 8, submitted_at=5)]
+    jobs = [
+        pending(3, "a", 8, submitted_at=5),
+        pending(1, "a", 8, submitted_at=7),
+        pending(2, "a", 8, submitted_at=5),
+    ]
     _, k = run(snap([tenant("a")], jobs, nodes(8, 8)))
     assert sorted(k["admit"]) == [2, 3] and list(k["wait"]) == [1]
 
@@ -86,7 +99,9 @@ def test_weighted_fair_share_among_borrowers():
 
 
 def test_fair_share_counts_what_tenants_already_hold():
-    jobs = [running("x-run", "x", {"n0": 4})] + [pending(f"p{t}{i}", t, 1, submitted_at=i) for t in "xy" for i in range(8)]
+    jobs = [running("x-run", "x", {"n0": 4})] + [
+        pending(f"p{t}{i}", t, 1, submitted_at=i) for t in "xy" for i in range(8)
+    ]
     _, k = run(snap([tenant("x"), tenant("y")], jobs, nodes(4, 4)))
     assert sorted(k["admit"]) == [f"py{i}" for i in range(4)]
 
@@ -122,8 +137,11 @@ def test_quota_reclaim_preempts_most_recent_lowest_priority_borrower_only():
     _, k = run(s)
     assert k["admit"]["a1"].gpus == 4  # the freed GPUs go to the tenant within its quota
     # among equal priorities the most recently started borrower goes first
-    jobs = [running("b-old", "b", {"n0": 4}, started_at=1.0), running("b-new", "b", {"n0": 4}, started_at=2.0),
-            pending("a1", "a", 4)]
+    jobs = [
+        running("b-old", "b", {"n0": 4}, started_at=1.0),
+        running("b-new", "b", {"n0": 4}, started_at=2.0),
+        pending("a1", "a", 4),
+    ]
     _, k = run(snap([tenant("a", quota=4), tenant("b", quota=4)], jobs, nodes(8)))
     assert list(k["preempt"]) == ["b-new"]
 

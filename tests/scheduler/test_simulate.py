@@ -35,7 +35,9 @@ def _flood(tenants, n_nodes=1, gpus=6, per_tenant=40):
         for t in tenants
         for i in range(per_tenant)
     ]
-    return Workload(tenants=tuple(tenants), nodes=tuple(NodeView(f"n{i}", gpus) for i in range(n_nodes)), jobs=tuple(jobs))
+    return Workload(
+        tenants=tuple(tenants), nodes=tuple(NodeView(f"n{i}", gpus) for i in range(n_nodes)), jobs=tuple(jobs)
+    )
 
 
 def test_weighted_fair_share_over_time():

@@ -25,6 +25,7 @@ CLIENTS = 8
 KILL_AT = (80, 220, 380, 540, 700, 860)  # completed submissions at which the server is killed
 
 
+@pytest.mark.timeout(600)
 def test_kill_restart_exactly_once(pg_url: str, pg_sessions, tmp_path) -> None:
     server = LiveServer(pg_url, ADMIN_TOKEN, log_path=tmp_path / "server.log")
     server.start()

@@ -32,7 +32,7 @@ class Gang:
     reservation: Reservation
     rank_map: RankMap
     workers: list[Any] = field(default_factory=list)  # index = rank
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rank_nodes(self) -> list[str]:

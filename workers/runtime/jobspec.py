@@ -30,7 +30,7 @@ class RuntimeSettings:
     placement_give_up_s: float = 600.0  # ... until this much time has passed
     hang_timeout_s: float = 60.0  # a step with no progress for this long is a hang (at least)
     hang_factor: float = 5.0  # ... or this many times the median step time, whichever is larger
-    start_timeout_s: float = 180.0  # actors up + rendezvous + trainer built
+    start_timeout_s: float = 600.0  # actors up + rendezvous + trainer built (slow on a busy host)
     collective_timeout_s: float = 60.0  # torch.distributed timeouts (default group and sub-groups)
     heartbeat_s: float = 2.0
     heartbeat_timeout_s: float = 15.0

@@ -72,6 +72,7 @@ class JobSupervisor:
         self._next_step = 0
         self._last_loss: float | None = None
         self._losses: dict[int, float] = {}
+        self._step_ts: dict[int, float] = {}  # launch time of every step (last run of it)
         self._plans: list[dict[str, Any]] = []
         self._failures: list[dict[str, Any]] = []
         self._recoveries: list[dict[str, Any]] = []
@@ -357,6 +358,7 @@ class JobSupervisor:
             with self._lock:
                 self._last_loss = loss
                 self._losses[step] = loss
+                self._step_ts[step] = t_launch
                 self._next_step = step + 1
             self.cadence.observe_step(wall)
             busy = {r: float(o["busy_s"]) for r, o in out.items()}
@@ -494,6 +496,8 @@ class JobSupervisor:
             return failed
         slow_since = min((e["ts"] for e in self.log.of_type("fault_injected")
                           if e.get("node") in speeds), default=None)
+        if slow_since is None:  # no injected fault: from the start of the window that flagged it
+            slow_since = min((self._step_ts.get(f.first_step, time.time()) for f in findings), default=None)
         return Switch("straggler", change=change, replan=rp, plan_s=plan_s,
                       detect_s=max(0.0, time.time() - slow_since) if slow_since else 0.0)
 

@@ -33,6 +33,7 @@ from workers.engine.checkpoint.store import (
 )
 
 _LAZY = {
+    "CheckpointError": "workers.engine.checkpoint.dcp_io",
     "CheckpointInfo": "workers.engine.checkpoint.dcp_io",
     "Checkpointer": "workers.engine.checkpoint.dcp_io",
     "LoadResult": "workers.engine.checkpoint.dcp_io",

@@ -177,8 +177,15 @@ class Checkpointer:
 
     def _commit(self, pending: PendingCheckpoint, fields: dict[str, Any], group: ProcessGroup | None,
                 fault: Fault) -> int:
-        names = _dist.broadcast([n for n in list_files(pending.tmp_path) if n != MANIFEST_NAME]
-                                if self.rank == 0 else None, group)
+        listing: Any = None
+        if self.rank == 0:
+            try:
+                listing = [n for n in list_files(pending.tmp_path) if n != MANIFEST_NAME]
+            except OSError as exc:
+                listing = f"cannot list {pending.tmp_path}: {exc}"
+        names = _dist.broadcast(listing, group)
+        if isinstance(names, str):
+            raise CheckpointError(f"checkpoint of step {pending.step} not committed: {names}")
         try:
             mine: Any = hash_files(pending.tmp_path, names[self.rank::self.world_size])
         except OSError as exc:
@@ -211,9 +218,15 @@ class Checkpointer:
         t0 = time.perf_counter()
         choice: Any = None
         if self.rank == 0:
-            rec, skipped = find_latest_verified(self.root)
-            choice = (None if rec is None else (rec.step, str(rec.path), rec.manifest.to_dict()), skipped)
-        found, skipped = _dist.broadcast(choice, self.group)
+            try:
+                rec, skipped = find_latest_verified(self.root)
+                choice = (None if rec is None else (rec.step, str(rec.path), rec.manifest.to_dict()), skipped)
+            except OSError as exc:  # every rank must learn about it, not only rank 0
+                choice = f"cannot read checkpoints under {self.root}: {exc}"
+        choice = _dist.broadcast(choice, self.group)
+        if isinstance(choice, str):
+            raise CheckpointError(choice)
+        found, skipped = choice
         if found is None:
             return None
         step, path, manifest = found

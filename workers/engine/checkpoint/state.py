@@ -32,7 +32,8 @@ FLAT_LOOSE = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
 def merge_parts(parts: Sequence[nn.Module]) -> nn.Module:
     """One module whose FQNs are the union of the parts' FQNs (same Parameter objects), so one
     optimizer spanning several pipeline stages (virtual stages) maps to parameter names. Children of
-    the same name are merged if they are ``ModuleDict``s (``layers``) and must be absent elsewhere."""
+    the same name are merged if they are ``ModuleDict``s (``layers``); other children of the same name
+    must be the same module or hold no parameters (e.g. each stage's rotary-embedding tables)."""
     merged = nn.Module()
     for part in parts:
         for name, child in part.named_children():
@@ -46,8 +47,9 @@ def merge_parts(parts: Sequence[nn.Module]) -> nn.Module:
                 if clash:
                     raise ValueError(f"model parts both hold {name}.{sorted(clash)[0]}")
                 merged.add_module(name, nn.ModuleDict({**dict(have.items()), **dict(child.items())}))
-            elif have is not child:
-                raise ValueError(f"model parts both hold a different {name!r}; cannot merge them")
+            elif have is not child and any(True for _ in child.parameters()):
+                raise ValueError(f"model parts both hold a different {name!r} with parameters; cannot merge them")
+            # else: a parameter-less child every stage has (rotary tables): the first one stands for all
         for name, param in part.named_parameters(recurse=False):
             merged.register_parameter(name, param)
     return merged
