@@ -43,21 +43,26 @@ async def _open_loop(client: Any, rate: float, seconds: float, make: Any) -> dic
     n = int(rate * seconds)
     lat: list[float] = []
     errors = 0
+    first_error: list[str] = []
     t0 = time.perf_counter() + 0.05
 
     async def one(i: int) -> None:
         nonlocal errors
         due = t0 + i / rate
         method, path, kw = make(i)
+        why = ""
         try:
             r = await client.request(method, path, **kw)
-            ok = r.status_code < 400
-        except Exception:
-            ok = False
-        if ok:
+            if r.status_code >= 400:
+                why = f"HTTP {r.status_code}"
+        except Exception as exc:
+            why = type(exc).__name__
+        if not why:
             lat.append(time.perf_counter() - due)
         else:
             errors += 1
+            if not first_error:
+                first_error.append(why)
 
     tasks = []
     for i in range(n):
@@ -70,7 +75,8 @@ async def _open_loop(client: Any, rate: float, seconds: float, make: Any) -> dic
     done_s = time.perf_counter() - t0
     return {"requests": n, "ok": len(lat), "errors": errors, "achieved_rps": round(len(lat) / done_s, 1),
             "send_rps": round(n / sent_s, 1), "p50_ms": round(1e3 * _pct(lat, 0.50), 2),
-            "p99_ms": round(1e3 * _pct(lat, 0.99), 2), "max_ms": round(1e3 * max(lat, default=float("nan")), 2)}
+            "p99_ms": round(1e3 * _pct(lat, 0.99), 2), "max_ms": round(1e3 * max(lat, default=float("nan")), 2),
+            "first_error": first_error[0] if first_error else None}
 
 
 async def _measure(url: str, token: str, seconds: float) -> list[dict[str, Any]]:
@@ -110,6 +116,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     from service.db import migrate
 
     seconds = 3.0 if quick else 15.0
+    load_before = os.getloadavg()[0]
     db = f"orthoplex_bench_{uuid.uuid4().hex[:8]}"
     _admin_sql(f'CREATE DATABASE "{db}"')
     server = None
@@ -127,18 +134,22 @@ def run(quick: bool = False) -> dict[str, Any]:
         if server is not None:
             server.stop()
         _admin_sql(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    load_after = os.getloadavg()[0]
     lines = [
         f"Open-loop client at {RATE:.0f} requests/s for {seconds:.0f} s per operation against one uvicorn "
         "process on 127.0.0.1 (PostgreSQL store; client and server share the machine). Latency is counted "
-        "from each request's due time.",
+        f"from each request's due time. Machine load average (1 min) {load_before:.1f} before, "
+        f"{load_after:.1f} after, on {os.cpu_count()} CPUs: above the CPU count, the numbers measure the "
+        "contention, not the API.",
         "",
         "| operation | target req/s | achieved req/s | p50 ms | p99 ms | max ms | errors |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        err = f"{r['errors']} ({r['first_error']})" if r["errors"] else "0"
         lines.append(f"| {r['operation']} | {r['target_rps']:.0f} | {r['achieved_rps']} | {r['p50_ms']} | "
-                     f"{r['p99_ms']} | {r['max_ms']} | {r['errors']} |")
-    return {"name": "api", "rows": rows, "markdown": "\n".join(lines) + "\n"}
+                     f"{r['p99_ms']} | {r['max_ms']} | {err} |")
+    return {"name": "api", "rows": rows, "load_avg": [load_before, load_after], "markdown": "\n".join(lines) + "\n"}
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -89,4 +89,6 @@ def run(quick: bool = False) -> dict[str, Any]:
 if __name__ == "__main__":
     import sys
 
-    print(run(quick="--quick" in sys.argv)["markdown"])
+    result = run(quick="--quick" in sys.argv)
+    if not result.get("skipped"):
+        print(result["markdown"])

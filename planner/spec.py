@@ -84,6 +84,11 @@ class PlanSpec:
 
 
 # --------------------------------------------------------------------------------------- helpers
+LIMITS = {"model.layers": 4096, "cluster.num_gpus": 1 << 20, "training.global_batch": 1 << 24,
+          "parallel.global_batch": 1 << 24, "model.seq_len": 1 << 24}
+DEFAULT_LIMIT = 1 << 31
+
+
 def _int(value: Any, name: str, *, minimum: int = 1) -> int:
     if isinstance(value, bool) or value is None:
         raise SpecError(name, f"must be an integer >= {minimum}, got {value!r}")
@@ -100,6 +105,9 @@ def _int(value: Any, name: str, *, minimum: int = 1) -> int:
         raise SpecError(name, f"must be an integer >= {minimum}, got {value!r}")
     if value < minimum:
         raise SpecError(name, f"must be an integer >= {minimum}, got {value!r}")
+    limit = LIMITS.get(name, DEFAULT_LIMIT)
+    if value > limit:
+        raise SpecError(name, f"must be at most {limit}, got {value!r}")
     return value
 
 

@@ -128,13 +128,31 @@ def apply_event(s: Session, job: JobRef, event: dict[str, Any]) -> str | None:
     ):
         if _move(s, job, "RUNNING", f"{kind}: training goes on (attempt {job.attempt})"):
             tx.set_attempt_state(s, job.id, epoch=job.epoch, state="RUNNING", commit=False)
-    elif kind in ("plan", "replan") and isinstance(event.get("plan") or event.get("new"), dict):
-        plan = event.get("plan") if kind == "plan" else event.get("new")
+    elif kind in ("plan", "replan") and _plan_of(event) is not None:
         tx.set_attempt_state(
-            s, job.id, epoch=job.epoch, state=_attempt_state(job.state), plan=plan, commit=False
+            s, job.id, epoch=job.epoch, state=_attempt_state(job.state), plan=_plan_of(event), commit=False
         )
     elif kind in FINAL_EVENTS:
         return _finalize(s, job, kind, event)
+    return None
+
+
+def _plan_of(event: dict[str, Any]) -> dict[str, Any] | None:
+    """The plan an attempt now runs, from a ``plan`` event or a ``replan`` that switched layout."""
+    if event.get("type") == "plan" and isinstance(event.get("layout"), dict):
+        keys = ("layout", "short", "num_gpus", "nodes", "predicted_tokens_per_s", "predicted_step_time_s")
+        return {k: event[k] for k in keys if k in event}
+    if (
+        event.get("type") == "replan"
+        and event.get("decision") != "keep"
+        and isinstance(event.get("new"), dict)
+    ):
+        return {
+            "layout": event["new"],
+            "short": event.get("new_short"),
+            "nodes": event.get("nodes"),
+            "predicted_tokens_per_s": event.get("new_tokens_per_s"),
+        }
     return None
 
 

@@ -20,7 +20,8 @@ writer holding an older epoch writes nothing. The names are a contract with the 
     ``finished_at`` (→terminal); ``gpus_allocated`` drops to 0 on →PENDING and →terminal.
 ``start_attempt(session, job_id, *, expected, new, expected_epoch, reason, plan, gpus, supervisor)``
     -> the new epoch or None. Bumps ``jobs.epoch`` and ``jobs.attempt`` by one (compare-and-set on
-    state and on the current epoch), moves the job to ``new`` and inserts the ``attempts`` row
+    state and on the current epoch), moves the job to ``new`` (a legal edge, or staying in the same
+    state, e.g. RECOVERING → RECOVERING with a fresh attempt) and inserts the ``attempts`` row
     (state ``STARTING``), all in one transaction. Every older attempt is fenced from then on.
 ``end_attempt(session, job_id, *, epoch, state, reason) -> bool``
     Closes an attempt row (sets its state and ``ended_at``) once.

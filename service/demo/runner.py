@@ -37,7 +37,8 @@ from service.demo.report import JobReport, save_loss_png, terminal_loss_chart
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 SHOWN_EVENTS = {"plan", "placed", "ranks_mapped", "checkpoint", "node_lost", "rank_failed", "hang", "straggler",
-                "replan", "resumed", "recovery", "finished", "failed", "cancelled", "preempted", "state"}
+                "replan", "resumed", "recovery", "finished", "failed", "cancelled", "preempted", "transition",
+                "attempt_started", "decision"}
 
 
 @dataclass
@@ -96,6 +97,10 @@ class Demo:
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
         """Run the demo; returns the process exit code (0 when every job succeeded)."""
+        import logging
+
+        for noisy in ("httpx", "httpcore"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
         t0 = time.monotonic()
         try:
             self._start_cluster()
@@ -269,7 +274,7 @@ class Demo:
         new = self._get(tj, f"/v1/jobs/{jid}/events", since=tj.last_seq)
         items = new["items"] if isinstance(new, dict) else new
         if items:
-            tj.last_seq = max(int(e["seq"]) for e in items)
+            tj.last_seq = max(int(e["id"]) for e in items)
             tj.events.extend(items)
         tj.metrics = self._get(tj, f"/v1/jobs/{jid}/metrics", limit=1000) or []
         return items
@@ -334,8 +339,10 @@ class Demo:
             msg = f"[green]resumed[/] from step {p.get('from_step')} on {p.get('short')} ({p.get('world_size')} ranks)"
         elif etype in ("node_lost", "rank_failed", "hang", "straggler", "failed"):
             msg = f"[red]{etype}[/]: {reason}"
-        elif etype == "state":
-            msg = f"state → [bold]{p.get('new') or p.get('state')}[/] {reason}"
+        elif etype in ("transition", "attempt_started"):
+            msg = f"state {p.get('from')} → [bold]{p.get('to')}[/]: {reason}"
+        elif etype == "decision":
+            msg = f"[magenta]scheduler[/] {p.get('kind')}: {reason}"
         else:
             msg = f"{etype}: {reason}"
         progress.console.print(f"{time.strftime('%H:%M:%S')} {who} {msg}")

@@ -97,7 +97,10 @@ def job(engine: sa.Engine, job_id: int) -> Any:
 
 
 def state(engine: sa.Engine, job_id: int) -> str:
-    return str(job(engine, job_id).state)
+    """The job's state; a FAILED job fails the test at once (no test here expects one)."""
+    row = job(engine, job_id)
+    assert row.state != "FAILED", f"job {job_id} FAILED: {row.reason}"
+    return str(row.state)
 
 
 def attempts(engine: sa.Engine, job_id: int) -> list[Any]:
@@ -225,8 +228,9 @@ class GpuHog:
 
     The runtime re-plans a job after a node loss over every free GPU of the surviving nodes (it does
     not cap at the GPUs the scheduler granted; see docs/controller.md, Gaps), which on this small
-    test cluster turns a 2-GPU job into an 8-rank one. Holding the spare GPUs keeps the recovered job
-    at its size, as it would be on a busy cluster.
+    test cluster turns a 2-GPU job into an 8-rank one. Holding the spare GPUs keeps the recovered jobs
+    at their size, as they would be on a busy cluster: ``leave_free`` = what the jobs on the node
+    about to die hold (:func:`gpus_held_on`).
     """
 
     def __init__(self, nodes: list[str], leave_free: int) -> None:
@@ -241,7 +245,9 @@ class GpuHog:
         if count:
             selector = {NODE_ID_LABEL: f"in({','.join(sorted(free))})"}
             self.pg = placement_group(
-                [{"GPU": 1.0} for _ in range(count)], strategy="PACK", name="test-gpu-hog",
+                [{"GPU": 1.0} for _ in range(count)],
+                strategy="PACK",
+                name="test-gpu-hog",
                 bundle_label_selector=[dict(selector) for _ in range(count)],
             )
             ray.get(self.pg.ready(), timeout=60)
@@ -253,6 +259,11 @@ class GpuHog:
         if self.pg is not None:
             remove_placement_group(self.pg)
             self.pg = None
+
+
+def gpus_held_on(node_id: str) -> int:
+    """GPUs that placement groups hold on ``node_id`` (what its death sends looking for a new home)."""
+    return sum(a.gpus for n in _view().alive_nodes if n.node_id == node_id for a in n.allocations)
 
 
 def _view() -> Any:

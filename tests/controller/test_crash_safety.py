@@ -116,9 +116,11 @@ def test_kill9_during_admission_running_recovery_and_cancel(
         # 4. kill the worker node the job trains on; kill -9 the controller while RECOVERING
         nodes = _job_nodes(a)
         assert nodes, "the job holds no GPUs on any node"
-        hog = h.GpuHog([n for n in ray_cluster.worker_node_ids() if n not in nodes], leave_free=2)
+        victim = sorted(nodes)[0]
+        survivors = [n for n in ray_cluster.worker_node_ids() if n != victim]
+        hog = h.GpuHog(survivors, leave_free=h.gpus_held_on(victim))
         node_killed_at = time.monotonic()
-        ray_cluster.kill_node(sorted(nodes)[0])
+        ray_cluster.kill_node(victim)
         h.wait_for(lambda: h.state(engine, a) == "RECOVERING", 120, "job RECOVERING", interval_s=0.1)
         timings["node_kill_to_recovering_s"] = time.monotonic() - node_killed_at
         c3s.kill9()

@@ -53,17 +53,29 @@ def test_stale_attempt_and_ex_leader_write_nothing(migrated_db_url: str, tmp_pat
     assert h.checkpoints(engine, job_id) == []
     # the current attempt writes, once, even when the same batch is stored twice
     cur = JobRef(job_id, "RECOVERING", attempt=2, epoch=2)
-    batch = [{"seq": 1, "ts": time.time(), "type": "step", "step": 0, "loss": 4.0}]
+    plan = {
+        "seq": 1,
+        "ts": time.time(),
+        "type": "plan",
+        "layout": {"tp": 1, "dp": 2},
+        "short": "dp2",
+        "num_gpus": 2,
+    }
+    batch = [plan, {"seq": 2, "ts": time.time(), "type": "step", "step": 0, "loss": 4.0}]
     assert leader.heartbeat()
-    assert store_events(leader.ctx, cur, batch).stored == 1
+    assert store_events(leader.ctx, cur, batch).stored == 2
     assert h.state(engine, job_id) == "RUNNING"  # a step of the new attempt ends the recovery
+    last = h.attempts(engine, job_id)[-1]
+    assert (last.epoch, last.state, last.plan["short"]) == (2, "RUNNING", "dp2")
     leader.ctx.cursors.clear()
     assert leader.heartbeat()
     assert store_events(leader.ctx, cur, batch).stored == 0
     # the leader stops renewing; the standby takes over; the ex-leader, still believing, writes nothing
+    held = leader.lease.epoch
+    assert held is not None
     time.sleep(2.1)
-    assert standby.heartbeat() and standby.lease.epoch == 2
-    leader.lease.epoch, leader.lease._deadline = 1, time.monotonic() + 60
+    assert standby.heartbeat() and standby.lease.epoch == held + 1
+    leader.lease.epoch, leader.lease._deadline = held, time.monotonic() + 60
     before = len(h.events(engine, job_id))
     with pytest.raises(LeaseLost):
         store_events(

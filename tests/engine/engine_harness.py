@@ -22,8 +22,9 @@ from workers.engine.model import build_model
 TINY = ModelConfig.preset("tiny")
 
 
-def tiny_cfg(steps: int = 10, global_batch: int = 8, seed: int = 1234, **kw: Any) -> TrainConfig:
-    return TrainConfig(model=TINY, steps=steps, global_batch=global_batch, seed=seed, lr=3e-3, min_lr=3e-4,
+def tiny_cfg(steps: int = 10, global_batch: int = 8, seed: int = 1234, model: ModelConfig = TINY,
+             **kw: Any) -> TrainConfig:
+    return TrainConfig(model=model, steps=steps, global_batch=global_batch, seed=seed, lr=3e-3, min_lr=3e-4,
                        warmup_steps=2, weight_decay=0.1, grad_clip=1.0, **kw)
 
 
@@ -89,12 +90,12 @@ def check_layout_equivalence(layout: Layout, cfg: TrainConfig, batches: list[tor
 
     trainer = RankTrainer(cfg, layout, rank, world, collective_timeout_s=60)
     try:
+        # step 1 by hand: the gradients are compared before clipping and the optimizer step
         loss0 = trainer.forward_backward(batches[0])
         gerr, nparams = grad_errors(trainer, ref["grads"])
-        for p in trainer.params:
-            p.grad = None
-        # fresh trainer state is untouched by the gradient check (no optimizer step yet)
-        curve = [trainer.train_batch(b).loss for b in batches]
+        trainer.optimizer_step(0)
+        trainer.next_step = 1
+        curve = [loss0] + [trainer.train_batch(b).loss for b in batches[1:]]
         peak = trainer.in_flight.peak if trainer.in_flight is not None else None
     finally:
         trainer.close()
@@ -115,10 +116,10 @@ def fast_layout(spec: str) -> Layout:
     return dataclasses.replace(layout, micro_batch=max(1, mb))
 
 
-def equivalence_inputs() -> tuple[TrainConfig, list[torch.Tensor], dict[str, Any]]:
+def equivalence_inputs(model: ModelConfig = TINY) -> tuple[TrainConfig, list[torch.Tensor], dict[str, Any]]:
     """The config, 10 fresh random batches and the single-process reference (computed once, in the
     pytest process, and shipped to the ranks)."""
-    cfg = tiny_cfg(steps=10)
+    cfg = tiny_cfg(steps=10, model=model)
     batches = random_batches(cfg, 10, seed=99)
     return cfg, batches, reference(cfg, batches)
 
@@ -141,6 +142,10 @@ def run_equivalence(rank: int, world: int, specs: list[str], inputs: tuple) -> l
 def assert_equivalent(results: list[list[dict[str, Any]]]) -> None:
     """Every rank, every layout: loss 1e-5 rel, gradients 1e-4, 10-step curve 1e-4 rel."""
     failures = []
+    for i, r in enumerate(results[0]):  # one line per layout, shown with -rP / -s
+        worst = [max(rows[i][k] for rows in results) for k in ("loss_err", "grad_err", "curve_err")]
+        print(f"{r['spec']:<45} loss {worst[0]:.1e}  grad {worst[1]:.1e}  curve {worst[2]:.1e}  "
+              f"{r['seconds']:.1f}s")
     for rank, rows in enumerate(results):
         for r in rows:
             if not (r["loss_err"] < 1e-5 and r["grad_err"] < 1e-4 and r["curve_err"] < 1e-4):

@@ -12,6 +12,9 @@ from workers.engine.launch import run_ranks
 from workers.engine.parallel.context import zigzag_positions
 from workers.engine.validate import layout_problems
 
+# spawned multi-rank runs: generous on a shared/loaded box (the suite budget is for an idle one)
+pytestmark = pytest.mark.timeout(1800)
+
 
 def _ranks_body(rank: int, world: int) -> dict:
     import torch.distributed as dist

@@ -10,6 +10,9 @@ from engine_harness import (
 
 from workers.engine.launch import run_ranks
 
+# spawned multi-rank runs: generous on a shared/loaded box (the suite budget is for an idle one)
+pytestmark = pytest.mark.timeout(1800)
+
 SPECS = [
     "tp=2",  # TP + SP (the default companion)
     "tp=2,sp=false",
@@ -23,6 +26,7 @@ SPECS = [
     "dp=2,zero=1",
     "dp=2,zero=3",
     "dp=2,micro_batch=1",  # gradient accumulation over 4 micro-batches
+    "dp=2,recompute=full",  # activation checkpointing per block
 ]
 
 

@@ -8,6 +8,9 @@ from engine_harness import fast_layout, random_batches, tiny_cfg
 
 from workers.engine.launch import run_ranks
 
+# spawned multi-rank runs: generous on a shared/loaded box (the suite budget is for an idle one)
+pytestmark = pytest.mark.timeout(1800)
+
 # (A, B) pairs inside a 4-rank world
 PAIRS_4 = [
     ("tp=2,pp=2", "cp=2,dp=2,zero=1"),

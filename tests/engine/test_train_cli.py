@@ -10,6 +10,9 @@ from typer.testing import CliRunner
 
 from service.cli.train import register
 
+# spawned multi-rank runs: generous on a shared/loaded box (the suite budget is for an idle one)
+pytestmark = pytest.mark.timeout(1800)
+
 
 def _app() -> typer.Typer:
     app = typer.Typer()

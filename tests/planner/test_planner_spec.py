@@ -84,6 +84,8 @@ BASE = {"model": {"layers": 4, "hidden": 64, "heads": 8, "kv_heads": 4, "ffn": 1
         ("cluster.nodes", [{"id": "a", "gpus": 4}, {"id": "a", "gpus": 4}], "cluster.nodes[1].id"),
         ("training.global_batch", _DELETE, "parallel.global_batch"),
         ("training.global_batch", 0, "training.global_batch"),
+        ("training.global_batch", 1e300, "training.global_batch"),
+        ("model.layers", 10**9, "model.layers"),
         ("parallel.tp", 0, "parallel.tp"),
         ("parallel.zero", 2, "parallel.zero"),
         ("parallel.recompute", "some", "parallel.recompute"),

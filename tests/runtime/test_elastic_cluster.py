@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -91,9 +90,9 @@ def test_node_loss_replans_onto_8_gpus_and_matches_the_no_failure_loss(ray_clust
     first = next(e for e in events if e["type"] == "plan")
     assert first["num_gpus"] == 12 and first["layout"]["tp"] == 2 and first["layout"]["pp"] == 2
     assert first["layout"]["dp"] == 3
-    replan = next(e for e in events if e["type"] == "replan")
+    replan = next(e for e in events if e["type"] == "replan" and e["change"].get("lost_nodes"))
     assert replan["decision"] in ("replan", "shrink_dp")
-    resumed = next(e for e in events if e["type"] == "resumed")
+    resumed = next(e for e in events if e["type"] == "resumed" and e["cause"] == "node_lost")
     assert resumed["world_size"] == 8
     new = resumed["layout"]
     assert (new["tp"], new["pp"], new["cp"], new["dp"]) != (2, 2, 1, 3)
@@ -104,7 +103,7 @@ def test_node_loss_replans_onto_8_gpus_and_matches_the_no_failure_loss(ray_clust
     steps_after = sorted({e["step"] for e in events if e["type"] == "step" and e["seq"] > resumed["seq"]})
     assert steps_after == list(range(last_ckpt, STEPS))
     assert all(e["world_size"] == 8 for e in events if e["type"] == "step" and e["seq"] > resumed["seq"])
-    rec = next(e for e in events if e["type"] == "recovery")
+    rec = next(e for e in events if e["type"] == "recovery" and e["cause"] == "node_lost")
     assert set(rec["phases"]) == {"detect", "plan", "place", "start", "load", "first_step"}
     assert rec["total_s"] == pytest.approx(sum(rec["phases"].values()), abs=1e-3)
     assert 0 < rec["phases"]["detect"] < 20
@@ -144,22 +143,16 @@ def test_straggler_jitter_grow_and_hang_in_one_job(ray_cluster, tmp_path) -> Non
     }
     handle = start_supervisor("t-straggler", 1, spec, enable_fault_injection=True)
     grown: list[str] = []
-
-    def add_node_after_first_resume() -> None:
-        deadline = time.time() + 400
-        while time.time() < deadline:
-            evs = ray.get(handle.events.remote(0))
-            if any(e["type"] == "resumed" for e in evs):
-                grown.append(ray_cluster.add_node())
-                return
-            time.sleep(0.5)
-
-    helper = threading.Thread(target=add_node_after_first_resume, daemon=True)
-    helper.start()
     try:
-        result = ray.get(handle.run.remote(), timeout=900)
+        run_ref = handle.run.remote()
+        deadline = time.time() + 2000
+        while not ray.wait([run_ref], timeout=1.0)[0] and time.time() < deadline:
+            # a node joins once the job runs without the straggler (main thread: Ray adds nodes here only)
+            evs = ray.get(handle.events.remote(0))
+            if not grown and any(e["type"] == "resumed" and e["cause"] == "straggler" for e in evs):
+                grown.append(ray_cluster.add_node())
+        result = ray.get(run_ref, timeout=60)
     finally:
-        helper.join(timeout=5)
         events = ray.get(handle.events.remote(0))
         stop_supervisor("t-straggler", 1)
     assert result["state"] == "SUCCEEDED", (result["error"], [(e["type"], e["reason"]) for e in events])
@@ -175,18 +168,18 @@ def test_straggler_jitter_grow_and_hang_in_one_job(ray_cluster, tmp_path) -> Non
     after = next(e for e in replans if e["seq"] > stragglers[0]["seq"])
     assert after["decision"] != "keep" and slow["node"] not in after["nodes"]
     resumed = [e for e in events if e["type"] == "resumed"]
-    assert resumed[0]["world_size"] == 8
+    assert next(e for e in resumed if e["cause"] == "straggler")["world_size"] == 8
     # grow: the new node joined, the job re-planned onto it at a checkpoint boundary
-    assert grown, "the helper never saw the first resume"
+    assert grown, "the job never resumed without the straggler"
     grow = next(e for e in replans if e["change"].get("added_nodes"))
     assert grown[0] in grow["nodes"] and slow["node"] not in grow["nodes"]
     assert grow["new_tokens_per_s"] > grow["old_tokens_per_s"]
     ckpt_steps = {e["step"] for e in events if e["type"] == "checkpoint"}
-    grown_resume = next(e for e in resumed if e["seq"] > grow["seq"])
+    grown_resume = next(e for e in resumed if e["seq"] > grow["seq"] and e["cause"] == "grow")
     assert grown_resume["from_step"] in ckpt_steps and grown_resume["world_size"] == 12
     # hang: caught by the step deadline, recovered, finished
     hang = next(e for e in events if e["type"] == "hang")
-    assert any(e["type"] == "resumed" and e["seq"] > hang["seq"] for e in events)
+    assert any(e["cause"] == "hang" and e["seq"] > hang["seq"] for e in resumed)
     rec = [e for e in events if e["type"] == "recovery"]
     assert {e["cause"] for e in rec} >= {"straggler", "grow", "hang"}
     assert events[-1]["type"] == "finished"

@@ -109,6 +109,8 @@ def test_schemathesis_all_checks(pg_url: str, pg_sessions) -> None:
     assert not failures, f"{len(failures)} failures:\n" + "\n\n".join(sorted(set(failures))[:10])
     assert len(cases) >= 16
     assert not any(code >= 500 for code in statuses)
-    # operations with inputs got at least EXAMPLES cases (parameterless ones have only a few to try)
-    rich = [label for label in cases if label not in ("GET /healthz", "GET /readyz", "GET /metrics", "GET /v1/cluster")]
+    # operations with inputs got at least EXAMPLES cases; parameterless ones have only a few to try, and
+    # schemathesis's fuzzer ends DELETE /v1/tokens/{id} after about ten (its coverage phase adds ~20)
+    few = ("GET /healthz", "GET /readyz", "GET /metrics", "GET /v1/cluster", "DELETE /v1/tokens/{token_id}")
+    rich = [label for label in cases if label not in few]
     assert min(cases[label] for label in rich) >= EXAMPLES, cases

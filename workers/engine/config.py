@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from planner.profiles import MODEL_PRESETS as _PLANNER_PRESETS
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -22,7 +24,7 @@ class ModelConfig:
     hidden: int = 64
     heads: int = 8
     kv_heads: int = 4
-    ffn: int = 176
+    ffn: int = 172
     vocab: int = 256
     seq_len: int = 64
     rope_theta: float = 10000.0
@@ -91,23 +93,20 @@ class ModelConfig:
         return cls.from_dict(data)
 
 
-# Shapes follow the published configs; names match the planner's presets.
-MODEL_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(layers=4, hidden=64, heads=8, kv_heads=4, ffn=176, vocab=256, seq_len=64),
+# The planner's presets are the source of the names and shapes (so a plan and the engine agree);
+# the engine adds a few small/1B shapes and the Llama-3 rotary base.
+_ENGINE_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(layers=4, hidden=64, heads=8, kv_heads=4, ffn=172, vocab=256, seq_len=64),
     "small": dict(layers=8, hidden=256, heads=8, kv_heads=4, ffn=688, vocab=256, seq_len=256),
     "llama-1b": dict(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256, seq_len=2048,
                      rope_theta=500000.0),
     "llama3-1b": dict(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256, seq_len=2048,
                       rope_theta=500000.0),
-    "llama2-7b": dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000, seq_len=4096),
-    "llama3-8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq_len=8192,
-                      rope_theta=500000.0),
-    "llama2-13b": dict(layers=40, hidden=5120, heads=40, kv_heads=40, ffn=13824, vocab=32000, seq_len=4096),
-    "llama2-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=32000, seq_len=4096),
-    "llama3-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256, seq_len=8192,
-                       rope_theta=500000.0),
-    "llama3-405b": dict(layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, vocab=128256,
-                        seq_len=8192, rope_theta=500000.0),
+}
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    **{name: dict(shape, **({"rope_theta": 500000.0} if name.startswith("llama3") else {}))
+       for name, shape in _PLANNER_PRESETS.items()},
+    **_ENGINE_PRESETS,
 }
 
 

@@ -544,8 +544,9 @@ class JobSupervisor:
                       nodes=planning.nodes_used(rp.plan))
 
     def _event_resumed(self, switch: Switch, replan: Any, start: int, gang: Gang) -> None:
-        self.log.emit("resumed", f"resumed from the checkpoint of step {start} after {switch.kind}",
-                      from_step=start, layout=gang.layout.to_dict(), short=gang.layout.short(),
+        cause = switch.failure.kind if switch.failure else switch.kind
+        self.log.emit("resumed", f"resumed from the checkpoint of step {start} after {cause}",
+                      from_step=start, cause=cause, layout=gang.layout.to_dict(), short=gang.layout.short(),
                       world_size=gang.world_size, steps_redone=max(0, self._next_step - start))
 
     def _event_recovery(self, recovery: dict[str, Any], first_step_s: float) -> None:

@@ -10,6 +10,7 @@ import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy import exc as sa_exc
 
@@ -71,8 +72,6 @@ def validate_spec(spec: JobSpec) -> None:
         if used > spec.max_gpus:
             errors.append((["layout_hint"], f"tp*pp*cp*dp = {used} is more than max_gpus ({spec.max_gpus})"))
     if errors:
-        from fastapi.exceptions import RequestValidationError
-
         raise RequestValidationError(
             [{"loc": ("body", *loc), "msg": msg, "type": "value_error"} for loc, msg in errors]
         )
