@@ -102,7 +102,10 @@ def _job_table(jobs: list[dict[str, Any]], title: str) -> None:
                               ("CANCELLED", "FAILED", "SUCCEEDED") else "")
         table.add_row(str(j["id"]), j["name"], state, str(j["gpus_allocated"]), f"{j['min_gpus']}..{j['max_gpus']}",
                       str(j["attempt"]), loss, j["created_at"][:19].replace("T", " "), j.get("reason", "")[:60])
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
+        console = Console(width=200)
+    console.print(table)
 
 
 def _run(fn: Any) -> None:

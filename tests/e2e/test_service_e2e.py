@@ -207,18 +207,31 @@ def test_rest_to_recovery_to_success_with_two_tenants(ray_cluster, empty_db_url:
         h.wait_for(lambda: get(alpha, a1)["state"] == "SUCCEEDED", 300, "alpha's job SUCCEEDED")
         timings["total_s"] = time.monotonic() - t0
 
-        # events and metrics through the API
+        # events and metrics through the API. Normally the supervisor (on the head node) survives and
+        # recovers inside its attempt (node_lost -> replan -> resumed); if it dies too (on a loaded
+        # machine Ray's memory monitor may kill it) the controller starts attempt 2 from the newest
+        # checkpoint instead. Both are a recovery; which one happened is asserted precisely.
+        final = get(alpha, a1)
+        assert final["gpus_allocated"] == 0
         evs = alpha.get(f"/v1/jobs/{a1}/events", params={"limit": 1000}).json()
-        runtime = [e["type"] for e in evs if e["source"].startswith("runtime:")]
-        for kind in ("plan", "placed", "step", "checkpoint", "node_lost", "replan", "resumed", "finished"):
+        last = f"runtime:a{final['attempt']}"
+        runtime = [e["type"] for e in evs if e["source"] == last]
+        for kind in ("plan", "placed", "step", "checkpoint", "finished"):
             assert kind in runtime, (kind, runtime)
+        if final["attempt"] == 1:
+            for kind in ("node_lost", "replan", "resumed"):
+                assert kind in runtime, (kind, runtime)
+        else:
+            started = [e["payload"] for e in evs if e["type"] == "attempt_started"]
+            assert len(started) == final["attempt"] and "vanished" in started[-1]["reason"], started
         moves = [(e["payload"].get("from"), e["payload"].get("to")) for e in evs if e["type"] == "transition"]
+        moves += [(e["payload"]["from"], e["payload"]["to"]) for e in evs if e["type"] == "attempt_started"]
         assert ("RUNNING", "RECOVERING") in moves and ("RECOVERING", "RUNNING") in moves, moves
         assert moves.count(("RUNNING", "SUCCEEDED")) == 1, moves
-        steps = [m["step"] for m in alpha.get(f"/v1/jobs/{a1}/metrics", params={"limit": 1000}).json()]
-        assert steps == list(range(STEPS)), steps
-        final = get(alpha, a1)
-        assert final["attempt"] == 1 and final["gpus_allocated"] == 0
+        rows = alpha.get(f"/v1/jobs/{a1}/metrics", params={"limit": 1000}).json()
+        pairs = [(m["step"], m["attempt"]) for m in rows]
+        assert len(pairs) == len(set(pairs)), pairs  # never one step twice within an attempt
+        assert sorted({step for step, _ in pairs}) == list(range(STEPS)), pairs  # every step once at least
         h.wait_for(
             lambda: not h.live_supervisors(a1) and not h.live_supervisors(b1), 60, "supervisors reaped"
         )
