@@ -32,6 +32,7 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from service.demo.report import JobReport, save_loss_png, terminal_loss_chart
 
@@ -376,7 +377,7 @@ class Demo:
         reports = [JobReport.from_api(tj.job, tj.events, tj.metrics, tj.tenant) for tj in self.jobs]
         png = save_loss_png(reports, self.workdir / "loss.png")
         c.rule("[bold]summary")
-        c.print(terminal_loss_chart(reports))
+        c.print(Text.from_ansi(terminal_loss_chart(reports)))
         table = Table(title="jobs")
         for col in ("job", "tenant", "state", "steps", "final loss", "plans used", "recoveries", "GPU·s lost"):
             table.add_column(col)
