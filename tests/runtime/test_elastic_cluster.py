@@ -124,6 +124,7 @@ def test_node_loss_replans_onto_8_gpus_and_matches_the_no_failure_loss(ray_clust
     print(f"node-loss scenario: {wall:.1f}s, recovery {rec['total_s']:.2f}s {rec['phases']}")
 
 
+@pytest.mark.chaos  # several faults in one run: a slow node, jitter, a returning node, a hung rank
 @pytest.mark.timeout(2400)
 def test_straggler_jitter_grow_and_hang_in_one_job(ray_cluster, tmp_path) -> None:
     import ray
