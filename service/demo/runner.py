@@ -392,6 +392,14 @@ class Demo:
                 phases = r.get("phases") or {}
                 c.print(f"job {rep.job_id} recovery by phase: " + ", ".join(f"{k} {v}s" for k, v in phases.items())
                         + f" = {r.get('total_s')}s")
+        recovered = [r for r in reports if r.recoveries and r.losses]
+        clean = [r for r in reports if not r.recoveries and r.losses]
+        if recovered and clean and len(recovered[0].losses) == len(clean[0].losses):
+            # Both tenants train the same model, data, seed and schedule, so the job that lost a node
+            # and was re-planned onto another layout must end on the uninterrupted job's loss.
+            a, b = recovered[0].losses[-1], clean[0].losses[-1]
+            c.print(f"final loss after recovery {a:.7f} vs the uninterrupted job {b:.7f} "
+                    f"(relative difference {abs(a - b) / abs(b):.1e})")
         c.print(f"loss curve: {png}")
         c.print(f"service log: {self.workdir / 'service.log'}; wall time {wall_s:.0f}s")
         ok = all(r.state == "SUCCEEDED" for r in reports)
