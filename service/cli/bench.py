@@ -34,7 +34,6 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         console = Console()
         results_dir = out or RESULTS_DIR
-        summary: list[str] = []
         failed: list[str] = []
         for name in names:
             console.rule(f"bench {name}")
@@ -47,8 +46,9 @@ def register(app: typer.Typer) -> None:
                 continue
             _, md_path = write_result(result, results_dir)
             text = md_path.read_text()
-            summary.append(text)
             console.print(Markdown(text))
-        (results_dir / "SUMMARY.md").write_text("\n".join(summary))
+        # SUMMARY.md gathers the latest table of every benchmark, not only those run now.
+        tables = [f.read_text() for f in sorted(results_dir.glob("*.md")) if f.name != "SUMMARY.md"]
+        (results_dir / "SUMMARY.md").write_text("\n".join(tables))
         if failed:
             raise typer.Exit(1)
