@@ -334,7 +334,7 @@ def _insert_ignore(session: Session, model: type[Any], values: dict[str, Any], k
     elif dialect == "sqlite":
         stmt = sqlite.insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
     else:  # pragma: no cover - only the two supported dialects
-        raise NotImplementedError(dialect)
+        raise RuntimeError(f"unsupported database dialect {dialect!r}: Orthoplex runs on PostgreSQL and SQLite")
     # rowcount is -1 with RETURNING on psycopg; a returned id means the row is new
     return session.execute(stmt.returning(table.c.id)).scalar_one_or_none() is not None
 
