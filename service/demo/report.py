@@ -33,9 +33,13 @@ class JobReport:
                 by_step[int(m["step"])] = float(m["loss"])
         rep.steps = sorted(by_step)
         rep.losses = [by_step[s] for s in rep.steps]
+        gpus_now = 0  # GPUs of the layout the job runs on, to price a recovery
         for ev in events:
             payload = ev.get("payload") or ev
             etype = ev.get("type")
+            layout = payload.get("layout")
+            if etype in ("plan", "resumed", "ranks_mapped") and isinstance(layout, dict):
+                gpus_now = _world(layout)
             if etype == "plan":
                 label = _layout_label(payload.get("layout") or payload.get("plan", {}).get("layout"))
                 if label and (not rep.layouts or rep.layouts[-1] != label):
@@ -49,9 +53,15 @@ class JobReport:
                 rep.recoveries.append(payload)
                 phases = payload.get("phases") or {}
                 lost_steps_s = float(payload.get("lost_work_s", 0.0))
-                gpus = int(payload.get("gpus_before", 0) or 0)
+                gpus = int(payload.get("gpus_before", 0) or 0) or gpus_now
                 rep.gpu_seconds_lost += gpus * (sum(float(v) for v in phases.values()) + lost_steps_s)
         return rep
+
+
+def _world(layout: dict[str, Any]) -> int:
+    return int(layout.get("tp", 1) or 1) * int(layout.get("pp", 1) or 1) * int(layout.get("cp", 1) or 1) * int(
+        layout.get("dp", 1) or 1
+    )
 
 
 def _layout_label(layout: Any) -> str | None:

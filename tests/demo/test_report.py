@@ -17,7 +17,7 @@ def _events() -> list[dict]:
     return [
         {"id": 1, "type": "plan", "payload": {"layout": lay_a, "short": "tp2·pp2·cp1·dp2"}},
         {"id": 2, "type": "replan", "payload": {"old": lay_a, "new": lay_b, "decision": "replan"}},
-        {"id": 3, "type": "recovery", "payload": {"cause": "node_lost", "from_step": 4, "gpus_before": 8,
+        {"id": 3, "type": "recovery", "payload": {"cause": "node_lost", "from_step": 4,
                                                   "phases": {"detect": 1.0, "plan": 0.5, "place": 0.5,
                                                              "start": 2.0, "load": 1.0, "first_step": 1.0},
                                                   "total_s": 6.0}},
