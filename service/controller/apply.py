@@ -165,32 +165,10 @@ def retry_attempt(ctx: Ctx, job: JobRow, reason: str) -> str:
     """The current attempt's supervisor is gone: a new attempt, or FAILED after ``max_attempts``."""
     old = AttemptKey(job.id, job.attempt)
     if job.cancel_requested:
-        with ctx.txn() as s:
-            tx.transition(
-                s,
-                job.id,
-                expected={job.state},
-                new="CANCELLED",
-                epoch=job.epoch,
-                reason=f"cancelled ({reason})",
-                commit=False,
-            )
-            tx.end_attempt(s, job.id, epoch=job.epoch, state="LOST", reason=reason, commit=False)
-        ctx.sups.kill(old)
+        _end_lost_attempt(ctx, job, old, "CANCELLED", f"cancelled ({reason})", reason)
         return "cancelled"
     if job.attempt >= ctx.config.max_attempts:
-        with ctx.txn() as s:
-            tx.transition(
-                s,
-                job.id,
-                expected={job.state},
-                new="FAILED",
-                epoch=job.epoch,
-                reason=f"{reason}; gave up after {job.attempt} attempts",
-                commit=False,
-            )
-            tx.end_attempt(s, job.id, epoch=job.epoch, state="LOST", reason=reason, commit=False)
-        ctx.sups.kill(old)
+        _end_lost_attempt(ctx, job, old, "FAILED", f"{reason}; gave up after {job.attempt} attempts", reason)
         return "failed"
     new_state = "RECOVERING" if job.state in ("RUNNING", "RECOVERING") else job.state
     gpus = job.gpus_allocated or job.min_gpus
@@ -316,3 +294,12 @@ def apply_decisions(ctx: Ctx, jobs: dict[int, JobRow], decisions: list[Decision]
 def as_ref(job: JobRow) -> JobRef:
     """The fields ``events_pull`` needs."""
     return JobRef(job.id, job.state, job.attempt, job.epoch, job.cancel_requested, job.gpus_allocated)
+
+
+def _end_lost_attempt(ctx: Ctx, job: JobRow, old: AttemptKey, new: str, job_reason: str, reason: str) -> None:
+    """End a job whose supervisor vanished in terminal state ``new``: one fenced transaction for the
+    job's transition and the attempt's LOST record, then kill whatever is left of the old attempt."""
+    with ctx.txn() as s:
+        tx.transition(s, job.id, expected={job.state}, new=new, epoch=job.epoch, reason=job_reason, commit=False)
+        tx.end_attempt(s, job.id, epoch=job.epoch, state="LOST", reason=reason, commit=False)
+    ctx.sups.kill(old)
