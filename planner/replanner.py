@@ -3,8 +3,8 @@
 Three options are costed on the changed cluster and compared by the tokens they deliver over the
 spec's horizon ``H`` (``training.horizon_s``, default one hour): ``tokens/s x max(0, H - switch cost)``.
 
-- ``keep``: the previous plan as it is, when every node it used is still there (no switch cost;
-  its speed is now set by its slowest node).
+- ``keep``: the previous plan as it is, when every node it used is still there and it stays within
+  ``max_gpus`` (no switch cost; its speed is now set by its slowest node).
 - ``shrink_dp``: the previous TP/PP/CP/VPP shape with fewer data-parallel replicas on the fastest
   remaining nodes (same global batch, more micro-batches); costs a restart and a checkpoint load, no
   reshard of the model-parallel dimensions.
@@ -34,10 +34,12 @@ CHECKPOINT_BYTES_PER_PARAM = 14.0
 
 def apply_change(spec: PlanSpec, change: Mapping[str, Any]) -> PlanSpec:
     """The spec's cluster after ``change``: ``lost_nodes`` (or ``failed_nodes``), ``node_speeds``
-    (or ``slow_nodes``) mapping id -> relative speed, ``added_nodes`` ([{id, gpus, speed}])."""
+    (or ``slow_nodes``) mapping id -> relative speed, ``added_nodes`` ([{id, gpus, speed}]),
+    ``max_gpus`` (the most GPUs the job may use afterwards: the scheduler's grant; default: every GPU
+    of the changed cluster)."""
     if not isinstance(change, Mapping):
         raise SpecError("cluster_change", f"must be an object, got {type(change).__name__}")
-    known = {"lost_nodes", "failed_nodes", "node_speeds", "slow_nodes", "added_nodes", "allow_fewer"}
+    known = {"lost_nodes", "failed_nodes", "node_speeds", "slow_nodes", "added_nodes", "allow_fewer", "max_gpus"}
     for key in change:
         if key not in known:
             raise SpecError(f"cluster_change.{key}", f"unknown field; known: {', '.join(sorted(known))}")
@@ -72,6 +74,8 @@ def apply_change(spec: PlanSpec, change: Mapping[str, Any]) -> PlanSpec:
         raise SpecError("cluster_change.lost_nodes", "no node is left")
     allow_fewer = _bool(change.get("allow_fewer", True), "cluster_change.allow_fewer")
     total = sum(n.gpus for n in nodes.values())
+    if change.get("max_gpus") is not None:
+        total = min(total, _int(change["max_gpus"], "cluster_change.max_gpus"))
     min_gpus = min(spec.cluster.min_gpus, total) if spec.cluster.min_gpus else (1 if allow_fewer else total)
     cluster = dataclasses.replace(spec.cluster, nodes=tuple(nodes.values()), num_gpus=total, min_gpus=min_gpus)
     return spec.with_cluster(cluster)
@@ -127,7 +131,10 @@ def replan(previous_plan: Plan | Mapping[str, Any], checkpoint_layout: Layout | 
     alive = {str(n.id): n for n in changed.cluster.nodes}
     used = [alive.get(str(i)) for i in prev.nodes_used] if prev.nodes_used else []
     old_tps = 0.0
-    if used and all(n is not None for n in used):
+    if prev.layout.world_size > changed.cluster.num_gpus:
+        options["keep"] = {"rejected": f"the previous plan uses {prev.layout.world_size} GPUs, more than the "
+                                       f"{changed.cluster.num_gpus} the job may use now"}
+    elif used and all(n is not None for n in used):
         nodes = tuple(n for n in used if n is not None)
         keep = evaluate_on(changed, prev.layout, nodes)
         if isinstance(keep, Plan):

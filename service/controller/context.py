@@ -32,8 +32,9 @@ class ControllerConfig:
     call_timeout_s: float = 10.0
     #: after ``cancel()``, how long to wait for the supervisor's own ``cancelled`` before forcing it
     cancel_grace_s: float = 30.0
-    #: whether supervisors can re-plan a running job onto a new GPU count (``resize``); see snapshot
-    runtime_resizes: bool = False
+    #: whether the scheduler may grow and shrink running elastic jobs (supervisors re-plan onto the
+    #: new GPU count with ``resize``); off: a ``min..max`` job is sized once, at admission
+    runtime_resizes: bool = True
     storage_path: Path = Path("/tmp/orthoplex-storage")
     #: extra keys merged into every supervisor spec (e.g. a fault-injection hook in tests/demos)
     spec_overrides: dict[str, object] = field(default_factory=dict)

@@ -15,6 +15,7 @@ where the database says, not where its memory said). Then, in **one** lease-guar
       failed                               → FAILED
       cancelled                            → CANCELLED
       preempted                            RUNNING → PREEMPTED → PENDING
+      placed (any state holding GPUs)      gpus_allocated = the new gang's size (re-plan, resize)
 
 Events and the transitions they cause commit together, so a crash between them cannot leave an
 event stored whose transition is lost. Every write is fenced on the attempt's epoch: once a newer
@@ -134,6 +135,11 @@ def apply_event(s: Session, job: JobRef, event: dict[str, Any]) -> str | None:
         )
     elif kind in FINAL_EVENTS:
         return _finalize(s, job, kind, event)
+    gpus = event.get("gpus")
+    # "placed": the gang's size after a start, a re-plan or a resize is what the job holds from now on
+    placed = kind == "placed" and isinstance(gpus, int) and gpus > 0
+    if placed and tx.set_allocation(s, job.id, epoch=job.epoch, gpus=int(gpus), commit=False):
+        job.gpus_allocated = int(gpus)
     return None
 
 

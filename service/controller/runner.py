@@ -42,6 +42,7 @@ def config_from_env(settings: Settings) -> ControllerConfig:
         lease_ttl_s=float(env.get("ORTHOPLEX_CONTROLLER_LEASE_TTL_S", 10.0)),
         max_attempts=int(env.get("ORTHOPLEX_CONTROLLER_MAX_ATTEMPTS", 3)),
         cancel_grace_s=float(env.get("ORTHOPLEX_CONTROLLER_CANCEL_GRACE_S", 30.0)),
+        runtime_resizes=env.get("ORTHOPLEX_CONTROLLER_RESIZES", "1").strip().lower() in ("1", "true", "yes", "on"),
         storage_path=settings.storage_path,
         spec_overrides=overrides,
     )

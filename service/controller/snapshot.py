@@ -110,9 +110,9 @@ def build_snapshot(
 ) -> ClusterSnapshot:
     """The snapshot for :func:`service.scheduler.policy.decide` (pure).
 
-    ``resizable``: whether running jobs can be grown or shrunk in place. The runtime has no resize
-    call today, so jobs are presented as fixed-size once admitted (the scheduler then sizes a
-    ``min..max`` job once, at admission, and reclaims GPUs by preemption instead of shrinking).
+    ``resizable``: whether running jobs can be grown or shrunk in place (supervisors ``resize``; the
+    controller's ``runtime_resizes``). Without it jobs are presented as fixed-size once admitted (the
+    scheduler sizes a ``min..max`` job once, at admission, and reclaims GPUs by preemption only).
     """
     admitted_placements = admitted_placements or {}
     nodes = [n for n in view.alive_nodes if n.gpus_total > 0]

@@ -284,6 +284,27 @@ def set_attempt_state(
     return res.rowcount == 1
 
 
+def set_allocation(session: Session, job_id: int, *, epoch: int, gpus: int, commit: bool = True) -> bool:
+    """Record the GPUs the live attempt holds now (its gang was placed: at start, after a re-plan or a
+    resize); fenced on the epoch and only while the job holds GPUs (a state change is not implied)."""
+    res = session.execute(
+        sa.update(Job)
+        .where(Job.id == job_id, Job.epoch == epoch, Job.state.in_(("ADMITTED", "RUNNING", "RECOVERING")))
+        .values(gpus_allocated=int(gpus))
+        .execution_options(synchronize_session=False)
+    )
+    if res.rowcount == 1:
+        session.execute(
+            sa.update(Attempt)
+            .where(Attempt.job_id == job_id, Attempt.epoch == epoch, Attempt.ended_at.is_(None))
+            .values(gpus=int(gpus))
+            .execution_options(synchronize_session=False)
+        )
+        _expire_job(session, job_id)
+    _finish(session, commit)
+    return res.rowcount == 1
+
+
 def end_attempt(
     session: Session, job_id: int, *, epoch: int, state: str, reason: str = "", commit: bool = True
 ) -> bool:

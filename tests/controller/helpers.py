@@ -64,9 +64,16 @@ def add_tenant(engine: sa.Engine, name: str, quota: int = 4, weight: float = 1.0
 
 
 def add_job(
-    engine: sa.Engine, tenant_id: int, name: str, spec: dict[str, Any], gpus: int, priority: int = 0
+    engine: sa.Engine,
+    tenant_id: int,
+    name: str,
+    spec: dict[str, Any],
+    gpus: int,
+    priority: int = 0,
+    *,
+    max_gpus: int | None = None,
 ) -> int:
-    """A PENDING job as the API stores it (with its ``submitted`` event)."""
+    """A PENDING job as the API stores it (with its ``submitted`` event); ``gpus..max_gpus``."""
     with engine.begin() as conn:
         job_id = int(
             conn.execute(
@@ -79,7 +86,7 @@ def add_job(
                     reason="submitted",
                     priority=priority,
                     min_gpus=gpus,
-                    max_gpus=gpus,
+                    max_gpus=max_gpus or gpus,
                     event_seq=1,
                 )
                 .returning(Job.id)

@@ -89,3 +89,22 @@ def test_runtime_shaped_spec_and_change() -> None:
     assert "ray-01" not in out.plan.nodes_used
     assert out.plan.layout.world_size <= 8 and out.plan.layout.recompute in ("none", "full")
     assert out.decision in ("replan", "shrink_dp")
+
+
+def test_max_gpus_caps_the_replan_and_rejects_keep_above_it() -> None:
+    """The scheduler's grant bounds a re-plan: after a node loss the job does not grow onto every free
+    GPU of the survivors, and a shrink below the running size rules out ``keep``."""
+    spec = four_nodes()
+    spec["cluster"]["num_gpus"] = 16
+    before = plan(spec).plans[0]
+    assert before.num_gpus <= 16
+    out = replan(before, before.layout, {"lost_nodes": ["n1"], "max_gpus": 16}, spec)
+    assert out.plan.num_gpus <= 16 and "n1" not in out.plan.nodes_used
+    uncapped = replan(before, before.layout, {"lost_nodes": ["n1"]}, spec)
+    assert uncapped.plan.num_gpus > 16  # without the cap the survivors' 24 GPUs are all used
+    shrink = replan(before, before.layout, {"max_gpus": 8}, spec)
+    assert shrink.decision != "keep" and shrink.plan.num_gpus <= 8
+    assert "more than the 8" in shrink.options["keep"]["rejected"]
+    with pytest.raises(SpecError) as info:
+        replan(before, before.layout, {"max_gpus": 0}, spec)
+    assert info.value.field == "cluster_change.max_gpus"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 
 import pytest
 
@@ -203,3 +204,58 @@ def test_classify_tells_node_loss_rank_crash_raise_and_hang_apart() -> None:
     assert f.kind == "node_lost" and f.nodes == ("a",)
     with pytest.raises(ValueError):
         classify(GatherResult(results={0: 1}), nodes, alive_nodes=lambda: {"a", "b"})
+
+
+def test_classify_trusts_a_dead_raylet_before_the_gcs_notices() -> None:
+    """Every rank of node b died and b's raylet refuses connections while the GCS still lists b alive
+    (its health checks lag by seconds): that is a node loss, reported without waiting for the GCS.
+    A node whose raylet answers stays a rank failure."""
+    from ray.exceptions import ActorDiedError
+
+    from workers.runtime.watchdog import GatherResult, classify
+
+    nodes = ["a", "a", "b", "b"]
+    died = GatherResult(errors={2: ActorDiedError(), 3: ActorDiedError()})
+    probed: list[str] = []
+
+    def unreachable(node: str) -> bool:
+        probed.append(node)
+        return node == "b"
+
+    t0 = time.monotonic()
+    f = classify(died, nodes, alive_nodes=lambda: {"a", "b"}, confirm_s=30.0, unreachable=unreachable)
+    assert f.kind == "node_lost" and f.nodes == ("b",) and f.ranks == (2, 3)
+    assert time.monotonic() - t0 < 5.0  # did not sit out confirm_s
+    assert probed == ["b"]  # only a node whose every rank died is probed
+    f = classify(died, nodes, alive_nodes=lambda: {"a", "b"}, confirm_s=0.3, unreachable=lambda n: False)
+    assert f.kind == "rank_failed" and f.ranks == (2, 3)
+
+
+def test_raylet_probe_tells_a_listening_port_from_a_closed_one(monkeypatch) -> None:
+    import socket
+
+    import ray
+
+    from workers.runtime import placement
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    open_port = server.getsockname()[1]
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    table = [
+        {"NodeID": "up", "Alive": True, "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": open_port},
+        {"NodeID": "crashed", "Alive": True, "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": closed_port},
+        {"NodeID": "marked", "Alive": False, "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": open_port},
+    ]
+    monkeypatch.setattr(ray, "nodes", lambda: table)
+    try:
+        assert not placement.raylet_unreachable("up")
+        assert placement.raylet_unreachable("crashed")
+        assert placement.raylet_unreachable("marked")
+        assert placement.raylet_unreachable("unknown")
+    finally:
+        server.close()

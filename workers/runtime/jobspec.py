@@ -27,7 +27,8 @@ from planner.layout import Layout
 class RuntimeSettings:
     placement_timeout_s: float = 30.0  # a gang not ready by then -> try a smaller plan
     placement_retry_s: float = 5.0  # below min_gpus: wait this long, then try again
-    placement_give_up_s: float = 600.0  # ... until this much time has passed
+    placement_give_up_s: float = 600.0  # ... until this much time has passed (also: waiting for free GPUs)
+    resize_retry_s: float = 30.0  # a grow that found no free GPU is tried again after this long
     hang_timeout_s: float = 60.0  # a step with no progress for this long is a hang (at least)
     hang_factor: float = 5.0  # ... or this many times the median step time, whichever is larger
     start_timeout_s: float = 600.0  # actors up + rendezvous + trainer built (slow on a busy host)

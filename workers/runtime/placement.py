@@ -9,6 +9,7 @@ one IP. Bundles are restricted to the nodes the plan chose with a label selector
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,6 +57,27 @@ def alive_node_ids() -> set[str]:
     import ray
 
     return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
+def raylet_unreachable(node_id: str, timeout_s: float = 1.0) -> bool:
+    """Whether the node's raylet refuses (or does not answer) a TCP connection to its node-manager
+    port: its process or host is gone. This knows seconds before the GCS's health checks mark the
+    node dead, which is what tells "a node died" from "a rank process died on a live node"."""
+    import ray
+
+    node = next((n for n in ray.nodes() if n.get("NodeID") == node_id), None)
+    if node is None:
+        return True
+    if not node.get("Alive"):
+        return True
+    addr, port = node.get("NodeManagerAddress"), node.get("NodeManagerPort")
+    if not addr or not port:
+        return False  # nothing to probe: trust the GCS
+    try:
+        with socket.create_connection((str(addr), int(port)), timeout=timeout_s):
+            return False
+    except OSError:
+        return True
 
 
 def wait_nodes_dead(node_ids: Iterable[str], timeout_s: float, poll_s: float = 0.1) -> bool:

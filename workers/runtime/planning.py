@@ -21,6 +21,10 @@ class PlanningError(RuntimeError):
     """No plan fits the GPUs available (or the planner refused the spec)."""
 
 
+class NoCapacity(PlanningError):
+    """Too few GPUs are free right now (this may change: wait, do not fail)."""
+
+
 @dataclass
 class ClusterChange:
     """What changed since the previous plan, in ``planner.replan``'s ``cluster_change`` shape."""
@@ -28,6 +32,7 @@ class ClusterChange:
     lost_nodes: list[str] = field(default_factory=list)
     slow_nodes: dict[str, float] = field(default_factory=dict)
     added_nodes: list[dict[str, Any]] = field(default_factory=list)  # [{"id", "gpus", "speed"}]
+    max_gpus: int | None = None  # the most GPUs the job may use afterwards (the scheduler's grant)
     reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -38,6 +43,8 @@ class ClusterChange:
             out["slow_nodes"] = dict(self.slow_nodes)
         if self.added_nodes:
             out["added_nodes"] = [dict(n) for n in self.added_nodes]
+        if self.max_gpus is not None:
+            out["max_gpus"] = int(self.max_gpus)
         return out
 
 
@@ -53,16 +60,18 @@ def planner_spec(
 ) -> dict[str, Any]:
     """A ``planner.plan`` spec for ``job`` over ``nodes`` (ids are Ray node ids)."""
     if not nodes:
-        raise PlanningError("no alive node with free GPUs")
+        raise NoCapacity("no alive node with free GPUs")
     speeds = dict(speeds or {})
     node_list = [{"id": n.id, "gpus": n.free_gpus, "speed": float(speeds.get(n.id, 1.0))} for n in nodes
                  if n.free_gpus > 0]
     if not node_list:
-        raise PlanningError("no GPU is free on the alive nodes")
+        raise NoCapacity("no GPU is free on the alive nodes")
     total = sum(int(n["gpus"]) for n in node_list)
-    cap = min(total, max_gpus or job.max_gpus or total)
-    if cap < job.min_gpus:
-        raise PlanningError(f"{cap} GPUs available, the job needs at least {job.min_gpus}")
+    limit = max_gpus or job.max_gpus or total
+    cap = min(total, limit)
+    need = min(job.min_gpus, limit)  # a grant below min_gpus (a scheduler's shrink) lowers the floor
+    if cap < need:
+        raise NoCapacity(f"{cap} GPUs available, the job needs at least {need}")
     model = {k: job.model[k] for k in MODEL_KEYS}
     training: dict[str, Any] = {}
     if restart_s is not None:
@@ -72,7 +81,7 @@ def planner_spec(
     return {
         "model": model,
         "cluster": {"gpu_type": job.raw.get("gpu_type", "CPU"), "nodes": node_list, "num_gpus": cap,
-                    "min_gpus": job.min_gpus},
+                    "min_gpus": need},
         "parallel": {"global_batch": job.global_batch, **dict(hint or {})},
         "training": training,
         "engine_only": True,
@@ -105,10 +114,11 @@ def replan(
     horizon_s: float | None = None,
 ) -> Any:
     """``planner.replan``; ``base_nodes`` is the cluster *before* ``change`` (lost nodes included,
-    added nodes not). Returns the planner's ``Replan``."""
+    added nodes not). ``change.max_gpus`` caps the result (the scheduler's grant): without it a job
+    would re-plan onto every free GPU of the survivors. Returns the planner's ``Replan``."""
     import planner
 
-    spec = planner_spec(job, base_nodes, restart_s=restart_s, horizon_s=horizon_s)
+    spec = planner_spec(job, base_nodes, max_gpus=change.max_gpus, restart_s=restart_s, horizon_s=horizon_s)
     try:
         return planner.replan(previous, checkpoint_layout, change.to_dict(), spec)
     except ValueError as exc:

@@ -16,11 +16,9 @@ The loop, per gang (one plan on one placement group):
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,30 +28,14 @@ from workers.runtime.events import RECOVERY_PHASES, EventLog, recovery_event_fie
 from workers.runtime.faults import FaultPlan, parse_faults
 from workers.runtime.gang import Gang, StartFailed, start_gang, teardown
 from workers.runtime.jobspec import JobSpec, parse_job
+from workers.runtime.replanning import JobFailed, Replanning, Switch, held_gpus
 from workers.runtime.straggler import StragglerScorer, median
 from workers.runtime.watchdog import Failure, classify, gather
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED")
 
 
-class JobFailed(RuntimeError):
-    pass
-
-
-@dataclass
-class Switch:
-    """Why the current gang ends before the job does."""
-
-    kind: str  # failure | straggler | grow | finished | cancelled | preempted
-    failure: Failure | None = None
-    fault_ts: float | None = None  # when the fault that caused it started (detect phase)
-    change: planning.ClusterChange | None = None
-    replan: Any = None
-    detect_s: float = 0.0
-    plan_s: float = 0.0  # planner time already spent deciding the switch
-
-
-class JobSupervisor:
+class JobSupervisor(Replanning):
     def __init__(self, job_id: str, attempt: int, spec: dict[str, Any], enable_fault_injection: bool = False):
         self.job_id = str(job_id)
         self.attempt = int(attempt)
@@ -83,6 +65,9 @@ class JobSupervisor:
         self._node_faults: dict[str, tuple[str, float]] = {}  # node -> ("slow"|"jitter", value), test hook
         self._last_ckpt_step = 0
         self._restart_s = 30.0  # measured cost of a gang switch (start + load), updated as we go
+        self._cap: int | None = self.job.max_gpus  # the most GPUs the job may use (the scheduler's grant)
+        self._resize_to: int | None = None  # a resize asked for and not acted on yet
+        self._resize_tried: tuple[int, float] = (0, 0.0)  # (target, when) of the last grow that kept
         self._started_at = time.time()
 
     # ------------------------------------------------------------------ public API
@@ -126,6 +111,28 @@ class JobSupervisor:
         self._preempt = True
         return True
 
+    def resize(self, gpus: int) -> dict[str, Any]:
+        """Re-plan onto at most ``gpus`` GPUs at the next step boundary (the scheduler's Shrink/Grow).
+
+        Idempotent: the control plane repeats its decision every round; a repeat arms nothing new,
+        except a grow that found no free GPUs, which is tried again after ``resize_retry_s``."""
+        gpus = int(gpus)
+        if gpus < 1:
+            raise ValueError(f"resize: gpus must be >= 1, got {gpus}")
+        with self._lock:
+            world = self._gang.world_size if self._gang is not None else 0
+            last, when = self._resize_tried
+            retry = gpus > world and (last != gpus or time.time() - when >= self.settings.resize_retry_s)
+            changed = gpus != self._cap
+            self._cap = gpus
+            armed = (changed or retry) and gpus != world
+            if armed:
+                self._resize_to = gpus
+        if changed:
+            self.log.emit("resize_requested", f"resize to {gpus} GPUs requested (running {world})",
+                          gpus=gpus, world_size=world)
+        return {"gpus": gpus, "armed": armed, "world_size": world}
+
     # ------------------------------------------------------------------ the loop
     def _set_state(self, state: str) -> None:
         with self._lock:
@@ -142,10 +149,14 @@ class JobSupervisor:
                 phases: dict[str, float] = {}
                 t_down = time.monotonic()
                 old = self._take_gang()
-                self._released = _held(old) if old is not None else {}
+                self._released = held_gpus(old) if old is not None else {}
                 teardown_s = teardown(old)  # a failed or switched gang goes first
                 t_plan = time.monotonic()
-                plan, replan = self._choose_plan(switch)
+                chosen = self._plan_when_possible(switch)
+                if isinstance(chosen, Switch):  # cancelled or preempted while waiting for GPUs
+                    switch = chosen
+                    break
+                plan, replan = chosen
                 phases["plan"] = time.monotonic() - t_plan + (switch.plan_s if switch else 0.0)
                 t_place = time.monotonic()
                 plan, reservation = self._place(plan)
@@ -234,37 +245,6 @@ class JobSupervisor:
         }
 
     # ------------------------------------------------------------------ plan / place / start
-    def _horizon_s(self) -> float:
-        """Time over which a switch must pay for itself (the planner's ``horizon_s``)."""
-        return float(self.job.raw.get("replan_horizon_s") or 3600.0)
-
-    def _nodes(self, held: dict[str, int] | None = None) -> list[placement.NodeView]:
-        """The cluster view for planning; GPUs our torn-down gang held count as free (the GCS may
-        not have caught up with the release yet)."""
-        views = placement.cluster_nodes(exclude=self._excluded, held=held if held is not None else self._released)
-        for v in views:
-            self._views[v.id] = v
-        return views
-
-    def _choose_plan(self, switch: Switch | None) -> tuple[Any, Any]:
-        nodes = self._nodes()
-        if switch is None:
-            plan = planning.first_plan(self.job, nodes)
-            self._event_plan(plan, "initial plan over the GPUs Ray has")
-            return plan, None
-        if switch.replan is not None:  # decided already (straggler / grow)
-            return switch.replan.plan, switch.replan
-        prev = self._plans[-1]["plan"]
-        change = switch.change or planning.ClusterChange()
-        have = {n.id for n in nodes}
-        base = nodes + [dataclasses.replace(self._views[n], free_gpus=self._views[n].gpus)
-                        for n in change.lost_nodes if n in self._views and n not in have]
-        change.lost_nodes = [n for n in change.lost_nodes if n in self._views]
-        rp = planning.replan(self.job, prev, prev.layout, change, base,
-                             restart_s=self._restart_s, horizon_s=self._horizon_s())
-        self._event_replan(prev, rp, change)
-        return rp.plan, rp
-
     def _place(self, plan: Any) -> tuple[Any, placement.Reservation]:
         """Reserve the plan's GPUs; on timeout try smaller plans down to min_gpus, then wait and retry."""
         give_up = time.monotonic() + self.settings.placement_give_up_s
@@ -287,8 +267,7 @@ class JobSupervisor:
                     raise JobFailed(f"could not place even {self.job.min_gpus} GPUs")
                 time.sleep(self.settings.placement_retry_s)
                 smaller = None
-            plan = planning.first_plan(self.job, nodes, max_gpus=smaller) if smaller else \
-                planning.first_plan(self.job, nodes)
+            plan = planning.first_plan(self.job, nodes, max_gpus=smaller or self._cap)
             self._event_plan(plan, "smaller plan after a placement timeout")
 
     def _start(self, plan: Any, res: placement.Reservation) -> Gang:
@@ -321,8 +300,7 @@ class JobSupervisor:
         res = gather({r: w.restore.remote() for r, w in enumerate(gang.workers)},
                      deadline_s=self.settings.start_timeout_s, workers=gang.workers)
         if not res.ok:
-            raise StartFailed(classify(res, gang.rank_nodes, alive_nodes=placement.alive_node_ids,
-                                       confirm_s=self.settings.node_confirm_s, what="restore"))
+            raise StartFailed(self._classify(res, gang, "restore"))
         starts = set(res.results.values())
         if len(starts) != 1:
             raise JobFailed(f"ranks restored different steps: {sorted(starts)}")
@@ -374,6 +352,10 @@ class JobSupervisor:
             findings = scorer.observe(step - 1, busy)
             if self._cancel:
                 return Switch("cancelled")
+            if self._resize_to is not None and step < self.job.steps:
+                sw = self._on_resize(gang, step)
+                if sw is not None:
+                    return sw
             if self._preempt or (step < self.job.steps and self.cadence.due(since_save)) or step == self.job.steps:
                 failed = self._save(gang, step)
                 if failed is not None:
@@ -450,9 +432,12 @@ class JobSupervisor:
 
     # ------------------------------------------------------------------ failures and switches
     def _on_failure(self, gang: Gang, res: Any, fault_ts: float, what: str = "step") -> Switch:
-        failure = classify(res, gang.rank_nodes, alive_nodes=placement.alive_node_ids,
-                           confirm_s=self.settings.node_confirm_s, what=what)
+        failure = self._classify(res, gang, what)
         return self._record_failure(failure, fault_ts)
+
+    def _classify(self, res: Any, gang: Gang, what: str) -> Failure:
+        return classify(res, gang.rank_nodes, alive_nodes=placement.alive_node_ids,
+                        unreachable=placement.raylet_unreachable, confirm_s=self.settings.node_confirm_s, what=what)
 
     def _record_failure(self, failure: Failure, fault_ts: float) -> Switch:
         detected = time.time()
@@ -471,78 +456,7 @@ class JobSupervisor:
         return Switch("failure", failure=failure, fault_ts=fault_ts, change=change,
                       detect_s=max(0.0, detected - fault_ts))
 
-    def _on_straggler(self, gang: Gang, findings: list[Any], scorer: StragglerScorer, walls: list[float],
-                      step: int) -> Switch | None:
-        speeds = {f.node: max(0.05, f.score) for f in findings}
-        for f in findings:
-            self.log.emit("straggler", f"node {f.node[:8]} at {f.score:.2f}x the median over window "
-                          f"{f.window} (threshold {self.settings.straggler_threshold})",
-                          step=step, **f.to_dict())
-        prev = self._plans[-1]["plan"]
-        change = planning.ClusterChange(slow_nodes=speeds, reason="straggler")
-        t0 = time.monotonic()
-        nodes = self._nodes(held=_held(gang))
-        rp = planning.replan(self.job, prev, prev.layout, change, nodes,
-                             restart_s=self._restart_s, horizon_s=self._horizon_s())
-        plan_s = time.monotonic() - t0
-        self._event_replan(prev, rp, change)
-        scorer.ignore_nodes = frozenset(scorer.ignore_nodes | set(speeds))
-        if rp.decision == "keep":
-            return None
-        used = set(planning.nodes_used(rp.plan))
-        self._excluded.update(n for n in speeds if n not in used)
-        failed = self._save(gang, step) if self._last_ckpt_step != step else None
-        if failed is not None:
-            return failed
-        slow_since = min((e["ts"] for e in self.log.of_type("fault_injected")
-                          if e.get("node") in speeds), default=None)
-        if slow_since is None:  # no injected fault: from the start of the window that flagged it
-            slow_since = min((self._step_ts.get(f.first_step, time.time()) for f in findings), default=None)
-        return Switch("straggler", change=change, replan=rp, plan_s=plan_s,
-                      detect_s=max(0.0, time.time() - slow_since) if slow_since else 0.0)
-
-    def _maybe_grow(self, gang: Gang, walls: list[float]) -> Switch | None:
-        """At a checkpoint boundary: re-plan onto nodes that (re)joined when the planner predicts a gain."""
-        t0 = time.monotonic()
-        nodes = self._nodes(held=_held(gang))
-        current = set(gang.nodes)
-        added = [n for n in nodes if n.id not in current and n.free_gpus > 0]
-        if not added:
-            return None
-        prev = self._plans[-1]["plan"]
-        change = planning.ClusterChange(added_nodes=[{"id": n.id, "gpus": n.free_gpus, "speed": 1.0} for n in added],
-                                        reason="capacity returned")
-        base = [n for n in nodes if n.id in current or n.id in set(planning.nodes_used(prev))]
-        base = [n for n in base if n not in added]
-        try:
-            rp = planning.replan(self.job, prev, prev.layout, change, base,
-                                 restart_s=self._restart_s, horizon_s=self._horizon_s())
-        except planning.PlanningError:
-            return None
-        if rp.decision == "keep" or rp.plan.layout.world_size <= gang.world_size:
-            return None
-        self._event_replan(prev, rp, change)
-        return Switch("grow", change=change, replan=rp, plan_s=time.monotonic() - t0)
-
     # ------------------------------------------------------------------ events
-    def _event_plan(self, plan: Any, reason: str) -> None:
-        self._plans.append({"plan": plan, "ts": time.time()})
-        est = plan.estimate
-        self.log.emit("plan", reason, layout=plan.layout.to_dict(), short=plan.layout.short(),
-                      num_gpus=plan.num_gpus, nodes=planning.nodes_used(plan),
-                      predicted_tokens_per_s=round(est.tokens_per_s, 2),
-                      predicted_step_time_s=round(est.step_time_s, 6))
-
-    def _event_replan(self, prev: Any, rp: Any, change: planning.ClusterChange) -> None:
-        if rp.decision != "keep":
-            self._plans.append({"plan": rp.plan, "ts": time.time()})
-        self.log.emit("replan", rp.reason or change.reason, decision=rp.decision,
-                      old=prev.layout.to_dict(), new=rp.plan.layout.to_dict(),
-                      old_short=prev.layout.short(), new_short=rp.plan.layout.short(),
-                      old_tokens_per_s=round(rp.old_tokens_per_s, 2), new_tokens_per_s=round(rp.new_tokens_per_s, 2),
-                      switch_cost_s=round(rp.switch_cost_s, 3), change=change.to_dict(),
-                      nodes=planning.nodes_used(rp.plan))
-
     def _event_resumed(self, switch: Switch, replan: Any, start: int, gang: Gang) -> None:
         cause = switch.failure.kind if switch.failure else switch.kind
         self.log.emit("resumed", f"resumed from the checkpoint of step {start} after {cause}",
@@ -559,13 +473,6 @@ class JobSupervisor:
         self.log.emit("recovery", f"recovered from {body['cause']} in {body['total_s']:.2f}s", **body,
                       teardown_s=round(recovery["teardown_s"], 4))
 
-
-def _held(gang: Gang) -> dict[str, int]:
-    """GPUs this gang holds per node (given back if the job switches plans)."""
-    out: dict[str, int] = {}
-    for n in gang.rank_nodes:
-        out[n] = out.get(n, 0) + 1
-    return out
 
 
 def _exit_self() -> None:

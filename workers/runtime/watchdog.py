@@ -6,9 +6,11 @@ While it waits it pings every pending rank's ``heartbeat()``; a rank that does n
 the other ranks of a dead node report too); a deadline with ranks still pending is a *hang* (a
 collective that makes no progress), never waited on forever.
 
-``classify`` turns the outcome into a :class:`Failure`: ``node_lost`` (every actor of a node died,
-or the GCS marks the node dead), ``rank_failed`` (a process died or raised on a live node) or
-``hang``.
+``classify`` turns the outcome into a :class:`Failure`: ``node_lost`` (every actor of a node died
+and its raylet no longer answers, or the GCS marks the node dead), ``rank_failed`` (a process died or
+raised on a live node) or ``hang``. The raylet probe matters: the GCS's health checks take seconds
+to mark a crashed node dead, and a node that is still "alive" to the GCS would otherwise be
+reported as a rank failure and planned onto again.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ def classify(
     alive_nodes: Callable[[], set[str]],
     confirm_s: float = 3.0,
     what: str = "step",
+    unreachable: Callable[[str], bool] | None = None,
 ) -> Failure:
     """What went wrong in a failed ``gather`` (which must not be ``ok``)."""
     now = time.time()
@@ -138,10 +141,17 @@ def classify(
         suspect = sorted({rank_nodes[r] for r in died}) or nodes
         whole = [n for n in suspect if all(r in died for r, m in enumerate(rank_nodes) if m == n)]
         deadline = time.monotonic() + (confirm_s if whole or not died else 0.0)
-        dead = set(suspect) - alive_nodes()
+
+        def gone() -> set[str]:
+            out = set(suspect) - alive_nodes()
+            if unreachable is not None:  # every rank of the node died: is its raylet still there?
+                out |= {n for n in whole if n not in out and unreachable(n)}
+            return out
+
+        dead = gone()
         while (set(whole) - dead or (not died and not dead)) and time.monotonic() < deadline:
             time.sleep(0.1)
-            dead = set(suspect) - alive_nodes()
+            dead = gone()
         lost = sorted(n for n in suspect if n in dead)
         if lost:
             ranks = tuple(r for r, n in enumerate(rank_nodes) if n in lost)
