@@ -231,13 +231,8 @@ class ControllerProcess:
 
 
 class GpuHog:
-    """A placement group holding idle GPUs on chosen nodes: "other tenants' work" on the cluster.
-
-    The runtime re-plans a job after a node loss over every free GPU of the surviving nodes (it does
-    not cap at the GPUs the scheduler granted; see docs/controller.md, Gaps), which on this small
-    test cluster turns a 2-GPU job into an 8-rank one. Holding the spare GPUs keeps the recovered jobs
-    at their size, as they would be on a busy cluster: ``leave_free`` = what the jobs on the node
-    about to die hold (:func:`gpus_held_on`).
+    """A placement group holding idle GPUs on chosen nodes: "other tenants' work" on the cluster,
+    to make GPUs scarce (``leave_free`` of the free GPUs on ``nodes`` stay free).
     """
 
     def __init__(self, nodes: list[str], leave_free: int) -> None:

@@ -47,7 +47,6 @@ def test_kill9_during_admission_running_recovery_and_cancel(
     tenant = h.add_tenant(engine, "acme", quota=12)
     a = h.add_job(engine, tenant, "survivor", h.tiny_spec(STEPS, every=3), gpus=2)
     procs: list[h.ControllerProcess] = []
-    hog: h.GpuHog | None = None
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     n = 0
@@ -117,8 +116,6 @@ def test_kill9_during_admission_running_recovery_and_cancel(
         nodes = _job_nodes(a)
         assert nodes, "the job holds no GPUs on any node"
         victim = sorted(nodes)[0]
-        survivors = [n for n in ray_cluster.worker_node_ids() if n != victim]
-        hog = h.GpuHog(survivors, leave_free=h.gpus_held_on(victim))
         node_killed_at = time.monotonic()
         ray_cluster.kill_node(victim)
         h.wait_for(lambda: h.state(engine, a) == "RECOVERING", 120, "job RECOVERING", interval_s=0.1)
@@ -127,7 +124,8 @@ def test_kill9_during_admission_running_recovery_and_cancel(
         c4 = controller("cancel:asked")
         h.wait_for(lambda: h.state(engine, a) in ("RUNNING", "SUCCEEDED"), 240, "recovery to finish")
         timings["node_kill_to_running_s"] = time.monotonic() - node_killed_at
-        hog.release()
+        row = h.job(engine, a)
+        assert row.state == "SUCCEEDED" or row.gpus_allocated == 2, row  # its grant, not all GPUs left
         at_most_one_supervisor()
 
         # 5. a second job; kill -9 the controller right after it asked the supervisor to cancel
@@ -171,8 +169,6 @@ def test_kill9_during_admission_running_recovery_and_cancel(
             print(f"---- controller {p.holder} (rc {p.proc.poll()}) ----\n{text[-6000:]}")
         raise
     finally:
-        if hog is not None:
-            hog.release()
         for p in procs:
             if p.alive:
                 p.kill9()

@@ -226,7 +226,11 @@ def test_classify_trusts_a_dead_raylet_before_the_gcs_notices() -> None:
     f = classify(died, nodes, alive_nodes=lambda: {"a", "b"}, confirm_s=30.0, unreachable=unreachable)
     assert f.kind == "node_lost" and f.nodes == ("b",) and f.ranks == (2, 3)
     assert time.monotonic() - t0 < 5.0  # did not sit out confirm_s
-    assert probed == ["b"]  # only a node whose every rank died is probed
+    assert probed == ["b"]  # only a node where a rank died is probed
+    # the first death seen while the node's other rank still hangs in a collective: same answer
+    first = GatherResult(errors={3: ActorDiedError()}, pending=[0, 1, 2])
+    f = classify(first, nodes, alive_nodes=lambda: {"a", "b"}, confirm_s=30.0, unreachable=unreachable)
+    assert f.kind == "node_lost" and f.nodes == ("b",) and f.ranks == (2, 3)
     f = classify(died, nodes, alive_nodes=lambda: {"a", "b"}, confirm_s=0.3, unreachable=lambda n: False)
     assert f.kind == "rank_failed" and f.ranks == (2, 3)
 

@@ -144,8 +144,10 @@ def classify(
 
         def gone() -> set[str]:
             out = set(suspect) - alive_nodes()
-            if unreachable is not None:  # every rank of the node died: is its raylet still there?
-                out |= {n for n in whole if n not in out and unreachable(n)}
+            if unreachable is not None and died:  # a rank died there: is the node's raylet still up?
+                # (the node's other ranks may still be "pending" in a collective when the first
+                # death is seen, so this does not wait for every rank of the node to report)
+                out |= {n for n in suspect if n not in out and unreachable(n)}
             return out
 
         dead = gone()
