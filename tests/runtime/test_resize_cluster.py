@@ -2,6 +2,8 @@
 
 One supervisor, driven from outside the way the control plane drives it:
 
+0. a rank process is killed (its node stays up): ``rank_failed``, not ``node_lost`` -- the node's
+   raylet still answers -- and the job restarts the same layout on the same GPUs;
 1. it starts on 4 GPUs (``dp=4`` hint) and is asked to shrink to 2 (``resize(2)``, the scheduler's
    Shrink): at the next step boundary it checkpoints, re-plans within 2 GPUs and resumes from that
    checkpoint with no step lost;
@@ -37,6 +39,7 @@ def _spec(tmp_path: Path) -> dict[str, Any]:
         "checkpoint_dir": str(tmp_path / "ckpt"),
         "checkpoint": {"min_every_steps": 5, "max_every_steps": 5},
         "runtime": {**h.FAST_RUNTIME, "grow": False},
+        "faults": [{"kind": "kill_rank", "at_step": 2, "rank": 1}],
     }
 
 
@@ -46,7 +49,7 @@ def test_shrink_wait_for_gpus_capped_recovery_and_preempt(ray_cluster, tmp_path:
 
     from workers.runtime.launch import start_supervisor, stop_supervisor
 
-    sup = start_supervisor("t-resize", 1, _spec(tmp_path))
+    sup = start_supervisor("t-resize", 1, _spec(tmp_path), enable_fault_injection=True)
     seen: list[dict[str, Any]] = []
 
     def events() -> list[dict[str, Any]]:
@@ -59,7 +62,14 @@ def test_shrink_wait_for_gpus_capped_recovery_and_preempt(ray_cluster, tmp_path:
 
     hog: h.GpuHog | None = None
     try:
-        step4 = h.wait_for(lambda: first("step", world_size=4), 300, "a step on 4 GPUs")
+        # 0. a rank dies on a live node: same layout again, from the last checkpoint
+        crashed = h.wait_for(lambda: first("rank_failed"), 300, "rank_failed")
+        assert crashed["ranks"] == [1] and not first("node_lost")
+        again = h.wait_for(lambda: first("resumed", cause="rank_failed"), 300, "resumed after the crash")
+        assert again["world_size"] == 4 and again["from_step"] == 0
+        step4 = h.wait_for(lambda: next((e for e in events() if e["type"] == "step" and e["seq"] > again["seq"]),
+                                        None), 120, "a step on 4 GPUs after the crash")
+        assert step4["world_size"] == 4
 
         # 1. shrink to 2 GPUs at a step boundary
         answer = ray.get(sup.resize.remote(2), timeout=60)
@@ -109,9 +119,11 @@ def test_shrink_wait_for_gpus_capped_recovery_and_preempt(ray_cluster, tmp_path:
         assert summary["state"] == "PREEMPTED", summary
         pre = first("preempted")
         assert pre is not None and pre["checkpoint_step"] == summary["last_checkpoint_step"] == summary["steps_done"]
-        assert [p["num_gpus"] for p in summary["plans"]] == [4, 2, 2]
-        steps = sorted({e["step"] for e in events() if e["type"] == "step"})
-        assert steps == list(range(summary["steps_done"]))  # every step ran, none skipped
+        assert [p["num_gpus"] for p in summary["plans"]] == [4, 2, 2]  # a "keep" adds no plan
+        steps = {e["step"] for e in events() if e["type"] == "step"}
+        assert set(range(summary["steps_done"])) <= steps  # every step ran, none skipped
+        after = [e["step"] for e in events() if e["type"] == "step" and e["seq"] > back["seq"]]
+        assert after == list(range(back["from_step"], summary["steps_done"]))  # resumed in order
     finally:
         if hog is not None:
             hog.release()
