@@ -47,6 +47,35 @@ def attention_of(case: dict[str, Any]) -> str:
     return "flash"
 
 
+def system_fixed(case: dict[str, Any]) -> dict[str, Any]:
+    """Layout fields the case's software could not vary, kept fixed when its published layout is freed.
+
+    Context parallelism (Megatron-Core CP, DeepSpeed-Ulysses, ring attention) appeared in 2023, after
+    FlashAttention: a system of the materialised-attention era (see :func:`attention_of`) ran cp = 1
+    because it had nothing else, so cp = 1 is not a layout choice its authors made.
+    """
+    return {"cp": 1} if attention_of(case) == "materialized" else {}
+
+
+# Sources whose own text publishes the TP/PP split although the dataset's copy (an image showing only
+# the model-parallel size) made it infer it: arXiv 2104.04473 Table 1 has both columns.
+SPLIT_PUBLISHED_BY_PAPER = ("narayanan2021_t1_",)
+
+
+def split_inferred(case: dict[str, Any]) -> bool:
+    """True when only the model-parallel size TP x PP was published and the dataset chose the split."""
+    if case["id"].startswith(SPLIT_PUBLISHED_BY_PAPER):
+        return False
+    text = " ".join(str(case.get(k) or "") for k in ("verification", "notes"))
+    return re.search(r"split inferred", text, re.IGNORECASE) is not None
+
+
+def published_key(case: dict[str, Any], tp: int, pp: int, cp: int, dp: int) -> tuple[int, ...]:
+    """What the plan-selection bar compares: (tp, pp, cp, dp), or (tp*pp, cp, dp) when the split was
+    inferred (the published fact is the model-parallel size, not how it was split)."""
+    return (tp * pp, cp, dp) if split_inferred(case) else (tp, pp, cp, dp)
+
+
 def case_spec(case: dict[str, Any]) -> dict[str, Any]:
     """The planner spec for a case: the record itself plus the attention implementation."""
     spec = {k: case[k] for k in ("model", "cluster", "parallel", "precision") if case.get(k) is not None}
