@@ -56,6 +56,8 @@ class Ctx:
     placements: dict[tuple[int, int], dict[str, int]] = field(default_factory=dict)
     #: the last decision recorded per job (kind, gpus, reason): a decision is stored when it changes
     decided: dict[int, tuple[str, int | None, str]] = field(default_factory=dict)
+    #: the planner's goodput curve per elastic job (``None``: none, linear), computed once per job
+    curves: dict[int, dict[int, float] | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sessions = make_sessionmaker(self.engine)

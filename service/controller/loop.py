@@ -33,7 +33,7 @@ from service.controller.crashpoints import crash_point
 from service.controller.events_pull import pull
 from service.controller.lease import LeaderLease, LeaseLost
 from service.controller.reconcile import ACTIVE, ReconcileReport, reconcile
-from service.controller.snapshot import HOLDING, JobRow, build_snapshot, load_db_state
+from service.controller.snapshot import HOLDING, DbState, JobRow, build_snapshot, load_db_state
 from service.controller.supervisors import AttemptKey, SupervisorGone, Supervisors, SupervisorUnreachable
 from service.db import transitions as tx
 from service.log import get_logger
@@ -213,11 +213,31 @@ class Controller:
         live = {(j.id, j.attempt) for j in db.jobs if j.state in HOLDING}
         for k in [k for k in self.ctx.placements if k not in live]:
             del self.ctx.placements[k]
-        snapshot = build_snapshot(db, view, self.ctx.placements, resizable=self.config.runtime_resizes)
+        self._update_curves(db)
+        snapshot = build_snapshot(
+            db, view, self.ctx.placements, resizable=self.config.runtime_resizes, curves=self.ctx.curves
+        )
         decisions = decide(snapshot)
         jobs = {j.id: j for j in db.jobs}
         result.applied = apply.apply_decisions(self.ctx, jobs, decisions)
         self.decisions.extend(result.applied)
+
+    def _update_curves(self, db: DbState) -> None:
+        """Goodput curves for elastic jobs not seen before; forget those of jobs that ended."""
+        from service.api.config import ApiSettings
+        from service.controller.curves import goodput_curve
+
+        live = {j.id for j in db.jobs}
+        for job_id in [k for k in self.ctx.curves if k not in live]:
+            del self.ctx.curves[job_id]
+        todo = [j for j in db.jobs if j.max_gpus > j.min_gpus and j.id not in self.ctx.curves]
+        if not todo:
+            return
+        api = ApiSettings()
+        for j in todo:
+            self.ctx.curves[j.id] = goodput_curve(
+                j.spec, j.min_gpus, j.max_gpus, gpu_type=api.gpu_type, gpus_per_node=api.gpus_per_node
+            )
 
     # -- running ----------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:

@@ -107,12 +107,14 @@ def build_snapshot(
     admitted_placements: Mapping[tuple[int, int], Mapping[str, int]] | None = None,
     *,
     resizable: bool = False,
+    curves: Mapping[int, Mapping[int, float] | None] | None = None,
 ) -> ClusterSnapshot:
     """The snapshot for :func:`service.scheduler.policy.decide` (pure).
 
     ``resizable``: whether running jobs can be grown or shrunk in place (supervisors ``resize``; the
     controller's ``runtime_resizes``). Without it jobs are presented as fixed-size once admitted (the
     scheduler sizes a ``min..max`` job once, at admission, and reclaims GPUs by preemption only).
+    ``curves``: the planner's predicted tokens/s per GPU count of elastic jobs (``curves.py``).
     """
     admitted_placements = admitted_placements or {}
     nodes = [n for n in view.alive_nodes if n.gpus_total > 0]
@@ -145,6 +147,7 @@ def build_snapshot(
                 preemptible=bool(j.spec.get("preemptible", True)),
                 elastic=resizable and bool(j.spec.get("elastic", j.max_gpus > j.min_gpus)),
                 started_at=j.admitted_at,
+                throughput=(curves or {}).get(j.id),
             )
         )
     node_views = [

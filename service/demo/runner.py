@@ -138,6 +138,9 @@ class Demo:
 
         from workers.runtime.launch import find_supervisor
 
+        if not ray.is_initialized():
+            ray.init(address=self.cluster.address, namespace="orthoplex", log_to_driver=False)
+
         for tj in self.jobs:
             jid, attempt = tj.job.get("id"), int(tj.job.get("attempt") or 0)
             for a in range(1, attempt + 1):
@@ -171,6 +174,11 @@ class Demo:
         with self.console.status(f"starting a local Ray cluster: {cfg.nodes} nodes x {cfg.gpus_per_node} GPUs"):
             t = time.monotonic()
             self.cluster = InProcessCluster(nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node).start()
+        # The demo talks to the cluster through the service only. A connected driver would also get
+        # Ray's error feed printed over the demo's output (20 raylet log lines when it kills a node).
+        import ray
+
+        ray.shutdown()
         self.console.print(
             f"[green]✓[/] Ray cluster up in {time.monotonic() - t:.1f}s at {self.cluster.address}: "
             f"{cfg.nodes} nodes x {cfg.gpus_per_node} declared GPUs (CPU torch underneath)"
