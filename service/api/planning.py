@@ -150,6 +150,13 @@ def _plan(pspec: dict[str, Any], top_k: int, timeout_s: float) -> Any:
         raise PlannerTimeout(f"the planner did not finish within {timeout_s:g} s") from None
 
 
+def fit_known(spec: JobSpec, api: ApiSettings) -> bool:
+    """Whether the fit check's answer for ``spec`` is cached (then it costs no planning)."""
+    key = json.dumps(planner_spec(spec, api), sort_keys=True)
+    with _CACHE_LOCK:
+        return key in _CACHE
+
+
 def check_fit(spec: JobSpec, api: ApiSettings) -> None:
     """Raise :class:`PlannerRefused` when no GPU count in ``min..max`` has a plan for ``spec``."""
     pspec = planner_spec(spec, api)

@@ -53,6 +53,7 @@ def check_limits(db: Session, tenant: Tenant, *, lock: bool) -> None:
     since = now - dt.timedelta(seconds=RATE_WINDOW_S)
     # Both counts stop at the limit (an index range scan of at most that many rows): the cost of a
     # submission does not grow with the tenant's history.
+    # One round trip for both.
     window = (
         sa.select(Job.created_at)
         .where(Job.tenant_id == tenant.id, Job.created_at > since)
@@ -60,18 +61,23 @@ def check_limits(db: Session, tenant: Tenant, *, lock: bool) -> None:
         .limit(tenant.submit_per_minute)
         .subquery()
     )
-    recent, oldest = db.execute(sa.select(sa.func.count(), sa.func.min(window.c.created_at))).one()
-    if recent >= tenant.submit_per_minute:
-        oldest = oldest.replace(tzinfo=dt.UTC) if oldest is not None and oldest.tzinfo is None else oldest
-        wait = RATE_WINDOW_S - (now - oldest).total_seconds() if oldest is not None else RATE_WINDOW_S
-        raise LimitExceeded(f"over {tenant.submit_per_minute} submissions per minute", max(1, math.ceil(wait)))
     unfinished = (
         sa.select(Job.id)
         .where(Job.tenant_id == tenant.id, Job.state.in_(sorted(set(JOB_STATES) - TERMINAL_STATES)))
         .limit(tenant.max_jobs)
         .subquery()
     )
-    active = db.scalar(sa.select(sa.func.count()).select_from(unfinished))
+    recent, oldest, active = db.execute(
+        sa.select(
+            sa.select(sa.func.count()).select_from(window).scalar_subquery(),
+            sa.select(sa.func.min(window.c.created_at)).scalar_subquery(),
+            sa.select(sa.func.count()).select_from(unfinished).scalar_subquery(),
+        )
+    ).one()
+    if recent >= tenant.submit_per_minute:
+        oldest = oldest.replace(tzinfo=dt.UTC) if oldest is not None and oldest.tzinfo is None else oldest
+        wait = RATE_WINDOW_S - (now - oldest).total_seconds() if oldest is not None else RATE_WINDOW_S
+        raise LimitExceeded(f"over {tenant.submit_per_minute} submissions per minute", max(1, math.ceil(wait)))
     if (active or 0) >= tenant.max_jobs:
         raise LimitExceeded(f"{tenant.max_jobs} unfinished jobs already (max_jobs)", 30)
 

@@ -16,6 +16,7 @@ Every process the demo starts is stopped at the end, also on Ctrl-C, unless ``--
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import signal
@@ -139,7 +140,8 @@ class Demo:
         from workers.runtime.launch import find_supervisor
 
         if not ray.is_initialized():
-            ray.init(address=self.cluster.address, namespace="orthoplex", log_to_driver=False)
+            ray.init(address=self.cluster.address, namespace="orthoplex", log_to_driver=False,
+                     logging_level=logging.WARNING)
 
         for tj in self.jobs:
             jid, attempt = tj.job.get("id"), int(tj.job.get("attempt") or 0)

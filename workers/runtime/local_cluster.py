@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -74,7 +75,8 @@ class InProcessCluster:
         for _ in range(self.nodes):
             self.add_node()
         if self.connect:
-            ray.init(address=self.cluster.address, namespace="orthoplex", log_to_driver=False)
+            ray.init(address=self.cluster.address, namespace="orthoplex", log_to_driver=False,
+                     logging_level=logging.WARNING)
         self.cluster.wait_for_nodes()
         return self
 

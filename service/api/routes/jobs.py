@@ -17,7 +17,7 @@ from sqlalchemy import exc as sa_exc
 from service.api import repo
 from service.api.deps import CurrentTenant, Db
 from service.api.errors import field_error, responses
-from service.api.planning import PlannerRefused, check_fit
+from service.api.planning import PlannerRefused, check_fit, fit_known
 from service.api.schemas import EventPublic, JobList, JobPublic, JobSpec, JobStateName, MetricPublic
 from service.api.sse import event_stream, wants_stream
 from service.db import transitions as tr
@@ -104,10 +104,12 @@ def submit_job(spec: JobSpec, request: Request, response: Response, tenant: Curr
         existing = repo.job_by_key(db, tenant.id, idempotency_key)
         if existing is not None:
             return _replay(existing, digest, response)
-    repo.check_limits(db, tenant, lock=False)  # cheap early refusal before planning
-    if request.app.state.api.fit_check:
+    api = request.app.state.api
+    if api.fit_check and not fit_known(spec, api):
+        repo.check_limits(db, tenant, lock=False)  # refuse before planning (create_job checks again)
+    if api.fit_check:
         try:
-            check_fit(spec, request.app.state.api)
+            check_fit(spec, api)
         except PlannerRefused as exc:
             raise field_error(["body", *exc.loc], exc.msg, "plan_infeasible") from None
     try:
