@@ -81,6 +81,8 @@ def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int) -> dict[str, Any]:
     attempt shares so that a new attempt resumes from the newest verified checkpoint."""
     spec = {k: job.spec[k] for k in RUNTIME_KEYS if k in job.spec}
     spec["checkpoint_dir"] = str(ctx.job_storage(job.id) / "checkpoints")
+    # the runtime plans on the cluster's GPU profile, the one submissions were fit-checked against
+    spec["gpu_type"] = ctx.gpu_type
     spec["min_gpus"] = max(1, min(job.min_gpus, gpus))
     spec["max_gpus"] = gpus
     # capacity belongs to the scheduler: the runtime must not grow onto returning nodes by itself

@@ -56,6 +56,9 @@ class Ctx:
     placements: dict[tuple[int, int], dict[str, int]] = field(default_factory=dict)
     #: the last decision recorded per job (kind, gpus, reason): a decision is stored when it changes
     decided: dict[int, tuple[str, int | None, str]] = field(default_factory=dict)
+    #: the GPU profile the runtime and the goodput curves plan on (``ORTHOPLEX_API_GPU_TYPE``)
+    gpu_type: str = "CPU"
+    gpus_per_node: int = 4
     #: the planner's goodput curve per elastic job (``None``: none, linear), computed once per job
     curves: dict[int, dict[int, float] | None] = field(default_factory=dict)
 

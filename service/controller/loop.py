@@ -72,6 +72,10 @@ class Controller:
         self._last_connect = 0.0
         lease = LeaderLease(engine, holder, ttl_s=self.config.lease_ttl_s)
         self.ctx = Ctx(engine, lease, Supervisors(self.config.call_timeout_s), self.config)
+        from service.api.config import ApiSettings
+
+        profile = ApiSettings()
+        self.ctx.gpu_type, self.ctx.gpus_per_node = profile.gpu_type, profile.gpus_per_node
         self.decisions: deque[apply.Applied] = deque(maxlen=1000)
         self.rounds = 0  # rounds run as the leader
         self._leading = False
@@ -224,7 +228,6 @@ class Controller:
 
     def _update_curves(self, db: DbState) -> None:
         """Goodput curves for elastic jobs not seen before; forget those of jobs that ended."""
-        from service.api.config import ApiSettings
         from service.controller.curves import goodput_curve
 
         live = {j.id for j in db.jobs}
@@ -233,10 +236,9 @@ class Controller:
         todo = [j for j in db.jobs if j.max_gpus > j.min_gpus and j.id not in self.ctx.curves]
         if not todo:
             return
-        api = ApiSettings()
         for j in todo:
             self.ctx.curves[j.id] = goodput_curve(
-                j.spec, j.min_gpus, j.max_gpus, gpu_type=api.gpu_type, gpus_per_node=api.gpus_per_node
+                j.spec, j.min_gpus, j.max_gpus, gpu_type=self.ctx.gpu_type, gpus_per_node=self.ctx.gpus_per_node
             )
 
     # -- running ----------------------------------------------------------------------------------
