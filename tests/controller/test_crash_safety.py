@@ -31,7 +31,7 @@ from tests.controller import helpers as h
 
 pytestmark = [pytest.mark.postgres, pytest.mark.cluster]
 
-STEPS = 60
+STEPS = 200  # long enough to be still running at stage 4 on a quiet machine (a tiny step is ~0.1 s)
 
 
 def _job_nodes(job_id: int) -> set[str]:
@@ -113,6 +113,7 @@ def test_kill9_during_admission_running_recovery_and_cancel(
         at_most_one_supervisor()
 
         # 4. kill the worker node the job trains on; kill -9 the controller while RECOVERING
+        assert h.state(engine, a) == "RUNNING", "the job ended before its node could be killed: raise STEPS"
         nodes = _job_nodes(a)
         assert nodes, "the job holds no GPUs on any node"
         victim = sorted(nodes)[0]
