@@ -27,7 +27,7 @@ from tests.controller import helpers as h
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.cluster]
 
 ADMIN = "e2e-admin-token-0123456789"
-STEPS = 60
+STEPS = 100  # alpha must still be running after beta (12 steps) ends, with margin on a fast machine
 
 
 def _free_port() -> int:

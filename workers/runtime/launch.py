@@ -8,6 +8,7 @@ the head node when the cluster has one, so losing a worker node never takes the 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 NAMESPACE = "orthoplex"
@@ -55,7 +56,19 @@ def start_supervisor(job_id: str, attempt: int, spec: dict[str, Any], *,
         resources=_head_resource(),
     ).remote(str(job_id), int(attempt), spec, enable_fault_injection)
     handle.run.remote()
+    _wait_registered(job_id, attempt)
     return handle
+
+
+def _wait_registered(job_id: str, attempt: int, timeout_s: float = 30.0) -> None:
+    """Return once the GCS knows the actor by name. Creating an actor is asynchronous: a caller that
+    dies right after ``.remote()`` (a controller killed after recording "started") could otherwise
+    leave no actor at all, although it returned as if one existed."""
+    deadline = time.monotonic() + timeout_s
+    while find_supervisor(job_id, attempt) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"supervisor {supervisor_name(job_id, attempt)} not registered in {timeout_s:.0f}s")
+        time.sleep(0.02)
 
 
 def find_supervisor(job_id: str, attempt: int) -> Any | None:
