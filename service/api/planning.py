@@ -17,6 +17,7 @@ import concurrent.futures
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,15 +151,10 @@ def _plan(pspec: dict[str, Any], top_k: int, timeout_s: float) -> Any:
         raise PlannerTimeout(f"the planner did not finish within {timeout_s:g} s") from None
 
 
-def fit_known(spec: JobSpec, api: ApiSettings) -> bool:
-    """Whether the fit check's answer for ``spec`` is cached (then it costs no planning)."""
-    key = json.dumps(planner_spec(spec, api), sort_keys=True)
-    with _CACHE_LOCK:
-        return key in _CACHE
-
-
-def check_fit(spec: JobSpec, api: ApiSettings) -> None:
-    """Raise :class:`PlannerRefused` when no GPU count in ``min..max`` has a plan for ``spec``."""
+def check_fit(spec: JobSpec, api: ApiSettings, before_planning: Callable[[], None] | None = None) -> None:
+    """Raise :class:`PlannerRefused` when no GPU count in ``min..max`` has a plan for ``spec``.
+    ``before_planning`` runs only when the answer is not cached, right before the search (a caller's
+    cheap refusal, e.g. a tenant over its limits, that should not wait for planning)."""
     pspec = planner_spec(spec, api)
     key = json.dumps(pspec, sort_keys=True)
     with _CACHE_LOCK:
@@ -166,6 +162,8 @@ def check_fit(spec: JobSpec, api: ApiSettings) -> None:
         if hit is not None:
             _CACHE.move_to_end(key)
     if hit is None:
+        if before_planning is not None:
+            before_planning()
         try:
             # the largest count first: one size is cheap and usually fits; then the whole range
             result = _plan(planner_spec(spec, api, spec.max_gpus), 1, api.plan_timeout_s)

@@ -51,9 +51,8 @@ def check_limits(db: Session, tenant: Tenant, *, lock: bool) -> None:
         db.execute(sa.select(Tenant.id).where(Tenant.id == tenant.id).with_for_update(key_share=True))
     now = utcnow()
     since = now - dt.timedelta(seconds=RATE_WINDOW_S)
-    # Both counts stop at the limit (an index range scan of at most that many rows): the cost of a
-    # submission does not grow with the tenant's history.
-    # One round trip for both.
+    # Both counts stop at the limit (an index range scan of at most that many rows), in one round trip:
+    # the cost of a submission does not grow with the tenant's history.
     window = (
         sa.select(Job.created_at)
         .where(Job.tenant_id == tenant.id, Job.created_at > since)

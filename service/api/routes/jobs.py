@@ -17,7 +17,7 @@ from sqlalchemy import exc as sa_exc
 from service.api import repo
 from service.api.deps import CurrentTenant, Db
 from service.api.errors import field_error, responses
-from service.api.planning import PlannerRefused, check_fit, fit_known
+from service.api.planning import PlannerRefused, check_fit
 from service.api.schemas import EventPublic, JobList, JobPublic, JobSpec, JobStateName, MetricPublic
 from service.api.sse import event_stream, wants_stream
 from service.db import transitions as tr
@@ -105,11 +105,10 @@ def submit_job(spec: JobSpec, request: Request, response: Response, tenant: Curr
         if existing is not None:
             return _replay(existing, digest, response)
     api = request.app.state.api
-    if api.fit_check and not fit_known(spec, api):
-        repo.check_limits(db, tenant, lock=False)  # refuse before planning (create_job checks again)
     if api.fit_check:
         try:
-            check_fit(spec, api)
+            # a tenant over its limits is refused before any planning (create_job checks again, locked)
+            check_fit(spec, api, before_planning=lambda: repo.check_limits(db, tenant, lock=False))
         except PlannerRefused as exc:
             raise field_error(["body", *exc.loc], exc.msg, "plan_infeasible") from None
     try:
