@@ -26,6 +26,20 @@ def peak_tflops(name: str) -> float | None:
     return None
 
 
+def train_step(model: Any, opt: Any, x: Any, vocab: int) -> float:
+    """One bf16-autocast training step on CUDA of next-token prediction on ``x``; returns the loss."""
+    import torch
+    import torch.nn.functional as F
+
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(x[:, :-1])
+    loss = F.cross_entropy(logits.float().reshape(-1, vocab), x[:, 1:].reshape(-1))
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     import torch
 
@@ -33,8 +47,6 @@ def run(quick: bool = False) -> dict[str, Any]:
         msg = "SKIP: no CUDA device here; bench/gpu_mfu.py measures MFU only on a GPU"
         print(msg)
         return {"name": "gpu_mfu", "rows": [], "skipped": True, "markdown": msg}
-
-    import torch.nn.functional as F
 
     from workers.engine.config import ModelConfig
     from workers.engine.model import build_model
@@ -49,23 +61,13 @@ def run(quick: bool = False) -> dict[str, Any]:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         x = torch.randint(0, cfg.vocab, (batch, seq + 1), device=dev)
 
-        def step(model: torch.nn.Module = model, opt: torch.optim.Optimizer = opt, x: torch.Tensor = x,
-                 cfg: ModelConfig = cfg) -> float:
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = model(x[:, :-1])
-            loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab), x[:, 1:].reshape(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return float(loss.detach())
-
         for _ in range(3):
-            step()
+            train_step(model, opt, x, cfg.vocab)
         torch.cuda.synchronize()
         n = 5 if quick else 10
         t0 = time.perf_counter()
         for _ in range(n):
-            step()
+            train_step(model, opt, x, cfg.vocab)
         torch.cuda.synchronize()
         dt = (time.perf_counter() - t0) / n
         tps = batch * seq / dt

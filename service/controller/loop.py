@@ -233,10 +233,7 @@ class Controller:
         live = {j.id for j in db.jobs}
         for job_id in [k for k in self.ctx.curves if k not in live]:
             del self.ctx.curves[job_id]
-        todo = [j for j in db.jobs if j.max_gpus > j.min_gpus and j.id not in self.ctx.curves]
-        if not todo:
-            return
-        for j in todo:
+        for j in [j for j in db.jobs if j.max_gpus > j.min_gpus and j.id not in self.ctx.curves]:
             self.ctx.curves[j.id] = goodput_curve(
                 j.spec, j.min_gpus, j.max_gpus, gpu_type=self.ctx.gpu_type, gpus_per_node=self.ctx.gpus_per_node
             )

@@ -99,8 +99,6 @@ class Demo:
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
         """Run the demo; returns the process exit code (0 when every job succeeded)."""
-        import logging
-
         for noisy in ("httpx", "httpcore"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
         t0 = time.monotonic()

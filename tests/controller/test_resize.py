@@ -32,6 +32,11 @@ def _runtime_events(engine: Any, job_id: int, type_: str) -> list[Any]:
     return [e for e in h.events(engine, job_id, type_=type_) if e.source.startswith("runtime:")]
 
 
+def _resumed_on(engine: Any, job_id: int, gpus: int) -> int:
+    """How many times the job's runtime resumed on ``gpus`` GPUs."""
+    return sum(e.payload.get("world_size") == gpus for e in _runtime_events(engine, job_id, "resumed"))
+
+
 def _decisions(engine: Any, job_id: int) -> list[tuple[str, int | None, str]]:
     return [
         (e.payload["kind"], e.payload.get("gpus"), e.payload["outcome"])
@@ -61,22 +66,14 @@ def test_shrink_for_a_quota_job_then_grow_back_in_place(ray_cluster, migrated_db
 
         # 2. a job within its tenant's quota arrives: the borrower is shrunk, not preempted
         quota_job = h.add_job(engine, a_tenant, "quota", h.tiny_spec(10, every=5), gpus=2)
-        h.wait_for(
-            lambda: any(e.payload.get("world_size") == 2 for e in _runtime_events(engine, elastic, "resumed")),
-            300,
-            "the elastic job resumed on 2 GPUs",
-        )
+        h.wait_for(lambda: _resumed_on(engine, elastic, 2), 300, "the elastic job resumed on 2 GPUs")
         assert ("shrink", 2, "requested") in _decisions(engine, elastic)
         h.wait_for(lambda: h.job(engine, elastic).gpus_allocated == 2, 60, "gpus_allocated 2")
         h.wait_for(lambda: h.state(engine, quota_job) == "SUCCEEDED", 300, "the quota job SUCCEEDED")
         assert _decisions(engine, quota_job)[-1][:2] == ("admit", 2)
 
         # 3. its GPUs are free again: the elastic job grows back onto them
-        h.wait_for(
-            lambda: sum(e.payload.get("world_size") == 4 for e in _runtime_events(engine, elastic, "resumed")),
-            300,
-            "the elastic job resumed on 4 GPUs",
-        )
+        h.wait_for(lambda: _resumed_on(engine, elastic, 4), 300, "the elastic job resumed on 4 GPUs")
         assert ("grow", 4, "requested") in _decisions(engine, elastic)
         h.wait_for(lambda: h.job(engine, elastic).gpus_allocated == 4, 60, "gpus_allocated 4")
 

@@ -13,8 +13,7 @@ pytestmark = [
 
 
 def test_model_trains_under_bf16_autocast_on_cuda() -> None:
-    import torch.nn.functional as F
-
+    from bench.gpu_mfu import train_step
     from workers.engine.config import ModelConfig
     from workers.engine.model import build_model
 
@@ -25,13 +24,7 @@ def test_model_trains_under_bf16_autocast_on_cuda() -> None:
     x = torch.randint(0, cfg.vocab, (8, cfg.seq_len + 1), device=dev, generator=None)
     losses = []
     for _ in range(20):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(x[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab), x[:, 1:].reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(train_step(model, opt, x, cfg.vocab))
     assert losses[-1] < 0.8 * losses[0]  # it learns the fixed batch
 
 

@@ -83,9 +83,14 @@ def start_gang(
         gang.workers.append(cls.options(scheduling_strategy=strategy).remote())
     if on_created is not None:
         on_created(gang)
+
+    def failed(res: Any, what: str) -> StartFailed:
+        return StartFailed(classify(res, rank_map.rank_to_node, alive_nodes=alive_nodes,
+                                    unreachable=raylet_unreachable, what=what))
+
     infos = gather({r: w.info.remote() for r, w in enumerate(gang.workers)}, deadline_s=start_timeout_s)
     if not infos.ok:
-        raise StartFailed(classify(infos, rank_map.rank_to_node, alive_nodes=alive_nodes, unreachable=raylet_unreachable, what="actor start"))
+        raise failed(infos, "actor start")
     wrong = [r for r, i in infos.results.items() if i["node_id"] != rank_map.rank_to_node[r]]
     if wrong:
         raise StartFailed(Failure("rank_failed", f"actors of ranks {wrong} are not on their bundle's node",
@@ -93,7 +98,7 @@ def start_gang(
     t1 = time.monotonic()
     endpoint = gather({0: gang.workers[0].endpoint.remote(collective_timeout_s)}, deadline_s=start_timeout_s)
     if not endpoint.ok:
-        raise StartFailed(classify(endpoint, rank_map.rank_to_node, alive_nodes=alive_nodes, unreachable=raylet_unreachable, what="rendezvous"))
+        raise failed(endpoint, "rendezvous")
     rdzv = endpoint.results[0]
     refs = {
         r: w.setup.remote(rdzv, train_cfg, layout.to_dict(), r, layout.world_size, collective_timeout_s)
@@ -101,7 +106,7 @@ def start_gang(
     }
     setup = gather(refs, deadline_s=start_timeout_s, workers=gang.workers)
     if not setup.ok:
-        raise StartFailed(classify(setup, rank_map.rank_to_node, alive_nodes=alive_nodes, unreachable=raylet_unreachable, what="setup"))
+        raise failed(setup, "setup")
     gang.timings = {"actors_s": t1 - t0, "setup_s": time.monotonic() - t1, "rendezvous": rdzv}
     return gang
 

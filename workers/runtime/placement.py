@@ -66,9 +66,7 @@ def raylet_unreachable(node_id: str, timeout_s: float = 1.0) -> bool:
     import ray
 
     node = next((n for n in ray.nodes() if n.get("NodeID") == node_id), None)
-    if node is None:
-        return True
-    if not node.get("Alive"):
+    if node is None or not node.get("Alive"):
         return True
     addr, port = node.get("NodeManagerAddress"), node.get("NodeManagerPort")
     if not addr or not port:

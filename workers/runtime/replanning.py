@@ -102,15 +102,22 @@ class Replanning:
             return switch.replan.plan, switch.replan
         prev = self._plans[-1]["plan"]
         change = switch.change or planning.ClusterChange()
-        change.max_gpus = self._cap
         have = {n.id for n in nodes}
         base = nodes + [dataclasses.replace(self._views[n], free_gpus=self._views[n].gpus)
                         for n in change.lost_nodes if n in self._views and n not in have]
         change.lost_nodes = [n for n in change.lost_nodes if n in self._views]
-        rp = planning.replan(self.job, prev, prev.layout, change, base,
-                             restart_s=self._restart_s, horizon_s=self._horizon_s())
+        rp = self._replan(change, base)
         self._event_replan(prev, rp, change)
         return rp.plan, rp
+
+    def _replan(self, change: planning.ClusterChange, base: list[placement.NodeView]) -> Any:
+        """``planning.replan`` from the plan in force, capped at the job's grant unless ``change``
+        names another cap (a resize)."""
+        if change.max_gpus is None:
+            change.max_gpus = self._cap
+        prev = self._plans[-1]["plan"]
+        return planning.replan(self.job, prev, prev.layout, change, base,
+                               restart_s=self._restart_s, horizon_s=self._horizon_s())
 
     def _on_straggler(self, gang: Gang, findings: list[Any], scorer: StragglerScorer, walls: list[float],
                       step: int) -> Switch | None:
@@ -120,11 +127,9 @@ class Replanning:
                           f"{f.window} (threshold {self.settings.straggler_threshold})",
                           step=step, **f.to_dict())
         prev = self._plans[-1]["plan"]
-        change = planning.ClusterChange(slow_nodes=speeds, max_gpus=self._cap, reason="straggler")
+        change = planning.ClusterChange(slow_nodes=speeds, reason="straggler")
         t0 = time.monotonic()
-        nodes = self._nodes(held=held_gpus(gang))
-        rp = planning.replan(self.job, prev, prev.layout, change, nodes,
-                             restart_s=self._restart_s, horizon_s=self._horizon_s())
+        rp = self._replan(change, self._nodes(held=held_gpus(gang)))
         plan_s = time.monotonic() - t0
         self._event_replan(prev, rp, change)
         scorer.ignore_nodes = frozenset(scorer.ignore_nodes | set(speeds))
@@ -153,8 +158,7 @@ class Replanning:
         prev = self._plans[-1]["plan"]
         change = planning.ClusterChange(max_gpus=target, reason=f"resize to {target} GPUs")
         try:
-            rp = planning.replan(self.job, prev, prev.layout, change, self._nodes(held=held_gpus(gang)),
-                                 restart_s=self._restart_s, horizon_s=self._horizon_s())
+            rp = self._replan(change, self._nodes(held=held_gpus(gang)))
         except planning.PlanningError as exc:
             self.log.emit("resize_refused", f"no plan for {target} GPUs: {exc}", gpus=target,
                           world_size=gang.world_size, step=step)
@@ -179,12 +183,11 @@ class Replanning:
             return None
         prev = self._plans[-1]["plan"]
         change = planning.ClusterChange(added_nodes=[{"id": n.id, "gpus": n.free_gpus, "speed": 1.0} for n in added],
-                                        max_gpus=self._cap, reason="capacity returned")
+                                        reason="capacity returned")
         base = [n for n in nodes if n.id in current or n.id in set(planning.nodes_used(prev))]
         base = [n for n in base if n not in added]
         try:
-            rp = planning.replan(self.job, prev, prev.layout, change, base,
-                                 restart_s=self._restart_s, horizon_s=self._horizon_s())
+            rp = self._replan(change, base)
         except planning.PlanningError:
             return None
         if rp.decision == "keep" or rp.plan.layout.world_size <= gang.world_size:
