@@ -71,13 +71,9 @@ class FitResult:
 
 
 def _model(spec: JobSpec) -> dict[str, Any]:
-    if isinstance(spec.model, str):
-        from workers.engine.config import MODEL_PRESETS
+    from workers.engine.config import planner_model
 
-        preset = MODEL_PRESETS[spec.model]
-        return {"name": spec.model, **{k: preset[k] for k in
-                                       ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len")}}
-    return spec.model.model_dump(exclude={"rope_theta"})
+    return planner_model(spec.model if isinstance(spec.model, str) else spec.model.model_dump())
 
 
 def planner_spec(spec: JobSpec, api: ApiSettings, gpus: int | None = None) -> dict[str, Any]:

@@ -16,13 +16,23 @@ from service.api.schemas import EventPublic
 from service.db.models import TERMINAL_STATES, Event, Job
 
 KEEPALIVE_S = 15.0
+# One server-sent event as OpenAPI 3.1 describes a ``text/event-stream`` item: ``event`` is the
+# event's type (or ``end``), ``data`` its JSON (an event as the JSON list shows it, or the job's final
+# state for ``end``), ``id`` the event id to resume from with ``since``.
+SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+        "id": {"type": "string", "pattern": "^[0-9]+$"},
+    },
+}
 BATCH = 500
 
 
 def wants_stream(request: Request) -> bool:
-    """``Accept: text/event-stream`` or ``?stream=true``."""
-    if request.query_params.get("stream", "").lower() in ("1", "true", "yes"):
-        return True
+    """``Accept: text/event-stream`` (the route's ``stream`` query parameter is the other way)."""
     return "text/event-stream" in request.headers.get("accept", "")
 
 

@@ -21,7 +21,6 @@ from service.log import get_logger
 log = get_logger("service.controller.curves")
 
 MAX_POINTS = 12
-MODEL_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len")
 
 
 def curve_sizes(min_gpus: int, max_gpus: int, gpus_per_node: int, max_points: int = MAX_POINTS) -> list[int]:
@@ -41,15 +40,6 @@ def curve_sizes(min_gpus: int, max_gpus: int, gpus_per_node: int, max_points: in
     return sorted(sizes)
 
 
-def _model(model: Any) -> dict[str, Any]:
-    if isinstance(model, str):
-        from workers.engine.config import MODEL_PRESETS
-
-        preset = MODEL_PRESETS[model]
-        return {"name": model, **{k: preset[k] for k in MODEL_KEYS}}
-    return {k: model[k] for k in MODEL_KEYS if k in model}
-
-
 def goodput_curve(
     spec: Mapping[str, Any], min_gpus: int, max_gpus: int, *, gpu_type: str, gpus_per_node: int
 ) -> dict[int, float] | None:
@@ -57,9 +47,10 @@ def goodput_curve(
     if max_gpus <= min_gpus:
         return None
     import planner
+    from workers.engine.config import planner_model
 
     try:
-        model = _model(spec.get("model", "tiny"))
+        model = planner_model(spec.get("model", "tiny"))
         parallel: dict[str, Any] = {"global_batch": int(spec["global_batch"])}
         parallel.update(dict(spec.get("layout_hint") or {}) if isinstance(spec.get("layout_hint"), dict) else {})
         curve: dict[int, float] = {}

@@ -198,3 +198,13 @@ def test_ready_is_503_when_ray_unreachable(pg_url: str) -> None:
     with TestClient(bad_db) as c:
         assert c.get("/readyz").status_code == 503
         assert c.get("/healthz").status_code == 200
+
+
+def test_stream_query_parameter_is_documented_and_checked(client: TestClient, tenant: dict[str, str]) -> None:
+    params = {p["name"]: p for p in client.get("/openapi.json").json()["paths"]["/v1/jobs/{job_id}/events"]["get"]
+              ["parameters"]}
+    assert params["stream"]["schema"]["type"] == "boolean"
+    jid = client.post("/v1/jobs", json=job_body(), headers=tenant).json()["id"]
+    r = client.get(f"/v1/jobs/{jid}/events?stream=maybe", headers=tenant)
+    assert r.status_code == 422 and "stream" in r.text
+    assert client.get(f"/v1/jobs/{jid}/events?stream=false", headers=tenant).json()[0]["type"] == "submitted"

@@ -38,7 +38,7 @@ def _schema(pg_url: str, tenant_token: str) -> Any:
     from service.settings import Settings
 
     app = create_app(Settings(database_url=pg_url, admin_token=ADMIN_TOKEN),
-                     ApiSettings(plan_timeout_s=0.5, dryrun_timeout_s=1.0, sse_max_s=5.0))
+                     ApiSettings(plan_timeout_s=0.5, dryrun_timeout_s=1.0, sse_max_s=0.5))
     config = SchemathesisConfig.from_dict({
         "generation": {"max-examples": EXAMPLES, "mode": "all", "deterministic": True},
         "phases": {"stateful": {"max-steps": 10, "generation": {"max-examples": max(EXAMPLES // 4, 10)}}},

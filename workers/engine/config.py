@@ -7,6 +7,7 @@ stored with a job attempt and shipped to Ray actors.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +109,15 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
        for name, shape in _PLANNER_PRESETS.items()},
     **_ENGINE_PRESETS,
 }
+PLANNER_MODEL_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len")
+
+
+def planner_model(model: str | Mapping[str, Any]) -> dict[str, Any]:
+    """The planner's ``model`` fields for a preset name or an explicit shape (a job spec's ``model``):
+    the shape the engine will build, without engine-only fields such as ``rope_theta``."""
+    if isinstance(model, str):
+        return {"name": model, **{k: v for k, v in MODEL_PRESETS[model].items() if k in PLANNER_MODEL_KEYS}}
+    return {k: model[k] for k in PLANNER_MODEL_KEYS if k in model}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from service.api.deps import CurrentTenant, Db
 from service.api.errors import field_error, responses
 from service.api.planning import PlannerRefused, check_fit
 from service.api.schemas import EventPublic, JobList, JobPublic, JobSpec, JobStateName, MetricPublic
-from service.api.sse import event_stream, wants_stream
+from service.api.sse import SSE_EVENT_SCHEMA, event_stream, wants_stream
 from service.db import transitions as tr
 from service.db.models import Job
 
@@ -180,7 +180,7 @@ def cancel_job(job_id: JobId, tenant: CurrentTenant, db: Db) -> JobPublic:
     operation_id="job_events",
     summary="A job's events",
     responses={
-        200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+        200: {"content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
               "description": "JSON list, or a server-sent event stream (Accept: text/event-stream)"},
         **responses(401, 403, 404),
     },
@@ -192,6 +192,8 @@ def job_events(
     db: Db,
     since: Annotated[int, Query(ge=0, le=2**63 - 1, description="only events with a larger id")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    stream: Annotated[bool, Query(description="answer with a server-sent event stream "
+                                              "(the same as Accept: text/event-stream)")] = False,
 ) -> Any:
     """Events oldest first (state changes with their reason, and the runtime's events). With
     ``Accept: text/event-stream`` (or ``?stream=true``) the answer is a server-sent event stream
@@ -199,7 +201,7 @@ def job_events(
     job = repo.get_job(db, tenant.id, job_id)
     if job is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "job not found")
-    if wants_stream(request):
+    if stream or wants_stream(request):
         return StreamingResponse(event_stream(request.app, job_id, since), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     rows = repo.list_events(db, job_id, since=since, limit=limit)
