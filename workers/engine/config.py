@@ -7,8 +7,8 @@ stored with a job attempt and shipped to Ray actors.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
