@@ -235,6 +235,31 @@ def test_classify_trusts_a_dead_raylet_before_the_gcs_notices() -> None:
     assert f.kind == "rank_failed" and f.ranks == (2, 3)
 
 
+def test_a_node_where_ranks_keep_dying_becomes_suspect_and_nothing_else_does() -> None:
+    from ray.exceptions import ActorDiedError
+
+    from workers.runtime.watchdog import Failure, GatherResult, NodeDeaths, classify
+
+    nodes = ["a", "a", "b", "b"]
+    live = {"alive_nodes": lambda: {"a", "b"}, "confirm_s": 0.2, "unreachable": lambda n: False}
+    death_on_b = classify(GatherResult(errors={3: ActorDiedError()}), nodes, **live)
+    assert death_on_b.kind == "rank_failed" and death_on_b.died and death_on_b.nodes == ("b",)
+    raised = classify(GatherResult(errors={0: RuntimeError("x"), 3: RuntimeError("x")}), nodes, **live)
+    assert raised.kind == "rank_failed" and not raised.died
+    both = classify(GatherResult(errors={0: ActorDiedError(), 3: ActorDiedError()}), nodes, **live)
+    assert both.died and both.nodes == ("a", "b")
+
+    deaths = NodeDeaths(limit=2)
+    # errors raised (a bug, bad data), deaths on several nodes at once (a layout out of memory
+    # everywhere), a node loss or a hang count against no node
+    for f in (raised, raised, both, both, Failure("node_lost", "x", ("b",), (2, 3)), Failure("hang", "x", ("b",))):
+        assert deaths.record(f) is None
+    assert deaths.record(death_on_b) is None  # once is bad luck
+    assert deaths.record(death_on_b) == "b"  # twice on the same live node: suspect
+    assert deaths.record(death_on_b) is None  # reported once
+    assert NodeDeaths(limit=0).record(death_on_b) is None  # off
+
+
 def test_raylet_probe_tells_a_listening_port_from_a_closed_one(monkeypatch) -> None:
     import socket
 
@@ -263,3 +288,16 @@ def test_raylet_probe_tells_a_listening_port_from_a_closed_one(monkeypatch) -> N
         assert placement.raylet_unreachable("unknown")
     finally:
         server.close()
+
+
+def test_every_event_the_runtime_emits_is_a_known_type() -> None:
+    import re
+    from pathlib import Path
+
+    import workers.runtime as runtime
+    from workers.runtime.events import EVENT_TYPES
+
+    emitted = {m for f in Path(runtime.__file__).parent.glob("*.py")
+               for m in re.findall(r"\.emit\(\s*\"([a-z_]+)\"", f.read_text())}
+    assert {"node_excluded", "waiting_for_gpus", "rank_failed"} <= emitted
+    assert emitted <= EVENT_TYPES, emitted - EVENT_TYPES

@@ -2,8 +2,11 @@
 
 One supervisor, driven from outside the way the control plane drives it:
 
-0. a rank process is killed (its node stays up): ``rank_failed``, not ``node_lost`` -- the node's
-   raylet still answers -- and the job restarts the same layout on the same GPUs;
+0. the other two nodes are busy ("other tenants' work"), so the job's 4 GPUs are on one node; a
+   rank process is killed (its node stays up): ``rank_failed``, not ``node_lost`` -- the node's
+   raylet still answers -- and the job restarts the same layout on the same node; when a rank dies
+   there a second time, the node is suspect (``node_excluded``): the job waits for GPUs elsewhere
+   rather than going back to it, and moves to another node once one is free;
 1. it starts on 4 GPUs (``dp=4`` hint) and is asked to shrink to 2 (``resize(2)``, the scheduler's
    Shrink): at the next step boundary it checkpoints, re-plans within 2 GPUs and resumes from that
    checkpoint with no step lost;
@@ -39,17 +42,23 @@ def _spec(tmp_path: Path) -> dict[str, Any]:
         "checkpoint_dir": str(tmp_path / "ckpt"),
         "checkpoint": {"min_every_steps": 5, "max_every_steps": 5},
         "runtime": {**h.FAST_RUNTIME, "grow": False},
-        "faults": [{"kind": "kill_rank", "at_step": 2, "rank": 1}],
+        "faults": [{"kind": "kill_rank", "at_step": 2, "rank": 1}, {"kind": "kill_rank", "at_step": 6, "rank": 1}],
     }
 
 
 @pytest.mark.timeout(900)
-def test_shrink_wait_for_gpus_capped_recovery_and_preempt(ray_cluster, tmp_path: Path) -> None:
+def test_crash_suspect_node_shrink_wait_for_gpus_capped_recovery_and_preempt(ray_cluster, tmp_path: Path) -> None:
     import ray
 
     from workers.runtime.launch import start_supervisor, stop_supervisor
 
-    sup = start_supervisor("t-resize", 1, _spec(tmp_path), enable_fault_injection=True)
+    workers = ray_cluster.worker_node_ids()
+    hog: h.GpuHog | None = h.GpuHog(workers[1:], leave_free=0)  # only workers[0] has free GPUs
+    try:
+        sup = start_supervisor("t-resize", 1, _spec(tmp_path), enable_fault_injection=True)
+    except BaseException:
+        hog.release()
+        raise
     seen: list[dict[str, Any]] = []
 
     def events() -> list[dict[str, Any]]:
@@ -60,15 +69,25 @@ def test_shrink_wait_for_gpus_capped_recovery_and_preempt(ray_cluster, tmp_path:
         return next((e for e in events() if e["type"] == kind and all(e.get(k) == v for k, v in match.items())),
                     None)
 
-    hog: h.GpuHog | None = None
     try:
-        # 0. a rank dies on a live node: same layout again, from the last checkpoint
+        # 0. a rank dies on a live node: same layout again, on the same node, from the last checkpoint
         crashed = h.wait_for(lambda: first("rank_failed"), 300, "rank_failed")
-        assert crashed["ranks"] == [1] and not first("node_lost")
+        assert crashed["ranks"] == [1] and crashed["nodes"] == [workers[0]] and not first("node_lost")
         again = h.wait_for(lambda: first("resumed", cause="rank_failed"), 300, "resumed after the crash")
         assert again["world_size"] == 4 and again["from_step"] == 0
-        step4 = h.wait_for(lambda: next((e for e in events() if e["type"] == "step" and e["seq"] > again["seq"]),
-                                        None), 120, "a step on 4 GPUs after the crash")
+        assert not first("node_excluded")
+        # ... and again there: the node is suspect; with no other GPU free the job waits, not returns
+        excluded = h.wait_for(lambda: first("node_excluded"), 300, "node_excluded")
+        assert excluded["node"] == workers[0] and excluded["deaths"] == 2
+        h.wait_for(lambda: first("waiting_for_gpus"), 120, "waiting_for_gpus (only the suspect node is free)")
+        hog.release()
+        hog = None
+        moved = h.wait_for(lambda: next((e for e in events() if e["type"] == "resumed" and e["seq"] > excluded["seq"]),
+                                        None), 300, "resumed off the suspect node")
+        assert moved["world_size"] == 4 and moved["cause"] == "rank_failed"
+        assert workers[0] not in ray.get(sup.status.remote(), timeout=60)["nodes"]
+        step4 = h.wait_for(lambda: next((e for e in events() if e["type"] == "step" and e["seq"] > moved["seq"]),
+                                        None), 120, "a step on 4 GPUs after the move")
         assert step4["world_size"] == 4
 
         # 1. shrink to 2 GPUs at a step boundary
@@ -96,8 +115,9 @@ def test_shrink_wait_for_gpus_capped_recovery_and_preempt(ray_cluster, tmp_path:
         ray_cluster.kill_node(victim)
         lost = h.wait_for(lambda: first("node_lost"), 120, "node_lost")
         assert victim in lost["nodes"]
-        waiting = h.wait_for(lambda: first("waiting_for_gpus"), 120, "waiting_for_gpus")
-        assert waiting["seq"] > lost["seq"] and waiting["max_gpus"] == 2
+        waiting = h.wait_for(lambda: next((e for e in events() if e["type"] == "waiting_for_gpus"
+                                           and e["seq"] > lost["seq"]), None), 120, "waiting_for_gpus")
+        assert waiting["max_gpus"] == 2
         time.sleep(3)  # still waiting, not failed
         status = ray.get(sup.status.remote(), timeout=60)
         assert status["state"] == "RECOVERING", status
@@ -119,7 +139,7 @@ def test_shrink_wait_for_gpus_capped_recovery_and_preempt(ray_cluster, tmp_path:
         assert summary["state"] == "PREEMPTED", summary
         pre = first("preempted")
         assert pre is not None and pre["checkpoint_step"] == summary["last_checkpoint_step"] == summary["steps_done"]
-        assert [p["num_gpus"] for p in summary["plans"]] == [4, 2, 2]  # a "keep" adds no plan
+        assert [p["num_gpus"] for p in summary["plans"]] == [4, 4, 2, 2]  # a "keep" adds no plan
         steps = {e["step"] for e in events() if e["type"] == "step"}
         assert set(range(summary["steps_done"])) <= steps  # every step ran, none skipped
         after = [e["step"] for e in events() if e["type"] == "step" and e["seq"] > back["seq"]]

@@ -26,6 +26,7 @@ EVENT_TYPES: frozenset[str] = frozenset(
         "rank_failed",
         "hang",
         "straggler",
+        "node_excluded",
         "replan",
         "resize_requested",
         "resize_refused",

@@ -42,6 +42,7 @@ class RuntimeSettings:
     straggler_persist: float = 0.6  # fraction of a window's steps that must be below the threshold
     grow: bool = True  # re-plan onto returning nodes at a checkpoint boundary
     max_recoveries: int = 10
+    node_death_limit: int = 2  # rank processes died this often on one live node: keep it out (0: never)
     linger_s: float = 0.0  # >0: a finished detached supervisor exits on its own after this long
     strategy: str = "PACK"
 

@@ -30,7 +30,7 @@ from workers.runtime.gang import Gang, StartFailed, start_gang, teardown
 from workers.runtime.jobspec import JobSpec, parse_job
 from workers.runtime.replanning import JobFailed, Replanning, Switch, held_gpus
 from workers.runtime.straggler import StragglerScorer, median
-from workers.runtime.watchdog import Failure, classify, gather
+from workers.runtime.watchdog import Failure, NodeDeaths, classify, gather
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED")
 
@@ -58,7 +58,8 @@ class JobSupervisor(Replanning):
         self._plans: list[dict[str, Any]] = []
         self._failures: list[dict[str, Any]] = []
         self._recoveries: list[dict[str, Any]] = []
-        self._excluded: set[str] = set()  # lost or slow nodes kept out of plans
+        self._excluded: set[str] = set()  # lost, slow or suspect nodes kept out of plans
+        self._deaths = NodeDeaths(self.settings.node_death_limit)
         self._views: dict[str, placement.NodeView] = {}  # every node seen (gpus), by Ray node id
         self._released: dict[str, int] = {}  # GPUs per node of the gang just torn down
         self._start_failures: dict[tuple[str, str], int] = {}  # deterministic start errors end the job
@@ -452,6 +453,13 @@ class JobSupervisor(Replanning):
         else:
             self.log.emit("rank_failed", failure.reason, ranks=list(failure.ranks), nodes=list(failure.nodes),
                           step=self._next_step)
+            suspect = self._deaths.record(failure)
+            if suspect is not None:  # re-planned as if the node were lost
+                self._excluded.add(suspect)
+                change.lost_nodes = [suspect]
+                self.log.emit("node_excluded", f"rank processes died {self._deaths.deaths[suspect]} times on "
+                              f"node {suspect[:8]} while it stayed up: kept out of this job's plans",
+                              node=suspect, deaths=self._deaths.deaths[suspect], step=self._next_step)
         self._failures.append({**failure.to_dict(), "step": self._next_step, "ts": detected})
         return Switch("failure", failure=failure, fault_ts=fault_ts, change=change,
                       detect_s=max(0.0, detected - fault_ts))

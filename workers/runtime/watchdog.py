@@ -43,6 +43,7 @@ class Failure:
     nodes: tuple[str, ...] = ()
     ranks: tuple[int, ...] = ()
     detected_at: float = 0.0
+    died: bool = False  # rank_failed: the rank processes died (not: raised an error)
 
     def to_dict(self) -> dict[str, object]:
         return {"kind": self.kind, "reason": self.reason, "nodes": list(self.nodes), "ranks": list(self.ranks)}
@@ -161,7 +162,7 @@ def classify(
                            f"({len(ranks)} rank actors gone)", tuple(lost), ranks, now)
         if died:
             return Failure("rank_failed", f"{what}: rank process(es) {died} died on live node(s)",
-                           tuple(sorted({rank_nodes[r] for r in died})), tuple(died), now)
+                           tuple(sorted({rank_nodes[r] for r in died})), tuple(died), now, died=True)
     if res.errors:
         first = min(res.errors)
         msg = str(res.errors[first]).strip().splitlines()
@@ -172,3 +173,23 @@ def classify(
         return Failure("hang", f"{what}: no progress within the deadline; ranks {res.pending} still pending",
                        tuple(nodes), tuple(res.pending), now)
     raise ValueError("classify() called on a successful gather")
+
+
+class NodeDeaths:
+    """Tells a bad node from bad luck: a node on which rank processes died ``limit`` times while the
+    node itself stayed up (its raylet answering: ``rank_failed``, not ``node_lost``), each time on that
+    node alone, is suspect -- a failing GPU, driver or memory that the node's health checks do not see.
+    Deaths spread over several nodes at once (a layout that runs out of memory everywhere, a bug) and
+    errors that ranks *raised* count against no node. ``limit`` 0 turns this off."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.deaths: dict[str, int] = {}
+
+    def record(self, failure: Failure) -> str | None:
+        """Count ``failure``; the node to keep out of plans from now on, if it became suspect."""
+        if failure.kind != "rank_failed" or not failure.died or len(failure.nodes) != 1:
+            return None
+        node = failure.nodes[0]
+        self.deaths[node] = self.deaths.get(node, 0) + 1
+        return node if self.limit and self.deaths[node] == self.limit else None
