@@ -8,8 +8,6 @@ from __future__ import annotations
 from planner.layout import Layout
 from planner.spec import PlanSpec
 
-ENGINE_RECOMPUTE = ("none", "full")
-
 
 def check_tp(spec: PlanSpec, tp: int) -> tuple[str, str] | None:
     m = spec.model
@@ -61,8 +59,6 @@ def check_knobs(spec: PlanSpec, lay: Layout) -> tuple[str, str] | None:
         heads_local = m.heads // lay.tp
         if heads_local % lay.cp:
             return "cp_method", f"ulysses needs heads/tp = {heads_local} divisible by cp {lay.cp}"
-    if spec.engine_only and lay.recompute not in ENGINE_RECOMPUTE:
-        return "engine", f"engine runs recompute none/full only, not {lay.recompute!r}"
     if lay.sp and lay.tp == 1:
         return "sp", "sequence parallelism needs tp > 1"
     return None

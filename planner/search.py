@@ -266,7 +266,7 @@ class Searcher:
         shape = {"tp": tp, "pp": pp, "cp": cp, "dp": dp}
         sps = self._options("sp", [True] if tp > 1 else [False])
         zeros = self._options("zero", [1, 3] if dp * cp > 1 else [0])
-        recs = self._options("recompute", C.ENGINE_RECOMPUTE if spec.engine_only else RECOMPUTE_ORDER)
+        recs = self._options("recompute", RECOMPUTE_ORDER)
         cpms = self._options("cp_method", ["ring", "ulysses"] if cp > 1 else ["ring"])
         links = links_for(hw, tp, cp, dp, pp, world.gpus)
         per_v = len(sps) * len(zeros) * len(recs) * len(cpms)

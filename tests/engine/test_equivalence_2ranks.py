@@ -27,6 +27,8 @@ SPECS = [
     "dp=2,zero=3",
     "dp=2,micro_batch=1",  # gradient accumulation over 4 micro-batches
     "dp=2,recompute=full",  # activation checkpointing per block
+    "tp=2,recompute=selective",  # the attention core run again in the backward
+    "cp=2,recompute=selective",  # ... the ring's p2p included
 ]
 
 

@@ -32,6 +32,7 @@ SPECS = [
     "pp=2,dp=2,vpp=2",  # interleaved
     "cp=4,cp_method=ulysses",
     "pp=4,micro_batch=1",  # 8 micro-batches through a 4-stage 1F1B
+    "cp=2,pp=2,recompute=selective",  # ring attention recomputed inside 1F1B's backward
 ]
 
 

@@ -87,6 +87,9 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.heads * hd, cfg.hidden, bias=False)
         self.core: AttnCore = sdpa_causal
         self.kv_hook: Callable[[torch.Tensor], torch.Tensor] | None = None
+        # recompute="selective" (Korthikanti et al.): keep only the core's inputs (q, k, v) and run the
+        # core -- scores, softmax, the CP ring or all-to-all -- again in the backward
+        self.recompute_core = False
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q = self.wq(x)
@@ -98,7 +101,11 @@ class Attention(nn.Module):
         q = apply_rope(q.view(b, s, -1, self.head_dim), cos, sin)  # -1: local heads under TP
         k = apply_rope(k.view(b, s, -1, self.head_dim), cos, sin)
         v = v.view(b, s, -1, self.head_dim)
-        o = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.recompute_core and torch.is_grad_enabled():
+            o = torch.utils.checkpoint.checkpoint(self.core, q, k, v, use_reentrant=False)
+        else:
+            o = self.core(q, k, v)
         return self.wo(o.transpose(1, 2).reshape(b, s, -1))
 
 

@@ -72,9 +72,10 @@ def build_parts(cfg: ModelConfig, seed: int, layout: Layout, groups: ParallelGro
         m.to(device)
         if positions is not None:
             m.rope.set_positions(positions.to(device))
-        if core is not None:
-            for block in m.layers.values():
+        for block in m.layers.values():
+            if core is not None:
                 block.attention.core = core
+            block.attention.recompute_core = layout.recompute == "selective"
         apply_tp(m, groups.tp_mesh, sp=layout.sp)
         m.checkpoint_layers = layout.recompute == "full"
         if layout.zero == 3:

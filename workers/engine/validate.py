@@ -60,8 +60,6 @@ def layout_problems(cfg: ModelConfig, layout: Layout, global_batch: int, world_s
     problems: list[str] = []
     if world_size is not None and layout.world_size != world_size:
         problems.append(f"tp*cp*pp*dp = {layout.world_size} does not match the world size {world_size}")
-    if layout.recompute == "selective":
-        problems.append("recompute=selective is not implemented by the engine (use none or full)")
     try:
         n_mb = layout.micro_batches_for(global_batch)
     except LayoutError as e:
