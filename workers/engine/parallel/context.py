@@ -13,7 +13,8 @@ block is attended by the local query chunks it is visible to, and partial result
 with the online softmax: ``lse = logaddexp(lse_a, lse_b)``,
 ``o = o_a * exp(lse_a - lse) + o_b * exp(lse_b - lse)``. The backward is hand written (not
 autograd through the ring): it keeps only ``q, k, v, o, lse`` from the forward, sends K/V around
-the ring again together with their gradient accumulators, recomputes each block's probabilities
+the ring again (the next block in flight while the current one is worked on, as in the forward),
+each followed by its gradient accumulators, recomputes each block's probabilities
 from the saved ``lse`` and, after one last hop, every dK/dV accumulator is back on its owner. The
 memory is bounded by one chunk-pair block of scores, as in FlashAttention.
 
@@ -190,6 +191,9 @@ class _RingAttention(torch.autograd.Function):
         dv = torch.zeros_like(cur_v)
         for step in range(rc.cp):
             src = (rc.cp_rank - step) % rc.cp
+            # the next K/V block travels while this one is worked on; its gradient accumulators
+            # can only follow once this step has added to them
+            kv_next = rc.rotate([cur_k, cur_v]) if step < rc.cp - 1 else None
             ks, vs = _halves(cur_k, 2), _halves(cur_v, 2)
             dks, dvs = _halves(dk, 2), _halves(dv, 2)
             for a, bb, diag in rc.pairs(src):
@@ -200,11 +204,12 @@ class _RingAttention(torch.autograd.Function):
                 ds = p * (dp - deltas[a].unsqueeze(-1)) * scale
                 dq[a] += torch.matmul(ds, ks[bb].unsqueeze(2))
                 dks[bb] += torch.matmul(ds.transpose(-1, -2), qs[a]).sum(2)
-            if rc.cp > 1:
-                if step < rc.cp - 1:
-                    (cur_k, cur_v, dk, dv), works = rc.rotate([cur_k, cur_v, dk, dv])
-                else:  # last hop: the accumulators go home
-                    (dk, dv), works = rc.rotate([dk, dv])
+            if rc.cp > 1:  # (on the last step this hop brings the accumulators home)
+                (dk, dv), works = rc.rotate([dk, dv])
+                for w in works:
+                    w.wait()
+            if kv_next is not None:
+                (cur_k, cur_v), works = kv_next
                 for w in works:
                     w.wait()
         dqf = torch.cat(dq, dim=3).view(b, h, s, d)
