@@ -16,7 +16,7 @@ at their defaults:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +56,13 @@ class Rotary(nn.Module):
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
         self.set_positions(torch.arange(seq_len))
+
+    def reset(self, head_dim: int, theta: float, positions: torch.Tensor) -> None:
+        """Recompute the tables (after ``to_empty`` of a model built on the meta device)."""
+        device = positions.device
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device)
+                                         / head_dim))
+        self.set_positions(positions)
 
     def set_positions(self, positions: torch.Tensor) -> None:
         angles = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
@@ -151,14 +158,9 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
         """Deterministic init from ``seed`` (same values whatever the layout)."""
-        g = torch.Generator().manual_seed(seed)
-        std = self.cfg.init_std
-        for name, p in sorted(self.named_parameters()):
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                scale = std / (2 * self.cfg.layers) ** 0.5 if name.endswith(("wo.weight", "w2.weight")) else std
-                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * scale)
+        params = dict(self.named_parameters())
+        for name, value in initial_values(self.cfg, seed):
+            params[name].copy_(value)
 
     def forward(self, tokens_or_h: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens_or_h) if self.tok_embeddings is not None else tokens_or_h
@@ -173,6 +175,43 @@ class Transformer(nn.Module):
         if self.output is not None:
             h = self.output(h)
         return h
+
+
+def initial_values(cfg: ModelConfig, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """The whole model's initial parameters, one full tensor at a time, in the one order that defines
+    them (sorted names, one generator): norms 1, other weights normal(0, std), the residual
+    projections (``wo``, ``w2``) scaled by ``1/sqrt(2 * layers)``."""
+    with torch.device("meta"):
+        shapes = sorted((n, tuple(p.shape)) for n, p in Transformer(cfg).named_parameters())
+    g = torch.Generator().manual_seed(seed)
+    std = cfg.init_std
+    for name, shape in shapes:
+        if name.endswith("norm.weight"):
+            yield name, torch.ones(shape)
+        else:
+            scale = std / (2 * cfg.layers) ** 0.5 if name.endswith(("wo.weight", "w2.weight")) else std
+            yield name, torch.randn(shape, generator=g, dtype=torch.float32) * scale
+
+
+@torch.no_grad()
+def init_local_shards(modules: list[Transformer], cfg: ModelConfig, seed: int) -> None:
+    """Give the parameters this rank holds -- some pipeline stages, TP/FSDP-sharded DTensors or plain
+    tensors, materialised with ``to_empty`` -- exactly the values ``build_model(cfg, seed)`` gives
+    the whole model, without ever holding it: the full tensors are generated one at a time (the
+    generator must pass through all of them) and each rank copies out the slice it holds. Peak extra
+    memory: the largest single parameter."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    held = {n: p for m in modules for n, p in m.named_parameters()}
+    for name, value in initial_values(cfg, seed):
+        p = held.get(name)
+        if p is None:
+            continue
+        if isinstance(p, DTensor):
+            shard = distribute_tensor(value.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+            p._local_tensor.copy_(shard._local_tensor)
+        else:
+            p.copy_(value)
 
 
 def build_model(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu") -> Transformer:

@@ -1,10 +1,12 @@
 """Build this rank's model parts for a layout, in TorchTitan's fixed order.
 
-1. build the full model with the seed's weights (every rank the same), cut out this rank's
-   pipeline stages (PP);
-2. per part: CP hooks (zigzag rotary positions, ring/Ulysses attention core), then TP/SP
-   (DTensor plan), then activation recompute, then FSDP2 (zero=3) — FSDP must wrap the
-   TP-sharded modules, not the other way round.
+1. build the model on the meta device (no memory), cut out this rank's pipeline stages (PP);
+2. per part: CP hooks (ring/Ulysses attention core), then TP/SP (DTensor plan), then activation
+   recompute, then FSDP2 (zero=3) -- FSDP must wrap the TP-sharded modules, not the other way
+   round -- all still on meta;
+3. materialise only the shards this rank holds (``to_empty``), rotary tables for its (zigzag)
+   positions, and fill the shards with exactly the values the seed gives the whole model
+   (``model.init_local_shards``: full tensors generated one at a time, each rank keeps its slice).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 from planner.layout import Layout
 from workers.engine.config import ModelConfig
 from workers.engine.groups import ParallelGroups
-from workers.engine.model import Transformer, build_model
+from workers.engine.model import Transformer, init_local_shards
 from workers.engine.parallel.context import (
     RingContext,
     UlyssesContext,
@@ -49,7 +51,8 @@ class ModelParts:
 
 def build_parts(cfg: ModelConfig, seed: int, layout: Layout, groups: ParallelGroups,
                 device: torch.device) -> ModelParts:
-    full = build_model(cfg, seed)
+    with torch.device("meta"):  # no rank ever holds the whole model: shards are filled in at the end
+        full = Transformer(cfg)
     c = groups.coords
     num_stages = layout.pp * layout.vpp
     ids = stage_ids(layout, c.pp) if layout.pp > 1 else [0]
@@ -69,9 +72,6 @@ def build_parts(cfg: ModelConfig, seed: int, layout: Layout, groups: ParallelGro
     positions = zigzag_positions(cfg.seq_len, c.cp, layout.cp) if layout.cp > 1 else None
 
     for m in modules:
-        m.to(device)
-        if positions is not None:
-            m.rope.set_positions(positions.to(device))
         for block in m.layers.values():
             if core is not None:
                 block.attention.core = core
@@ -80,4 +80,8 @@ def build_parts(cfg: ModelConfig, seed: int, layout: Layout, groups: ParallelGro
         m.checkpoint_layers = layout.recompute == "full"
         if layout.zero == 3:
             apply_fsdp(m, groups, pp_enabled=layout.pp > 1)
+        m.to_empty(device=device)
+        m.rope.reset(cfg.head_dim, cfg.rope_theta,
+                     (positions if positions is not None else torch.arange(cfg.seq_len)).to(device))
+    init_local_shards(modules, cfg, seed)
     return ModelParts(modules, ids, ring)
