@@ -215,7 +215,8 @@ def init_local_shards(modules: list[Transformer], cfg: ModelConfig, seed: int) -
 
 
 def build_model(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu") -> Transformer:
-    """The full model with deterministic weights (every rank builds the same, then shards)."""
+    """The whole model with the seed's weights in one process (the single-process reference; ranks of
+    a parallel layout build only their shards, with the same values: ``init_local_shards``)."""
     model = Transformer(cfg)
     model.init_weights(seed)
     return model.to(device)
