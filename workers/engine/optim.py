@@ -64,11 +64,12 @@ def _sum(t: torch.Tensor, group: dist.ProcessGroup) -> None:
 
 
 @torch.no_grad()
-def global_grad_norm(params: list[nn.Parameter], groups: ParallelGroups) -> float:
+def global_grad_norm(params: list[nn.Parameter], groups: ParallelGroups, owned_over_dp: bool = False) -> float:
     """L2 norm of the whole model's gradient, counting every element exactly once.
 
     Squares are bucketed by how a gradient is sharded (replicated, over TP, over dp_cp, both) and
     each bucket is summed over exactly the groups it is sharded over, then over the PP stages.
+    ``owned_over_dp`` (zero=1): each gradient lives on its owner only, so all are dp_cp-sharded.
     """
     sq = torch.zeros(4, dtype=torch.float64)
     for p in params:
@@ -76,6 +77,7 @@ def global_grad_norm(params: list[nn.Parameter], groups: ParallelGroups) -> floa
             continue
         g = p.grad
         tp, dpcp = _sharded_dims(g)
+        dpcp = dpcp or owned_over_dp
         loc = g._local_tensor if isinstance(g, DTensor) else g
         sq[int(tp) + 2 * int(dpcp)] += loc.detach().double().pow(2).sum().cpu()
     dev = torch.device("cuda", torch.cuda.current_device()) if groups.backend == "nccl" else torch.device("cpu")

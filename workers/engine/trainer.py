@@ -115,7 +115,8 @@ class RankTrainer:
 
     def forward_backward(self, batch: torch.Tensor, already_dp_local: bool = False) -> float:
         """Gradients of the mean loss of ``batch`` (global, or this DP rank's rows) in ``.grad``;
-        returns the loss, identical on every rank. Gradients are fully reduced afterwards."""
+        returns the loss, identical on every rank. Gradients are fully reduced afterwards (zero=1: on
+        the parameter's owner only; the other ranks hold none)."""
         for p in self.params:
             p.grad = None
         x, y = self.local_inputs(batch, already_dp_local)
@@ -141,7 +142,9 @@ class RankTrainer:
                 loss.backward()
                 loss_sum += float(loss.detach())
         fix_partial_grads(self.params)
-        if self.layout.zero in (0, 1):
+        if self.zero1 is not None:
+            self.zero1.reduce_grads()
+        elif self.layout.zero == 0:
             allreduce_grads(self.params, self.groups.dp_cp)
         # loss: last stage -> all stages (sum over pp), then mean over dp*cp
         loss_t = loss_sum.to(self.device if self.device.type == "cuda" else "cpu").reshape(1)
@@ -154,7 +157,7 @@ class RankTrainer:
 
     def optimizer_step(self, step: int) -> tuple[float, float]:
         """Clip by the global norm, set the step's lr, AdamW, and (zero=1) re-broadcast parameters."""
-        norm = global_grad_norm(self.params, self.groups)
+        norm = global_grad_norm(self.params, self.groups, owned_over_dp=self.zero1 is not None)
         clip_grads(self.params, norm, self.cfg.grad_clip)
         lr = lr_at(step, self.cfg)
         for g in self.optimizer.param_groups:

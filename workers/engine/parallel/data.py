@@ -6,9 +6,10 @@ loss on every rank is a mean over its own tokens and every rank has the same num
 so averaging over ``dp_cp`` gives exactly the single-process mean.
 
 - zero=0: one flat all-reduce (AVG) of all local gradients per step.
-- zero=1: the same all-reduce, then each ``dp_cp`` rank owns a size-balanced subset of the
-  parameters, keeps AdamW state only for those, steps them, and broadcasts them to the others
-  (one flat broadcast per owner). Optimizer memory drops by ``dp*cp``; the parameter split is
+- zero=1: each ``dp_cp`` rank owns a size-balanced subset of the parameters: every gradient is
+  averaged onto its owner only (one flat ``reduce`` per owner, the traffic of a reduce-scatter;
+  the other ranks drop theirs), the owner keeps AdamW state for and steps only its parameters, and
+  broadcasts them to the others (one flat broadcast per owner, the traffic of an all-gather). Optimizer memory drops by ``dp*cp``; the parameter split is
   whole tensors (as torch's ``ZeroRedundancyOptimizer``), which keeps DCP checkpoints keyed by
   parameter name so they reshard to any other layout.
 - zero=3: FSDP2 ``fully_shard`` per transformer block and per stage root on the ``dp_cp`` mesh
@@ -83,6 +84,28 @@ class ZeroOneShards:
 
     def owned(self) -> list[int]:
         return [i for i, o in enumerate(self.owner) if o == self.index]
+
+    @torch.no_grad()
+    def reduce_grads(self) -> None:
+        """Average every gradient onto its owner; the other ranks drop theirs (``grad = None``)."""
+        if self.size == 1:
+            return
+        for j in range(self.size):
+            idx = [i for i, o in enumerate(self.owner) if o == j and self.params[i].grad is not None]
+            if not idx:
+                continue
+            grads = [local(self.params[i].grad) for i in idx]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.reduce(flat, dst=self.ranks[j], op=dist.ReduceOp.SUM, group=self.group)
+            if j == self.index:
+                flat /= self.size
+                offset = 0
+                for g in grads:
+                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    offset += g.numel()
+            else:
+                for i in idx:
+                    self.params[i].grad = None
 
     @torch.no_grad()
     def broadcast_params(self) -> None:
