@@ -82,6 +82,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _port_was_taken(log_path: Path, port: int) -> bool:
+    """Did the service's last start fail to bind ``port`` (uvicorn: "address already in use")?"""
+    tail = log_path.read_bytes()[-4000:].decode(errors="replace")
+    return "address already in use" in tail and str(port) in tail
+
+
 class Demo:
     def __init__(self, cfg: DemoConfig, console: Console | None = None) -> None:
         self.cfg = cfg
@@ -91,8 +97,8 @@ class Demo:
         self.cluster: Any = None
         self.service: subprocess.Popen[bytes] | None = None
         self.admin_token = secrets.token_urlsafe(24)
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
+        self.port = 0  # chosen when the service starts (Ray's processes take ports of their own)
+        self.base = ""
         self.killed_node: str | None = None
         self.jobs: list[TenantJob] = []
 
@@ -198,28 +204,45 @@ class Demo:
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
-    def _start_service(self) -> None:
-        env = self._service_env()
-        log = open(self.workdir / "service.log", "wb")  # noqa: SIM115 - closed with the process
-        db = env["ORTHOPLEX_DATABASE_URL"]
+    def _start_service(self, attempts: int = 3) -> None:
+        """Start ``orthoplex serve`` on a free port and wait until it is ready. A free port can be
+        taken by another process (Ray starts many) between choosing it and binding it: then the
+        service exits at once saying so, and it is started again on another port."""
+        log_path = self.workdir / "service.log"
         with self.console.status("starting the service (API + controller)"):
             t = time.monotonic()
-            self.service = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
-                env=env, stdout=log, stderr=subprocess.STDOUT,
-            )
-            deadline = time.monotonic() + 120
-            while True:
-                if self.service.poll() is not None:
-                    raise DemoError(f"the service exited with {self.service.returncode}; see {self.workdir}/service.log")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{self.base}/readyz", timeout=2).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise DemoError(f"the service did not become ready; see {self.workdir}/service.log")
-                time.sleep(0.5)
+            for attempt in range(1, attempts + 1):
+                self.port = _free_port()
+                self.base = f"http://127.0.0.1:{self.port}"
+                env = self._service_env()
+                with open(log_path, "ab") as log:
+                    self.service = subprocess.Popen(
+                        [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+                        env=env, stdout=log, stderr=subprocess.STDOUT,
+                    )
+                if self._wait_ready(log_path):
+                    break
+                if attempt == attempts or not _port_was_taken(log_path, self.port):
+                    raise DemoError(f"the service exited with {self.service.returncode}; see {log_path}")
+                self.console.print(f"[yellow]port {self.port} was taken before the service bound it; "
+                                   "starting it again on another port[/]")
+        db = env["ORTHOPLEX_DATABASE_URL"]
         shown = db if not db.startswith("postgresql") else db.split("@")[-1]
         self.console.print(f"[green]✓[/] service ready in {time.monotonic() - t:.1f}s at {self.base} (database {shown})")
+
+    def _wait_ready(self, log_path: Path) -> bool:
+        """True once ``/readyz`` answers 200; False if the service exited first."""
+        assert self.service is not None
+        deadline = time.monotonic() + 120
+        while True:
+            if self.service.poll() is not None:
+                return False
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base}/readyz", timeout=2).status_code == 200:
+                    return True
+            if time.monotonic() > deadline:
+                raise DemoError(f"the service did not become ready; see {log_path}")
+            time.sleep(0.5)
 
     def _admin(self, method: str, path: str, json: dict[str, Any] | None = None) -> dict[str, Any]:
         r = httpx.request(method, self.base + path, json=json, timeout=30,
