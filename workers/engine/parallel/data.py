@@ -9,9 +9,10 @@ so averaging over ``dp_cp`` gives exactly the single-process mean.
 - zero=1: each ``dp_cp`` rank owns a size-balanced subset of the parameters: every gradient is
   averaged onto its owner only (one flat ``reduce`` per owner, the traffic of a reduce-scatter;
   the other ranks drop theirs), the owner keeps AdamW state for and steps only its parameters, and
-  broadcasts them to the others (one flat broadcast per owner, the traffic of an all-gather). Optimizer memory drops by ``dp*cp``; the parameter split is
-  whole tensors (as torch's ``ZeroRedundancyOptimizer``), which keeps DCP checkpoints keyed by
-  parameter name so they reshard to any other layout.
+  broadcasts them to the others (one flat broadcast per owner, the traffic of an all-gather).
+  Optimizer memory drops by ``dp*cp``; the parameter split is whole tensors (as torch's
+  ``ZeroRedundancyOptimizer``), which keeps DCP checkpoints keyed by parameter name so they
+  reshard to any other layout.
 - zero=3: FSDP2 ``fully_shard`` per transformer block and per stage root on the ``dp_cp`` mesh
   (composes with the TP DTensors, as in TorchTitan); FSDP2 reduce-scatters and averages.
 """
@@ -39,6 +40,19 @@ def fix_partial_grads(params: list[nn.Parameter]) -> None:
             p.grad = g.redistribute(p.device_mesh, p.placements)
 
 
+def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One flat copy of ``tensors`` (for a single collective over all of them)."""
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy ``flat`` (as :func:`flatten` laid it out) back into ``tensors``."""
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
 def allreduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup) -> None:
     """Average the local gradients over ``group`` with one flat all-reduce."""
     if dist.get_world_size(group) == 1:
@@ -46,14 +60,10 @@ def allreduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup) -> Non
     grads = [local(p.grad) for p in params if p.grad is not None]
     if not grads:
         return
-    flat = torch.cat([g.reshape(-1) for g in grads])
+    flat = flatten(grads)
     dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
     flat /= dist.get_world_size(group)
-    offset = 0
-    for g in grads:
-        n = g.numel()
-        g.copy_(flat[offset:offset + n].view_as(g))
-        offset += n
+    unflatten_into(flat, grads)
 
 
 def partition_params(names: list[str], params: list[nn.Parameter], parts: int) -> list[int]:
@@ -95,14 +105,11 @@ class ZeroOneShards:
             if not idx:
                 continue
             grads = [local(self.params[i].grad) for i in idx]
-            flat = torch.cat([g.reshape(-1) for g in grads])
+            flat = flatten(grads)
             dist.reduce(flat, dst=self.ranks[j], op=dist.ReduceOp.SUM, group=self.group)
             if j == self.index:
                 flat /= self.size
-                offset = 0
-                for g in grads:
-                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                    offset += g.numel()
+                unflatten_into(flat, grads)
             else:
                 for i in idx:
                     self.params[i].grad = None
@@ -113,13 +120,10 @@ class ZeroOneShards:
             return
         for j in range(self.size):
             mine = [local(self.params[i]) for i, o in enumerate(self.owner) if o == j]
-            flat = torch.cat([t.reshape(-1) for t in mine])
+            flat = flatten(mine)
             dist.broadcast(flat, src=self.ranks[j], group=self.group)
             if j != self.index:
-                offset = 0
-                for t in mine:
-                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                    offset += t.numel()
+                unflatten_into(flat, mine)
 
 
 def apply_fsdp(module: nn.Module, groups: ParallelGroups, pp_enabled: bool) -> None:
