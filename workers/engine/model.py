@@ -51,17 +51,17 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, seq_len: int, theta: float) -> None:
         super().__init__()
-        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self.head_dim, self.theta = head_dim, theta
+        self.register_buffer("inv_freq", torch.empty(0), persistent=False)
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
-        self.set_positions(torch.arange(seq_len))
+        self.reset(torch.arange(seq_len))
 
-    def reset(self, head_dim: int, theta: float, positions: torch.Tensor) -> None:
-        """Recompute the tables (after ``to_empty`` of a model built on the meta device)."""
-        device = positions.device
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device)
-                                         / head_dim))
+    def reset(self, positions: torch.Tensor) -> None:
+        """(Re)compute every table for ``positions``, on their device (also after ``to_empty`` of a
+        model built on the meta device)."""
+        steps = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=positions.device)
+        self.inv_freq = 1.0 / (self.theta ** (steps / self.head_dim))
         self.set_positions(positions)
 
     def set_positions(self, positions: torch.Tensor) -> None:
@@ -155,13 +155,6 @@ class Transformer(nn.Module):
         self.output: nn.Linear | None = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         self.checkpoint_layers = False  # recompute="full": activation checkpointing per block
 
-    @torch.no_grad()
-    def init_weights(self, seed: int) -> None:
-        """Deterministic init from ``seed`` (same values whatever the layout)."""
-        params = dict(self.named_parameters())
-        for name, value in initial_values(self.cfg, seed):
-            params[name].copy_(value)
-
     def forward(self, tokens_or_h: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens_or_h) if self.tok_embeddings is not None else tokens_or_h
         cos, sin = self.rope()
@@ -195,11 +188,11 @@ def initial_values(cfg: ModelConfig, seed: int) -> Iterator[tuple[str, torch.Ten
 
 @torch.no_grad()
 def init_local_shards(modules: list[Transformer], cfg: ModelConfig, seed: int) -> None:
-    """Give the parameters this rank holds -- some pipeline stages, TP/FSDP-sharded DTensors or plain
-    tensors, materialised with ``to_empty`` -- exactly the values ``build_model(cfg, seed)`` gives
-    the whole model, without ever holding it: the full tensors are generated one at a time (the
-    generator must pass through all of them) and each rank copies out the slice it holds. Peak extra
-    memory: the largest single parameter."""
+    """Give the parameters in ``modules`` -- the whole model (``build_model``), or the pipeline stages
+    a rank holds as TP/FSDP-sharded DTensors or plain tensors, materialised with ``to_empty`` --
+    exactly the values :func:`initial_values` gives the whole model, without ever holding it: the
+    full tensors are generated one at a time (the generator must pass through all of them) and each
+    parameter copies out the slice it holds. Peak extra memory: the largest single parameter."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     held = {n: p for m in modules for n, p in m.named_parameters()}
@@ -218,5 +211,5 @@ def build_model(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu")
     """The whole model with the seed's weights in one process (the single-process reference; ranks of
     a parallel layout build only their shards, with the same values: ``init_local_shards``)."""
     model = Transformer(cfg)
-    model.init_weights(seed)
+    init_local_shards([model], cfg, seed)
     return model.to(device)

@@ -81,7 +81,6 @@ def build_parts(cfg: ModelConfig, seed: int, layout: Layout, groups: ParallelGro
         if layout.zero == 3:
             apply_fsdp(m, groups, pp_enabled=layout.pp > 1)
         m.to_empty(device=device)
-        m.rope.reset(cfg.head_dim, cfg.rope_theta,
-                     (positions if positions is not None else torch.arange(cfg.seq_len)).to(device))
+        m.rope.reset((positions if positions is not None else torch.arange(cfg.seq_len)).to(device))
     init_local_shards(modules, cfg, seed)
     return ModelParts(modules, ids, ring)
