@@ -35,6 +35,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from service.api.process import free_port
 from service.demo.report import JobReport, save_loss_png, terminal_loss_chart
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
@@ -72,14 +73,6 @@ class TenantJob:
 
 class DemoError(RuntimeError):
     """The demo could not go on (the message says why)."""
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _port_was_taken(log_path: Path, port: int) -> bool:
@@ -212,7 +205,7 @@ class Demo:
         with self.console.status("starting the service (API + controller)"):
             t = time.monotonic()
             for attempt in range(1, attempts + 1):
-                self.port = _free_port()
+                self.port = free_port()
                 self.base = f"http://127.0.0.1:{self.port}"
                 env = self._service_env()
                 with open(log_path, "ab") as log:

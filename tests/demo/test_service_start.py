@@ -21,8 +21,8 @@ def test_service_is_started_again_when_its_port_was_taken(ray_cluster, tmp_path:
     squatter.listen()
     taken = squatter.getsockname()[1]
     chosen = iter([taken])
-    real = runner._free_port
-    monkeypatch.setattr(runner, "_free_port", lambda: next(chosen, None) or real())
+    real = runner.free_port
+    monkeypatch.setattr(runner, "free_port", lambda: next(chosen, None) or real())
     demo = runner.Demo(runner.DemoConfig(workdir=tmp_path))
     demo.cluster = types.SimpleNamespace(address=ray_cluster.address)
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from service.api.process import free_port
 from tests.controller import helpers as h
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.cluster]
@@ -30,17 +30,11 @@ ADMIN = "e2e-admin-token-0123456789"
 STEPS = 100  # alpha must still be running after beta (12 steps) ends, with margin on a fast machine
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Service:
     """``orthoplex serve`` in a subprocess."""
 
     def __init__(self, db_url: str, ray_address: str, tmp: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ)
         env.update(
