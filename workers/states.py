@@ -1,0 +1,62 @@
+"""Job and attempt states: the one home of their names and of the sets built from them.
+
+Pure Python (no torch, no Ray), so the database models, the scheduler, the controller, the runtime,
+the CLI and the demo all import it. ``StrEnum`` members compare equal to their plain-string values,
+so rows read from the database and dicts from the runtime need no conversion.
+
+Job lifecycle (``service.db.transitions`` holds the legal edges)::
+
+    PENDING -> ADMITTED -> RUNNING <-> RECOVERING -> SUCCEEDED | FAILED | CANCELLED
+                              RUNNING -> PREEMPTED -> PENDING      (checkpoint, release, requeue)
+
+A job's PREEMPTED is *not* terminal (the job is requeued); an attempt's PREEMPTED is (that
+attempt is over).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    PENDING = "PENDING"
+    ADMITTED = "ADMITTED"
+    RUNNING = "RUNNING"
+    RECOVERING = "RECOVERING"
+    PREEMPTED = "PREEMPTED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+#: Ended for good: no transition leaves these.
+TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+#: Admitted and not ended: the job's allocation is in use and stays in use.
+ACTIVE = frozenset({JobState.ADMITTED, JobState.RUNNING, JobState.RECOVERING})
+#: Waiting for GPUs.
+QUEUED = frozenset({JobState.PENDING})
+#: Checkpointing after a preemption: its GPUs are still held but are being released.
+RELEASING = frozenset({JobState.PREEMPTED})
+#: Holding GPUs (in use or being released): what the scheduler's snapshot counts as allocated.
+HOLDING = ACTIVE | RELEASING
+#: Not ended.
+NON_TERMINAL = frozenset(JobState) - TERMINAL
+
+
+class AttemptState(StrEnum):
+    """One attempt (one JobSupervisor actor) of a job."""
+
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    RECOVERING = "RECOVERING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    PREEMPTED = "PREEMPTED"
+    LOST = "LOST"
+
+
+#: An attempt in one of these is over (a preempted attempt is over; its job is requeued).
+ATTEMPT_TERMINAL = frozenset(
+    {AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED, AttemptState.PREEMPTED, AttemptState.LOST}
+)
