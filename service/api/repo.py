@@ -14,7 +14,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from service.db.models import JOB_STATES, TERMINAL_STATES, Event, Job, Metric, Tenant, utcnow
+from service.db.models import Event, Job, Metric, Tenant, utcnow
+from workers.states import NON_TERMINAL
 
 RATE_WINDOW_S = 60.0
 
@@ -62,7 +63,7 @@ def check_limits(db: Session, tenant: Tenant, *, lock: bool) -> None:
     )
     unfinished = (
         sa.select(Job.id)
-        .where(Job.tenant_id == tenant.id, Job.state.in_(sorted(set(JOB_STATES) - TERMINAL_STATES)))
+        .where(Job.tenant_id == tenant.id, Job.state.in_(sorted(NON_TERMINAL)))
         .limit(tenant.max_jobs)
         .subquery()
     )

@@ -13,8 +13,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag
 
-JobStateName = Literal["PENDING", "ADMITTED", "RUNNING", "RECOVERING", "PREEMPTED", "SUCCEEDED", "FAILED",
-                       "CANCELLED"]
+from workers.states import JobState
+
+#: a job state's name, as the API accepts and returns it (derived from ``workers.states.JobState``)
+JobStateName = Literal[tuple(s.value for s in JobState)]  # type: ignore[valid-type]
 
 #: engine model presets (``workers.engine.config.MODEL_PRESETS``)
 ModelPreset = Literal["tiny", "small", "llama-1b", "llama3-1b", "llama2-7b", "llama3-8b", "llama2-13b",

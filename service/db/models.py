@@ -14,12 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-#: Job states (DESIGN: PENDING → ADMITTED → RUNNING ⇄ RECOVERING → SUCCEEDED | FAILED | CANCELLED,
-#: RUNNING → PREEMPTED → PENDING). ``service.db.transitions`` holds the legal edges.
-JOB_STATES = ("PENDING", "ADMITTED", "RUNNING", "RECOVERING", "PREEMPTED", "SUCCEEDED", "FAILED", "CANCELLED")
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
-#: States of one attempt (one supervisor incarnation with one fencing epoch).
-ATTEMPT_STATES = ("STARTING", "RUNNING", "RECOVERING", "SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED", "LOST")
+from workers.states import AttemptState, JobState
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -55,7 +50,7 @@ class UTCDateTime(sa.types.TypeDecorator[dt.datetime]):
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
-    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+    return f"{column} IN ({', '.join(repr(str(v)) for v in values)})"
 
 
 class Base(DeclarativeBase):
@@ -103,7 +98,7 @@ class ApiToken(Base):
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
-        sa.CheckConstraint(_in("state", JOB_STATES), name="state_valid"),
+        sa.CheckConstraint(_in("state", tuple(JobState)), name="state_valid"),
         sa.CheckConstraint("min_gpus >= 1 AND max_gpus >= min_gpus", name="gpu_range"),
         sa.CheckConstraint("gpus_allocated >= 0", name="gpus_allocated_nonneg"),
         sa.UniqueConstraint("tenant_id", "idempotency_key"),
@@ -143,7 +138,7 @@ class Attempt(Base):
 
     __tablename__ = "attempts"
     __table_args__ = (
-        sa.CheckConstraint(_in("state", ATTEMPT_STATES), name="state_valid"),
+        sa.CheckConstraint(_in("state", tuple(AttemptState)), name="state_valid"),
         sa.UniqueConstraint("job_id", "epoch"),
     )
 

@@ -53,18 +53,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from service.db.models import (
-    JOB_STATES,
-    TERMINAL_STATES,
-    Attempt,
-    Checkpoint,
-    Event,
-    Job,
-    Metric,
-    utcnow,
-)
-
-NON_TERMINAL = frozenset(s for s in JOB_STATES if s not in TERMINAL_STATES)
+from service.db.models import Attempt, Checkpoint, Event, Job, Metric, utcnow
+from workers.states import NON_TERMINAL, TERMINAL, JobState
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     "PENDING": frozenset({"ADMITTED", "CANCELLED"}),
@@ -160,9 +150,9 @@ def _transition_values(new: str, fields: Mapping[str, Any] | None) -> dict[str, 
         values["admitted_at"] = now
     if new == "RUNNING":
         values["started_at"] = sa.func.coalesce(_jobs.c.started_at, now)
-    if new in TERMINAL_STATES:
+    if new in TERMINAL:
         values["finished_at"] = now
-    if new in TERMINAL_STATES or new == "PENDING":
+    if new in TERMINAL or new == "PENDING":
         values["gpus_allocated"] = 0
     values.update(extra)
     return values
@@ -170,7 +160,7 @@ def _transition_values(new: str, fields: Mapping[str, Any] | None) -> dict[str, 
 
 def _check_legal(expected: Iterable[str], new: str) -> frozenset[str]:
     exp = frozenset(expected)
-    if new not in JOB_STATES:
+    if new not in JobState.__members__:
         raise IllegalTransition(f"unknown state {new!r}")
     bad = sorted(s for s in exp if not is_legal(s, new))
     if not exp or bad:
@@ -328,7 +318,7 @@ def request_cancel(
     if row is None:
         _finish(session, commit)
         return CancelOutcome.MISSING
-    if row.state in TERMINAL_STATES:
+    if row.state in TERMINAL:
         _finish(session, commit)
         return CancelOutcome.TERMINAL
     if row.state in ("PENDING", "PREEMPTED"):

@@ -37,8 +37,8 @@ from rich.text import Text
 
 from service.api.process import free_port
 from service.demo.report import JobReport, save_loss_png, terminal_loss_chart
+from workers.states import TERMINAL
 
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 SHOWN_EVENTS = {"plan", "placed", "ranks_mapped", "checkpoint", "node_lost", "rank_failed", "hang", "straggler",
                 "replan", "resumed", "recovery", "finished", "failed", "cancelled", "preempted", "transition",
                 "attempt_started", "decision"}
