@@ -96,7 +96,7 @@ def create_job(
     )
     db.add(job)
     db.flush()
-    db.add(Event(job_id=job.id, attempt=None, source="control", seq=1, type="submitted",
+    db.add(Event(job_id=job.id, epoch=None, source="control", seq=1, type="submitted",
                  payload={"state": "PENDING", "to": "PENDING"}, ts=now))
     return job
 
@@ -111,7 +111,7 @@ def list_metrics(db: Session, job_id: int, *, since_step: int, limit: int) -> Se
     q = (
         sa.select(Metric)
         .where(Metric.job_id == job_id, Metric.step > since_step)
-        .order_by(Metric.step, Metric.attempt)
+        .order_by(Metric.step, Metric.epoch)
         .limit(limit)
     )
     return db.scalars(q).all()

@@ -172,15 +172,17 @@ class EventPublic(_Out):
     id: int = Field(description="increasing; pass the last one as `since`")
     source: str
     seq: int
-    attempt: int | None = None
+    epoch: int | None = Field(default=None, description="fencing epoch of the attempt that produced it; "
+                                                        "null for control-plane events outside an attempt")
     type: str
     payload: dict[str, Any]
     ts: dt.datetime
 
 
 class MetricPublic(_Out):
-    step: int
-    attempt: int
+    step: int = Field(description="steps completed when it was measured (1..steps), as a checkpoint counts")
+    epoch: int = Field(description="fencing epoch of the attempt that measured it (a step redone after a "
+                                   "recovery appears once per epoch)")
     loss: float | None = None
     tokens_per_s: float | None = None
     ts: dt.datetime

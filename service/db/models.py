@@ -171,7 +171,7 @@ class Event(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
-    attempt: Mapped[int | None] = mapped_column(doc="epoch of the attempt that produced it")
+    epoch: Mapped[int | None] = mapped_column(doc="fencing epoch of the attempt that produced it; None: control")
     source: Mapped[str] = mapped_column(sa.String(32), default="control")
     seq: Mapped[int]
     type: Mapped[str] = mapped_column(sa.String(32))
@@ -185,7 +185,7 @@ class Checkpoint(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
-    attempt: Mapped[int] = mapped_column(doc="epoch of the attempt that committed it")
+    epoch: Mapped[int] = mapped_column(doc="fencing epoch of the attempt that committed it")
     step: Mapped[int]
     location: Mapped[str] = mapped_column(sa.String(1024))
     layout: Mapped[dict[str, Any] | None]
@@ -197,11 +197,11 @@ class Checkpoint(Base):
 
 class Metric(Base):
     __tablename__ = "metrics"
-    __table_args__ = (sa.UniqueConstraint("job_id", "step", "attempt"),)
+    __table_args__ = (sa.UniqueConstraint("job_id", "step", "epoch"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
-    attempt: Mapped[int] = mapped_column(doc="epoch of the attempt that measured it")
+    epoch: Mapped[int] = mapped_column(doc="fencing epoch of the attempt that measured it")
     step: Mapped[int]
     loss: Mapped[float | None] = mapped_column(sa.Float)
     tokens_per_s: Mapped[float | None] = mapped_column(sa.Float)

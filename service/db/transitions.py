@@ -134,7 +134,7 @@ def _bump(session: Session, job_id: int, where: list[Any], values: dict[str, Any
 def _event(session: Session, job_id: int, seq: int, epoch: int, type_: str, payload: dict[str, Any]) -> None:
     session.execute(
         sa.insert(Event).values(
-            job_id=job_id, attempt=epoch or None, source="control", seq=seq, type=type_, payload=payload, ts=utcnow()
+            job_id=job_id, epoch=epoch or None, source="control", seq=seq, type=type_, payload=payload, ts=utcnow()
         )
     )
 
@@ -379,7 +379,7 @@ def record_event(
     commit: bool = True,
 ) -> Recorded:
     """Record a runtime event once (unique ``(job_id, source, seq)``); fenced on ``epoch``."""
-    values = {"attempt": epoch, "source": source[:32], "seq": seq, "type": type[:32],
+    values = {"epoch": epoch, "source": source[:32], "seq": seq, "type": type[:32],
               "payload": dict(payload or {}), "ts": ts or utcnow()}
     return _fenced_insert(session, job_id, epoch, Event, values, ["job_id", "source", "seq"], commit)
 
@@ -398,7 +398,7 @@ def record_checkpoint(
     commit: bool = True,
 ) -> Recorded:
     """Record a committed checkpoint once per step (unique ``(job_id, step)``); fenced on ``epoch``."""
-    values = {"attempt": epoch, "step": step, "location": location, "layout": layout, "verified": verified,
+    values = {"epoch": epoch, "step": step, "location": location, "layout": layout, "verified": verified,
               "manifest_sha256": manifest_sha256, "bytes": nbytes, "created_at": utcnow()}
     return _fenced_insert(session, job_id, epoch, Checkpoint, values, ["job_id", "step"], commit)
 
@@ -415,5 +415,5 @@ def record_metric(
     commit: bool = True,
 ) -> Recorded:
     """Record a step's loss and throughput once per attempt (unique ``(job_id, step, attempt)``)."""
-    values = {"attempt": epoch, "step": step, "loss": loss, "tokens_per_s": tokens_per_s, "ts": ts or utcnow()}
-    return _fenced_insert(session, job_id, epoch, Metric, values, ["job_id", "step", "attempt"], commit)
+    values = {"epoch": epoch, "step": step, "loss": loss, "tokens_per_s": tokens_per_s, "ts": ts or utcnow()}
+    return _fenced_insert(session, job_id, epoch, Metric, values, ["job_id", "step", "epoch"], commit)
