@@ -93,3 +93,18 @@ def test_api_state_names_derive_from_the_enum() -> None:
 
     assert get_args(JobStateName) == tuple(s.value for s in JobState)
     assert not re.search(r'Literal\["PENDING"', (ROOT / "service/api/schemas.py").read_text())
+
+
+def test_engine_rules_have_one_home() -> None:
+    """The engine's limits live in ``planner/engine_rules.py``; the engine's validation and the
+    planner's constraints call it and restate no rule (no modulo arithmetic of their own for it)."""
+    validate = (ROOT / "workers/engine/validate.py").read_text()
+    constraints = (ROOT / "planner/constraints.py").read_text()
+    assert "from planner import engine_rules" in validate
+    assert "from planner import engine_rules" in constraints
+    tree = ast.parse(validate)
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)]
+    for path in _files():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("workers/") and "zigzag split" in path.read_text():
+            pytest.fail(f"{rel} restates an engine rule; call planner.engine_rules")
