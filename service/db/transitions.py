@@ -6,7 +6,7 @@ it expects (compare-and-set) and, where given, the attempt's fencing epoch (``jo
 writer holding an older epoch writes nothing. The names are a contract with the controller:
 
 ``TRANSITIONS`` / ``is_legal(old, new)``
-    The legal edges. DESIGN: ``PENDING → ADMITTED → RUNNING ⇄ RECOVERING → SUCCEEDED | FAILED |
+    The legal edges (docs/architecture.md): ``PENDING → ADMITTED → RUNNING ⇄ RECOVERING → SUCCEEDED | FAILED |
     CANCELLED``, ``RUNNING → PREEMPTED → PENDING``, cancel from any non-terminal state. Two more
     edges let the controller undo an admission that could not be launched: ``ADMITTED → PENDING``
     (placement timed out; requeue) and ``ADMITTED → FAILED`` (the supervisor could not start).

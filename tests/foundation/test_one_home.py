@@ -110,3 +110,13 @@ def test_engine_rules_have_one_home() -> None:
         if rel.startswith(("workers/", "planner/", "service/")) and rel != "planner/engine_rules.py" and any(
                 marker in text for marker in ("micro-batches per step", "(zigzag split)", "(sequence parallelism)")):
             pytest.fail(f"{rel} restates an engine rule; call planner.engine_rules")
+
+
+def test_nothing_points_outside_the_repository() -> None:
+    """A fresh clone can follow every reference: no pointer into a sibling ``shared/`` folder."""
+    pattern = re.compile(r"\.\./shared/|(?<![\w/])shared/(notes|data|DESIGN)|\bDESIGN\.md\b")
+    paths = [*_files(), *(ROOT / "docs").rglob("*.md"), ROOT / "README.md", ROOT / "pyproject.toml",
+             *(ROOT / "bench").rglob("*.sh")]
+    bad = [p.relative_to(ROOT).as_posix() for p in paths
+           if p.name != "test_one_home.py" and pattern.search(p.read_text())]
+    assert not bad, f"references outside the repository in {bad}; copy what is needed into docs/"
