@@ -143,3 +143,17 @@ def sweep(config: Config, sizes: Sequence[int] = PLOT_SIZES,
         if on_point:
             on_point(n)
     return out
+
+
+def self_check(gpus: int = 1024, gpus_per_node: int = 8, mttf_s: float = 6 * 3600.0, restart_s: float = 600.0,
+               save_s: float = 60.0, days: float = 200.0) -> tuple[float, float]:
+    """(simulated ETTR, closed-form ETTR) for the restart policy on deterministic inputs: failures every
+    ``mttf_s`` (swept evenly over one checkpoint period), fixed restart and save times, no repairs."""
+    from service.goodput.trace import periodic_trace
+
+    thr = JobThroughput(gpus, gpus_per_node)
+    cost = CostModel(thr.job_gpus, gpus_per_node, float(thr.params), thr.step_s)
+    tau = max(1, round(closed_form.young(save_s, mttf_s) / thr.step_s)) * thr.step_s
+    trace = periodic_trace(thr.job_nodes, mttf_s, days * 86_400.0, sweep_s=tau + save_s)
+    res = play(Policy("restart"), trace, thr, cost, restart_s=restart_s, stall_s=0.0, save_s=save_s)
+    return res.ettr, closed_form.ettr(restart_s, save_s, res.interval_s, mttf_s)

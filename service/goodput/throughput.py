@@ -1,6 +1,6 @@
 """The job's throughput on the nodes it has, from the real planner, cached per cluster shape.
 
-The job is planned once on the cluster (``planner.plan``, allowed down to 15/16 of the GPUs so a
+The job is planned once on the cluster (``planner.plan``, allowed down to 31/32 of the GPUs so a
 cluster size without a good factorization still gets a plan; GPUs it leaves unused are idle spares).
 After ``lost`` of its nodes are gone, ``planner.replan`` on the job's nodes minus those gives the new
 layout and tokens/s (keep, shrink DP or re-plan, whichever delivers most over the planner's horizon).
@@ -31,7 +31,7 @@ def job_spec(gpus: int, gpus_per_node: int, model: str = DEFAULT_MODEL) -> dict[
     return {
         "model": {"name": model, "seq_len": DEFAULT_SEQ_LEN},
         "cluster": {"gpu_type": DEFAULT_GPU, "num_gpus": gpus, "gpus_per_node": gpus_per_node,
-                    "min_gpus": max(gpus_per_node, (gpus - gpus // 16) // gpus_per_node * gpus_per_node)},
+                    "min_gpus": max(gpus_per_node, (gpus - gpus // 32) // gpus_per_node * gpus_per_node)},
         "parallel": {"global_batch": DEFAULT_GLOBAL_BATCH, "tp": min(8, gpus_per_node), "cp": 1},
         "precision": "bf16",
     }
