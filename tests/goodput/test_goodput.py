@@ -225,3 +225,13 @@ def test_cli_bad_input_exits_2_naming_the_field(args, field):
     assert res.exit_code == 2, res.output
     assert f"{field}:" in res.output
     assert "Traceback" not in res.output
+
+
+def test_verdict_says_what_would_have_to_change():
+    from service.goodput.report import verdict
+
+    sim = simulate(Config(days=5, policies=("replica_group",), spares=0, stall_s=2000.0))
+    text = verdict(sim)
+    assert "< goal 97%" in text and "would need recovery per failure <=" in text and "(now 2000 s)" in text
+    ok = simulate(Config(days=5, policies=("replica_group",), spares=0))
+    assert ">= goal 97%" in verdict(ok)
