@@ -54,7 +54,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from service.db.models import Attempt, Checkpoint, Event, Job, Metric, utcnow
-from workers.states import NON_TERMINAL, TERMINAL, JobState
+from workers.states import ACTIVE, NON_TERMINAL, TERMINAL, JobState
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     "PENDING": frozenset({"ADMITTED", "CANCELLED"}),
@@ -279,7 +279,7 @@ def set_allocation(session: Session, job_id: int, *, epoch: int, gpus: int, comm
     resize); fenced on the epoch and only while the job holds GPUs (a state change is not implied)."""
     res = session.execute(
         sa.update(Job)
-        .where(Job.id == job_id, Job.epoch == epoch, Job.state.in_(("ADMITTED", "RUNNING", "RECOVERING")))
+        .where(Job.id == job_id, Job.epoch == epoch, Job.state.in_(sorted(ACTIVE)))
         .values(gpus_allocated=int(gpus))
         .execution_options(synchronize_session=False)
     )
