@@ -51,7 +51,8 @@ class ConsoleFormatter(logging.Formatter):
 
 
 #: Libraries that log every request or file lock at INFO: kept at WARNING unless asked for (``-v``).
-CHATTY_LIBRARIES = ("httpx", "httpcore", "urllib3", "filelock", "asyncio", "multipart", "python_multipart")
+CHATTY_LIBRARIES = ("httpx", "httpcore", "urllib3", "filelock", "asyncio", "multipart", "python_multipart",
+                    "alembic.runtime.plugins")
 
 
 def configure_logging(level: str | None = None, fmt: str | None = None, stream: Any = None,
