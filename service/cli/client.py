@@ -129,6 +129,7 @@ JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
 def submit(
     spec_file: Path = typer.Argument(..., help="Job spec, YAML or JSON."),
     key: str | None = typer.Option(None, "--key", help="Idempotency-Key (default: random per invocation)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the job id (for scripts)."),
     as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt,
 ) -> None:
     """Submit a job; prints its id and state."""
@@ -140,6 +141,8 @@ def submit(
             job = _request(c, "POST", "/v1/jobs", json=spec, headers=headers).json()
         if as_json:
             typer.echo(json.dumps(job, indent=2))
+        elif quiet:
+            typer.echo(str(job["id"]))
         else:
             typer.echo(f"job {job['id']} {job['name']}: {job['state']}")
 
