@@ -2,8 +2,10 @@
 
 ``run()`` times the whole ``planner.plan`` for Llama-3 405B on 16,384 H100 GPUs with every knob
 free (target: under 1 s) and, in the same run, a naive exhaustive search over the same space
-(every TP/CP/PP/DP factorization x micro-batch (up to 64) x vpp (even chunks) x schedule x SP x ZeRO x
-recompute x CP method, each costed, no dominance or bound pruning). The naive search on 16,384 GPUs takes minutes, so it
+(every TP/CP/PP/DP factorization x micro-batch (up to 64) x vpp (every count the cost model accepts,
+uneven chunks included) x schedule x SP x ZeRO x recompute x CP method, each costed, no dominance or
+bound pruning). Its one limit, stated next to its numbers: micro-batches above 64 are not tried (the
+planner does not try them either unless the spec fixes one). The naive search on 16,384 GPUs takes minutes, so it
 is run with a CPU-time budget and its full cost extrapolated from the fraction of factorizations it covered; on a
 smaller problem (70B on 512 GPUs) both run to completion and must find the same best step time.
 """
@@ -49,8 +51,8 @@ def naive_search(spec: PlanSpec, budget_s: float = math.inf) -> dict[str, Any]:
         links = links_for(hw, tp, cp, dp, pp, world.gpus)
         for b in [b for b in divisors(gb // dp) if b <= MAX_MICRO_BATCH]:
             nmb = gb // (dp * b)
-            # the planner's space: interleaving only with even chunks (see docs/planner.md, "Search space")
-            for v in [v for v in range(1, layers // pp + 1) if v == 1 or layers % (pp * v) == 0] if pp > 1 else [1]:
+            # every stage split the cost model accepts, uneven chunks included (check_pp refuses the rest)
+            for v in range(1, layers // pp + 1) if pp > 1 else [1]:
                 if C.check_pp(spec, pp, v):
                     continue
                 scheds = ["interleaved"] if v > 1 else (["1f1b", "gpipe"] if pp > 1 else ["1f1b"])

@@ -12,10 +12,12 @@ Other conventions (for comparing with published numbers) are in :data:`CONVENTIO
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 from planner.spec import ModelSpec
 
 
+@lru_cache(maxsize=256)
 def layer_matmul_params(m: ModelSpec) -> int:
     """Weights of one decoder layer's matmuls (QKV, output, MLP)."""
     h, kv = m.hidden, m.kv_heads * m.head_dim
@@ -24,6 +26,7 @@ def layer_matmul_params(m: ModelSpec) -> int:
     return attn + mlp
 
 
+@lru_cache(maxsize=256)
 def layer_params(m: ModelSpec) -> int:
     return layer_matmul_params(m) + 2 * m.hidden  # + two norms
 

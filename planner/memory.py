@@ -134,7 +134,7 @@ def _stages(spec: PlanSpec, lay: Layout) -> tuple[dict[str, float], dict[str, fl
     zero3_buf = 2.0 * lp * 2.0 + lp * 4.0 if lay.zero >= 3 else 0.0
     emb_act = 3.0 * tok * m.hidden / sp_div
     logits = 4.0 * tok * (m.hidden + m.vocab) / t
-    overhead = min(3.0, 0.04 * spec.cluster.gpu_mem_gb) * GiB
+    overhead = runtime_overhead_bytes(spec)
 
     def stage(layers: int, with_emb: bool, with_head: bool, held: float) -> dict[str, float]:
         params_layers = layers * lp
@@ -153,6 +153,19 @@ def _stages(spec: PlanSpec, lay: Layout) -> tuple[dict[str, float], dict[str, fl
         first = stage(first_layers, True, True, 1.0)
         return first, first
     return (stage(first_layers, True, False, inflight_factor(lay, mb)), stage(last_layers, False, True, 1.0))
+
+
+def runtime_overhead_bytes(spec: PlanSpec) -> float:
+    """CUDA context, NCCL buffers, allocator slack."""
+    return min(3.0, 0.04 * spec.cluster.gpu_mem_gb) * GiB
+
+
+def states_floor_gb(spec: PlanSpec, tp: int, pp: int, shard: int, zero: int) -> float:
+    """A lower bound on memory per GPU for any micro-batch, vpp, recompute and SP: the model states
+    of ``layers/pp`` layers (the busiest stage holds at least that many) plus the runtime overhead."""
+    w, g, o = state_bytes_per_param(spec.precision, zero, shard)
+    states = spec.model.layers / pp * layer_params(spec.model) / tp * (w + g + o)
+    return (states + runtime_overhead_bytes(spec)) / GiB
 
 
 def estimate_memory(spec: PlanSpec, lay: Layout) -> MemoryEstimate:

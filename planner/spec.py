@@ -339,6 +339,12 @@ def parse_parallel(raw: Mapping[str, Any]) -> dict[str, Any]:
             if raw[key] not in allowed:
                 raise SpecError(f"parallel.{key}", f"must be one of {', '.join(allowed)}, got {raw[key]!r}")
             fixed[key] = raw[key]
+    if fixed.get("schedule") == "interleaved" and fixed.get("vpp") == 1:
+        raise SpecError("parallel.vpp", "schedule interleaved needs vpp >= 2 (vpp 1 is the plain 1f1b pipeline)")
+    if fixed.get("vpp", 1) > 1 and fixed.get("schedule", "interleaved") != "interleaved":
+        raise SpecError("parallel.schedule", f"vpp {fixed['vpp']} needs schedule interleaved, got {fixed['schedule']!r}")
+    if fixed.get("schedule") == "interleaved" and fixed.get("pp") == 1:
+        raise SpecError("parallel.schedule", "interleaved needs pp > 1")
     return fixed
 
 

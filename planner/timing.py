@@ -243,6 +243,29 @@ def head_time(m: ModelSpec, hw: Hardware, b: int, tp: int, cp: int) -> float:
     return (3 * g + ce) / hw.speed
 
 
+def p2p_time(m: ModelSpec, b: int, tp: int, cp: int, pp: int, vpp: int, link: tuple[float, float]) -> float:
+    """Pipeline point-to-point per micro-batch on a stage: one activation each way per chunk."""
+    if pp <= 1:
+        return 0.0
+    size = 2.0 * b * m.seq_len / cp * m.hidden / tp
+    return 2 * vpp * (size / link[0] + link[1])
+
+
+def stage_param_count(m: ModelSpec, n_layers: float, tp: int) -> float:
+    """Parameters a rank of a pipeline stage holds (its layers plus one vocabulary matrix)."""
+    return n_layers * layer_params(m) / tp + m.vocab * m.hidden / tp
+
+
+def zero3_traffic_s(precision: str, stage_params: float, shard: int, link: tuple[float, float]) -> tuple[float, float]:
+    """ZeRO-3 per micro-batch: (parameter all-gather, gradient reduce-scatter) seconds.
+
+    Forward and backward each gather once, so a micro-batch's stage time is at least
+    ``2·ag + rs`` however well they overlap (the search's bound uses this)."""
+    grad_bytes = 2.0 if precision == "fp16" else 4.0
+    return (half_collective_time(2.0 * stage_params, shard, link[0], link[1]),
+            half_collective_time(grad_bytes * stage_params, shard, link[0], link[1]))
+
+
 def estimate_time(spec: PlanSpec, hw: Hardware, lay: Layout, links: Links, detail: bool = True) -> TimeEstimate:
     m = spec.model
     p, v, b, tp, cp, dp = lay.pp, lay.vpp, lay.micro_batch, lay.tp, lay.cp, lay.dp
@@ -255,26 +278,19 @@ def estimate_time(spec: PlanSpec, hw: Hardware, lay: Layout, links: Links, detai
         n_layers, head = first_layers, 0.0
     else:
         n_layers = last_layers
-    tok = b * m.seq_len / cp
 
-    # pipeline point-to-point per micro-batch on a stage
-    p2p = 0.0
-    if p > 1:
-        pbw, plat = links.pp
-        size = 2.0 * tok * m.hidden / (tp if tp > 1 else 1)
-        p2p = 2 * v * (size / pbw + plat)
+    p2p = p2p_time(m, b, tp, cp, p, v, links.pp)
 
     # ZeRO-3: per micro-batch parameter gathers and gradient reduce-scatter
     shard = dp * cp
-    stage_params = n_layers * layer_params(m) / tp + (m.vocab * m.hidden / tp)
+    stage_params = stage_param_count(m, n_layers, tp)
     grad_bytes = 2.0 if spec.precision == "fp16" else 4.0
     dbw, dlat = links.dp
     z3_exposed = z3_hidden = 0.0
     fwd_mb = n_layers * lt.fwd
     bwd_mb = n_layers * (lt.bwd + lt.rc)
     if lay.zero >= 3 and shard > 1:
-        ag = half_collective_time(2.0 * stage_params, shard, dbw, dlat)
-        rs = half_collective_time(grad_bytes * stage_params, shard, dbw, dlat)
+        ag, rs = zero3_traffic_s(spec.precision, stage_params, shard, links.dp)
         z3_exposed = max(0.0, ag - fwd_mb) + max(0.0, ag + rs - bwd_mb)
         z3_hidden = 2 * ag + rs - z3_exposed
         z3_exposed += OVERLAP_COST * z3_hidden
