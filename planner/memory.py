@@ -2,7 +2,8 @@
 
 - **Model states** (Megatron ``dist_optimizer.md``): bf16/fp8 params + fp32 grads + fp32 Adam
   (master, m, v) = 2 + 4 + 12 = 18 B/param; fp16 = 2 + 2 + 16 = 20 B/param (fp8 keeps an extra
-  1 B fp8 weight copy). ZeRO-1 shards the optimizer over the DP x CP group, ZeRO-3 everything.
+  1 B fp8 weight copy). ZeRO-1 shards the optimizer over the DP x CP group. ZeRO-3 (FSDP2) shards
+  fp32 parameters (the master copy), fp32 gradients and Adam's m, v: 16 B/param over DP x CP.
 - **Activations** (Korthikanti et al. 2022, Table 2, generalised to GQA, gated MLPs, flash
   attention and CP): per layer and micro-batch, with ``t = b·s/cp`` tokens on the rank,
   ``t·[10h/(T if SP else 1) + (2h + 4·kv·dh + 2h + 2·fc1 + 2·F)/T] + 5·a·(s/cp)·s·b/T`` bytes (the
@@ -71,13 +72,15 @@ def head_layer_equivalents(m: ModelSpec) -> float:
 
 def state_bytes_per_param(precision: str, zero: int, shard: int) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes per parameter after ZeRO sharding over ``shard`` ranks."""
+    if zero >= 3:
+        # FSDP2 / ZeRO-3: the fp32 sharded parameters are the master copy (the low-precision
+        # weights exist only gathered, one or two layers at a time: see the ZeRO-3 buffer), fp32
+        # sharded gradients (reduce_dtype fp32), Adam m and v: 4 + 4 + 8 = 16 B per parameter
+        return 4.0 / shard, 4.0 / shard, 8.0 / shard
     w = 3.0 if precision == "fp8" else 2.0
     g, o = (2.0, 16.0) if precision == "fp16" else (4.0, 12.0)
     if zero >= 1:
         o /= shard
-    if zero >= 3:
-        w /= shard
-        g /= shard
     return w, g, o
 
 
@@ -166,6 +169,12 @@ def states_floor_gb(spec: PlanSpec, tp: int, pp: int, shard: int, zero: int) -> 
     w, g, o = state_bytes_per_param(spec.precision, zero, shard)
     states = spec.model.layers / pp * layer_params(spec.model) / tp * (w + g + o)
     return (states + runtime_overhead_bytes(spec)) / GiB
+
+
+def stage_memory_gb(spec: PlanSpec, lay: Layout) -> tuple[dict[str, float], dict[str, float]]:
+    """Components (GiB) of the first and of the last pipeline stage (the same stage when pp = 1)."""
+    first, last = _stages(spec, lay)
+    return {k: v / GiB for k, v in first.items()}, {k: v / GiB for k, v in last.items()}
 
 
 def estimate_memory(spec: PlanSpec, lay: Layout) -> MemoryEstimate:

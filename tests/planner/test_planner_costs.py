@@ -47,8 +47,12 @@ def test_model_state_bytes_and_zero() -> None:
     z1 = _plan(spec, "tp=1,pp=1,dp=32,zero=1,micro_batch=1").estimate.memory_breakdown_gb
     z3 = _plan(spec, "tp=1,pp=1,dp=32,zero=3,micro_batch=1").estimate.memory_breakdown_gb
     assert z1["optimizer"] == pytest.approx(z0["optimizer"] / 32)
-    assert z1["weights"] == z0["weights"] and z3["weights"] == pytest.approx(z0["weights"] / 32)
+    assert z1["weights"] == z0["weights"]
     assert z3["grads"] < z1["grads"]
+    # ZeRO-3 (FSDP2): fp32 master weights, fp32 grads and Adam m, v, all sharded: 16 B per parameter
+    total3 = z3["weights"] + z3["grads"] + z3["optimizer"]
+    assert total3 == pytest.approx((z0["weights"] + z0["grads"] + z0["optimizer"]) * 16 / 18 / 32)
+    assert z3["weights"] == pytest.approx(2 * z0["weights"] / 32)
     # bf16: 2 (weights) + 4 (fp32 grads) + 12 (Adam) bytes per parameter
     assert z0["optimizer"] == pytest.approx(6 * z0["weights"]) and z0["grads"] == pytest.approx(2 * z0["weights"])
 
