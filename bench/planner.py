@@ -22,7 +22,7 @@ from planner import constraints as C
 from planner.api import plan
 from planner.layout import Layout
 from planner.memory import memory_limit_gb, memory_total_gb
-from planner.search import MAX_MICRO_BATCH, candidate_worlds, divisors, links_for
+from planner.search import MAX_MICRO_BATCH, RECOMPUTE_ORDER, candidate_worlds, divisors, links_for
 from planner.spec import PlanSpec, parse_spec
 from planner.timing import estimate_time, hardware_for
 
@@ -59,7 +59,7 @@ def naive_search(spec: PlanSpec, budget_s: float = math.inf) -> dict[str, Any]:
                 for sched in scheds:
                     for sp in (False, True) if tp > 1 else (False,):
                         for zero in (0, 1, 3):
-                            for rc in ("none", "selective", "full"):
+                            for rc in RECOMPUTE_ORDER:
                                 for cpm in ("ring", "ulysses") if cp > 1 else ("ring",):
                                     lay = Layout(tp=tp, pp=pp, cp=cp, dp=dp, vpp=v, micro_batch=b,
                                                  num_micro_batches=nmb, sp=sp, zero=zero, recompute=rc,

@@ -49,6 +49,11 @@ def recompute_flops_per_token(m: ModelSpec, recompute: str) -> float:
     """Extra FLOPs actually executed per token by activation recomputation (for HFU)."""
     if recompute == "full":
         return 2.0 * m.layers * layer_matmul_params(m) + 4.0 * m.layers * m.seq_len * m.hidden
+    if recompute.startswith("layer:"):
+        return recompute_flops_per_token(m, "full") / int(recompute.split(":", 1)[1])
+    if recompute == "op":  # the even-numbered matmuls: k, the output projection, fc1's second half
+        kv = m.kv_heads * m.head_dim
+        return 2.0 * m.layers * m.hidden * (kv + m.hidden + (m.ffn if m.gated_mlp else 0))
     if recompute == "selective":
         return 4.0 * m.layers * m.seq_len * m.hidden
     return 0.0

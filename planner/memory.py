@@ -8,7 +8,9 @@
   attention and CP): per layer and micro-batch, with ``t = b·s/cp`` tokens on the rank,
   ``t·[10h/(T if SP else 1) + (2h + 4·kv·dh + 2h + 2·fc1 + 2·F)/T] + 5·a·(s/cp)·s·b/T`` bytes (the
   last term only for materialized attention). Selective recompute drops the attention-score term;
-  full recompute keeps only the layer input ``2·t·h`` (/T with SP) plus one layer's working set.
+  full recompute keeps only the layer input ``2·t·h`` (/T with SP) plus one layer's working set;
+  ``layer:N`` (every N-th layer checkpointed) averages the two; ``op`` (TorchTitan's op-level SAC)
+  keeps the layer input, q, v, the attention output, the first fc1 half and the LSE.
   The first stage holds ``min(m, p)`` micro-batches of its layers (1F1B; GPipe keeps ``m``;
   interleaving multiplies by ``1 + (p-1)/(p·v)``).
 - **Embedding/logits**: embedding output on the first stage; fp32 logits ``4·t·(h+V)/T`` on the last.
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.flops import layer_params
-from planner.layout import Layout
+from planner.layout import Layout, checkpoint_interval
 from planner.spec import ModelSpec, PlanSpec
 
 GiB = float(2**30)
@@ -93,14 +95,23 @@ def activation_bytes_per_layer(spec: PlanSpec, lay: Layout, recompute: str | Non
     sp_div = t if lay.sp else 1
     if rc == "full":
         return 2.0 * tok * h / sp_div
+    every = checkpoint_interval(rc)
+    if every > 1:  # layer:N: one layer in N keeps only its input, the others everything
+        return (activation_bytes_per_layer(spec, lay, "full") + (every - 1) * activation_bytes_per_layer(spec, lay, "none")) / every
     kv = m.kv_heads * m.head_dim
     fc1 = (2 if m.gated_mlp else 1) * m.ffn
+    lse = 4.0 * m.heads * tok / t  # flash attention's softmax statistics (fp32)
+    if rc == "op":
+        # TorchTitan's op-level SAC: saves the outputs of the odd-numbered matmuls (q, v, fc1's
+        # first half, fc2), the attention output and the collectives; recomputes the rest. The
+        # layer input stays (replicated without SP), fc2's output is the next layer's input.
+        return 2.0 * tok * h / sp_div + tok * (2 * h + 2 * kv + 2 * h + 2 * m.ffn) / t + lse
     replicated = 10.0 * tok * h / sp_div
     split = tok * (2 * h + 4 * kv + 2 * h + 2 * fc1 + 2 * m.ffn) / t
     if m.attention == "materialized":
         scores = 5.0 * m.heads * (m.seq_len / lay.cp) * m.seq_len * lay.micro_batch / t
     else:
-        scores = 4.0 * m.heads * tok / t  # softmax statistics only
+        scores = lse
     if rc == "selective":
         scores = 0.0 if m.attention == "materialized" else scores
     return replicated + split + scores
@@ -133,7 +144,8 @@ def _stages(spec: PlanSpec, lay: Layout) -> tuple[dict[str, float], dict[str, fl
     tok = lay.micro_batch * m.seq_len / lay.cp
     sp_div = t if lay.sp else 1
     act_layer = activation_bytes_per_layer(spec, lay)
-    working = activation_bytes_per_layer(spec, lay, "none") if lay.recompute == "full" else 0.0
+    # a fully recomputed layer rebuilds all its activations during its backward
+    working = activation_bytes_per_layer(spec, lay, "none") if checkpoint_interval(lay.recompute) else 0.0
     zero3_buf = 2.0 * lp * 2.0 + lp * 4.0 if lay.zero >= 3 else 0.0
     emb_act = 3.0 * tok * m.hidden / sp_div
     logits = 4.0 * tok * (m.hidden + m.vocab) / t

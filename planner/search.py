@@ -16,6 +16,7 @@ Skipped candidates still count in ``searched``; ``evaluated`` counts those fully
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import time
@@ -52,7 +53,8 @@ from planner.timing import (
 
 MAX_LISTED_REJECTIONS = 200
 MAX_MICRO_BATCH = 64
-RECOMPUTE_ORDER = ("none", "selective", "full")
+RECOMPUTE_ORDER = ("none", "selective", "op", "layer:4", "layer:3", "layer:2", "full")  # tried cheapest first
+ENGINE_RECOMPUTE = ("none", "selective", "full")  # what workers/engine runs
 
 
 def divisors(n: int) -> list[int]:
@@ -164,6 +166,7 @@ class Searcher:
         self.evaluated = 0
         self.limit_gb = memory_limit_gb(spec)
         self._threshold = math.inf
+        self._rc_order: dict[tuple[Any, ...], list[str]] = {}
 
     # ------------------------------------------------------------------ bookkeeping
     def reject(self, layout: dict[str, Any] | Layout, kind: str, reason: str, count: int = 1) -> None:
@@ -214,6 +217,10 @@ class Searcher:
     # ------------------------------------------------------------------ the search
     def run_world(self, world: World) -> None:
         spec = self.spec
+        if spec.engine_only and spec.fixed.get("recompute", "none") not in ENGINE_RECOMPUTE:
+            self.reject({"recompute": spec.fixed["recompute"]}, "recompute",
+                        f"the engine runs recompute {', '.join(ENGINE_RECOMPUTE)}, not {spec.fixed['recompute']!r}")
+            return
         hw = hardware_for(spec, world.speed)
         gb = spec.global_batch
         entries = []
@@ -300,7 +307,7 @@ class Searcher:
         shape = {"tp": tp, "pp": pp, "cp": cp, "dp": dp}
         sps = self._options("sp", [True] if tp > 1 else [False])
         zeros = self._options("zero", [1, 3] if dp * cp > 1 else [0])
-        recs = self._options("recompute", RECOMPUTE_ORDER)
+        recs = self._options("recompute", ENGINE_RECOMPUTE if spec.engine_only else RECOMPUTE_ORDER)
         cpms = self._options("cp_method", ["ring", "ulysses"] if cp > 1 else ["ring"])
         links = links_for(hw, tp, cp, dp, pp, world.gpus)
         per_v = len(sps) * len(zeros) * len(recs) * len(cpms)
@@ -358,13 +365,23 @@ class Searcher:
         first: once it fits with mode r, ZeRO-3 (more communication) only needs modes cheaper than r.
         """
         spec = self.spec
+        # cheapest recompute first (the order depends on the shapes), the leanest one is "full"
+        if len(recs) > 1:
+            order_key = (hw, b, shape["tp"], shape["cp"], sp, cpm, links.tp, links.cp)
+            order = self._rc_order.get(order_key)
+            if order is None:
+                order = sorted(recs, key=lambda r: layer_times(spec.model, spec.precision, hw, b, shape["tp"],
+                                                               shape["cp"], sp, r, cpm, links.tp, links.cp).rc)
+                self._rc_order[order_key] = order
+            recs = order
+        lean_rc = "full" if "full" in recs else recs[-1]
         cutoff = len(recs)
         fitted_any = False
-        # the leanest combination first (memory falls with the ZeRO stage and along RECOMPUTE_ORDER):
+        # the leanest combination first (memory falls with the ZeRO stage; full recompute keeps least):
         # when even it does not fit, no combination does
         try:
             lean = Layout(tp=shape["tp"], pp=shape["pp"], cp=shape["cp"], dp=shape["dp"], vpp=v, micro_batch=b,
-                          num_micro_batches=nmb, sp=sp, zero=max(zeros), recompute=recs[-1], schedule=sched,
+                          num_micro_batches=nmb, sp=sp, zero=max(zeros), recompute=lean_rc, schedule=sched,
                           cp_method=cpm)
         except ValueError as exc:
             self.reject({**shape, "vpp": v, "schedule": sched}, "layout", str(exc))
@@ -379,6 +396,13 @@ class Searcher:
                         "(with the least memory any ZeRO stage and recompute mode allow)", len(zeros) * len(recs))
             return False
         for zero in zeros:
+            if zero != lean.zero:
+                mem = memory_total_gb(spec, dataclasses.replace(lean, zero=zero))
+                if mem > self.limit_gb:  # not even the leanest recompute mode fits at this stage
+                    self.reject({**shape, "vpp": v, "micro_batch": b, "zero": zero}, "memory",
+                                f"needs {mem:.1f} GiB per GPU > {self.limit_gb:.1f} GiB usable with recompute "
+                                f"{lean_rc}", len(recs))
+                    continue
             for k, rc in enumerate(recs):
                 if k >= cutoff:
                     break

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from planner.layout import CP_METHODS, RECOMPUTE_MODES, SCHEDULES, ZERO_STAGES
+from planner.layout import CP_METHODS, SCHEDULES, ZERO_STAGES, normalise_recompute, recompute_error
 from planner.profiles import lookup_gpu, lookup_model
 
 
@@ -334,7 +334,13 @@ def parse_parallel(raw: Mapping[str, Any]) -> dict[str, Any]:
         if z not in ZERO_STAGES:
             raise SpecError("parallel.zero", f"must be one of {', '.join(map(str, ZERO_STAGES))}, got {z}")
         fixed["zero"] = z
-    for key, allowed in (("recompute", RECOMPUTE_MODES), ("schedule", SCHEDULES), ("cp_method", CP_METHODS)):
+    if raw.get("recompute") is not None:
+        rc = normalise_recompute(raw["recompute"])
+        bad = recompute_error(rc)
+        if bad:
+            raise SpecError("parallel.recompute", bad)
+        fixed["recompute"] = rc
+    for key, allowed in (("schedule", SCHEDULES), ("cp_method", CP_METHODS)):
         if raw.get(key) is not None:
             if raw[key] not in allowed:
                 raise SpecError(f"parallel.{key}", f"must be one of {', '.join(allowed)}, got {raw[key]!r}")

@@ -26,7 +26,9 @@ Per micro-batch and pipeline stage (``tok = b·s/cp`` tokens on a rank, ``T`` = 
 - **Overlap is not free**: every second of communication hidden under compute slows that compute by
   0.15 s (NCCL kernels occupy SMs and HBM bandwidth), charged to that communication's component;
   CP also pays the online-softmax merges of partial results.
-- **Recompute**: full = one more forward (with its TP collectives); selective = attention core again.
+- **Recompute**: full = one more forward (with its TP collectives); ``layer:N`` = that for one layer
+  in N; ``op`` = the even-numbered matmuls (k, output projection, fc1's second half) and the
+  memory-bound ops again; selective = attention core again.
 - **Optimizer**: ~30 bytes of HBM traffic per local parameter shard.
 
 Compute terms are divided by the slowest used node's relative speed.
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.flops import layer_params
-from planner.layout import Layout
+from planner.layout import Layout, checkpoint_interval
 from planner.memory import head_layer_equivalents, stage_layers
 from planner.spec import ModelSpec, PlanSpec
 
@@ -209,8 +211,14 @@ def layer_times(m: ModelSpec, precision: str, hw: Hardware, b: int, tp: int, cp:
             cp_f = a2a + 2 * (cp - 1) * clat
             cp_b = 2 * cp_f
     rc = 0.0
-    if recompute == "full":
-        rc = gemm + attn_f + elem_f + tp_f + cp_f
+    every = checkpoint_interval(recompute)
+    if every:
+        rc = (gemm + attn_f + elem_f + tp_f + cp_f) / every
+    elif recompute == "op":
+        # k, the output projection and fc1's second half again, and the cheap ops; the saved
+        # collectives' outputs are not recomputed
+        rc = (gemm_time(hw, tok, kv_local, h) + gemm_time(hw, tok, h, q_local)
+              + (gemm_time(hw, tok, m.ffn / tp, h) if m.gated_mlp else 0.0)) / speed + elem_f
     elif recompute == "selective":
         rc = attn_f
     return LayerTimes(gemm, attn_f, attn_b, elem_f, tp_f, cp_f, cp_b, cp_hidden, rc)

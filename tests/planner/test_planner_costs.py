@@ -141,3 +141,22 @@ def test_slow_node_slows_compute() -> None:
     fast = _plan(a100_spec(), "tp=1,dp=32,micro_batch=1").estimate.time_breakdown_s["gemm"]
     slow = _plan(spec, "tp=1,dp=32,micro_batch=1").estimate.time_breakdown_s["gemm"]
     assert slow == pytest.approx(2 * fast)
+
+
+def test_torchtitan_recompute_modes_order_memory_and_time() -> None:
+    """Op-level and layer-level checkpointing sit between none and full, in memory and in time;
+    layer:N converges to no recompute as N grows; TorchTitan's names are accepted."""
+    spec = {"model": {"name": "llama3-8b"}, "cluster": {"gpu_type": "H100", "num_gpus": 8},
+            "training": {"global_batch": 16}}
+    base = "dp=8,zero=3,micro_batch=2"
+    est = {rc: _plan(spec, f"{base},recompute={rc}").estimate for rc in ("none", "op", "layer:2", "layer:4", "full")}
+    act = {rc: e.memory_breakdown_gb["activations"] for rc, e in est.items()}
+    assert act["full"] < act["layer:2"] < act["layer:4"] < act["none"]
+    assert act["full"] < act["op"] < act["none"]
+    rc_time = {rc: e.time_breakdown_s["recompute"] for rc, e in est.items()}
+    assert rc_time["none"] == 0 < rc_time["op"] < rc_time["full"]
+    assert rc_time["layer:2"] == pytest.approx(rc_time["full"] / 2)
+    assert rc_time["layer:4"] == pytest.approx(rc_time["full"] / 4)
+    assert est["op"].hfu > est["op"].mfu
+    assert Layout.parse("recompute=layer").recompute == "layer:2"
+    assert parse_spec({**spec, "parallel": {"recompute": "selective_op"}}).fixed["recompute"] == "op"
