@@ -39,11 +39,16 @@ def load_cases(path: str | Path | None = None) -> list[dict[str, Any]]:
 
 
 def attention_of(case: dict[str, Any]) -> str:
+    """The attention kernel of the software a case ran: FlashAttention-2 class ("flash": PyTorch SDPA,
+    flash-attn, MosaicML's), the vendor's fused kernel ("fused": Megatron-Core / NeMo through
+    Transformer Engine, cuDNN), or materialized scores (systems published before FlashAttention)."""
     text = " ".join(str(case.get(k) or "") for k in ("source", "verification", "notes", "id"))
     if re.search(r"\bFA2\b|flash", text, re.IGNORECASE):
         return "flash"
     if re.search(r"20(1\d|2[0-2])\b", text) or "bigscience" in text.lower():
         return "materialized"
+    if re.search(r"megatron|nemo", text, re.IGNORECASE):
+        return "fused"
     return "flash"
 
 
@@ -74,6 +79,12 @@ def published_key(case: dict[str, Any], tp: int, pp: int, cp: int, dp: int) -> t
     """What the plan-selection bar compares: (tp, pp, cp, dp), or (tp*pp, cp, dp) when the split was
     inferred (the published fact is the model-parallel size, not how it was split)."""
     return (tp * pp, cp, dp) if split_inferred(case) else (tp, pp, cp, dp)
+
+
+def source_of(case: dict[str, Any]) -> str:
+    """The source a case was published by, for leave-one-source-out: the held-out records name it in
+    ``source_key``; the original dataset's records by their id prefix (narayanan2021, flagperf, ...)."""
+    return str(case.get("source_key") or case["id"].split("_")[0])
 
 
 def case_spec(case: dict[str, Any]) -> dict[str, Any]:
@@ -142,13 +153,19 @@ def korthikanti_oracle(case: dict[str, Any], spec: PlanSpec) -> list[dict[str, A
     return rows
 
 
-def run_calibration(path: str | Path | None = None) -> dict[str, Any]:
-    """Predict every usable case; return rows, skipped cases and the error summary."""
+def run_calibration(path: str | Path | None = None, params: dict[str, float] | None = None,
+                    cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Predict every usable case; return rows, skipped cases and the error summary.
+
+    ``params`` (see :mod:`bench.fit`) overrides kernel efficiencies of the cases' GPUs; ``cases``
+    replaces the file."""
+    from bench.fit import apply_params
+
     rows: list[dict[str, Any]] = []
     memory_rows: list[dict[str, Any]] = []
     skipped: list[dict[str, str]] = []
-    for case in load_cases(path):
-        raw = case_spec(case)
+    for case in cases if cases is not None else load_cases(path):
+        raw = apply_params(case_spec(case), params or {})
         if "memory_formula_unit_test" in case.get("uses", []):
             raw["parallel"].setdefault("sp", False)
             raw["parallel"].setdefault("recompute", "none")
@@ -170,7 +187,7 @@ def run_calibration(path: str | Path | None = None) -> dict[str, Any]:
             continue
         est = plan.estimate
         rows.append({
-            "case": case["id"], "gpu": spec.cluster.gpu_type, "layout": plan.layout.short(),
+            "case": case["id"], "source": source_of(case), "gpu": spec.cluster.gpu_type, "layout": plan.layout.short(),
             "micro_batch": plan.layout.micro_batch, "recompute": plan.layout.recompute,
             "measured_tokens_per_gpu": measured, "predicted_tokens_per_gpu": est.tokens_per_s_per_gpu,
             "rel_error": est.tokens_per_s_per_gpu / measured - 1, "measured_as": how,

@@ -89,6 +89,8 @@ CONVENTIONS: dict[str, Callable[[ModelSpec], float]] = {
 def convention_of(text: str | None) -> str:
     """Map a published case's ``flops_convention`` text to a key of :data:`CONVENTIONS`."""
     t = (text or "").lower()
+    if t.startswith("megatron"):
+        return "megatron"
     if "96*" in t or "narayanan" in t or "4*2" in t:
         return "narayanan"
     if "6n" in t or "palm" in t:

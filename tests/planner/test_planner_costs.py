@@ -130,7 +130,8 @@ def test_cp_ring_hides_under_long_attention_and_fp8_is_faster() -> None:
     h100 = a100_spec(cluster={"gpu_type": "H100", "num_gpus": 32})
     bf16 = _plan(h100, "tp=2,pp=2,dp=8,micro_batch=1").estimate
     fp8 = _plan({**h100, "precision": "fp8"}, "tp=2,pp=2,dp=8,micro_batch=1").estimate
-    assert fp8.time_breakdown_s["gemm"] < 0.75 * bf16.time_breakdown_s["gemm"]
+    # faster, but well short of the 2x peak ratio: deeper tiles, casts and amax reductions
+    assert 0.5 * bf16.time_breakdown_s["gemm"] < fp8.time_breakdown_s["gemm"] < 0.85 * bf16.time_breakdown_s["gemm"]
     assert math.isclose(fp8.time_breakdown_s["attention"], bf16.time_breakdown_s["attention"])
 
 
