@@ -29,6 +29,8 @@ from planner.search import search
 from planner.spec import PlanSpec, SpecError, parse_spec
 
 DEFAULT_CASES = Path(__file__).resolve().parent.parent / "tests" / "planner" / "data" / "published_cases.json"
+# gathered after the planner was built, from sources the original dataset does not use
+HELDOUT_CASES = DEFAULT_CASES.with_name("heldout_cases.json")
 
 
 def load_cases(path: str | Path | None = None) -> list[dict[str, Any]]:

@@ -33,6 +33,11 @@ PARAMETERS: tuple[tuple[str, str, str], ...] = (
 )
 FAMILIES = {"H100": "hopper", "H800": "hopper", "H200": "hopper", "A100": "ampere", "A100-40GB": "ampere",
             "A800": "ampere"}
+# Where every fit starts: vendor- and paper-class values, fixed before any fitting (cuBLAS-class
+# sustained GEMM fractions; FlashAttention-2's paper for A100 and H100; FA3-class fused kernels;
+# fp8 at 0.8 x the bf16 fraction). A left-out source never moves the start.
+PRIOR: dict[str, float] = {"hopper_gemm": 0.66, "hopper_fp8_gemm": 0.56, "hopper_flash_attention": 0.42,
+                           "hopper_fused_attention": 0.50, "ampere_gemm": 0.80, "ampere_flash_attention": 0.62}
 LOG_CAP = 0.5
 GRID = (0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25)
 
@@ -79,7 +84,7 @@ def fit(cases: list[dict[str, Any]], start: dict[str, float] | None = None, roun
     their start value)."""
     from bench.calibration import run_calibration
 
-    params = dict(start or profile_params())
+    params = dict(start or PRIOR)
     families = {family_of(c["cluster"].get("gpu_type")) for c in cases}
     best = loss(run_calibration(cases=cases, params=params)["rows"])
     step = 1.0
