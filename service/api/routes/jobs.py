@@ -215,7 +215,8 @@ def job_metrics(
     tenant: CurrentTenant,
     db: Db,
     since_step: Annotated[
-        int, Query(ge=0, le=2**31 - 1, description="only steps after this one (steps are numbered from 1)")
+        int, Query(ge=-1, le=2**31 - 1, description="only steps after this one (steps are numbered from 1; "
+                                                      "0 or -1: from the first)")
     ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 1000,
 ) -> list[MetricPublic]:
