@@ -16,6 +16,7 @@ from service.api.config import ApiSettings
 from service.api.errors import AllowHeader, BodyLimit, install_handlers
 from service.api.metrics import LatencyMiddleware, make_registry
 from service.api.routes import admin, jobs, system
+from service.api.sse import StreamSlots
 from service.db.session import make_engine, make_sessionmaker
 from service.settings import Settings, get_settings
 
@@ -49,6 +50,7 @@ def create_app(settings: Settings | None = None, api_settings: ApiSettings | Non
     app.state.api = api
     app.state.engine = engine
     app.state.sessions = sessions
+    app.state.streams = StreamSlots(api.sse_max_per_tenant)
     registry, latency = make_registry(sessions, api.metrics_cache_s)
     app.state.registry = registry
     install_handlers(app)

@@ -36,13 +36,13 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         404: "no such object (or it belongs to another tenant)",
         409: "illegal state change or conflicting request",
         413: "request body over the size cap (1 MiB)",
-        429: "submission rate or job limit exceeded; see Retry-After",
-        503: "a dependency is not reachable",
+        429: "submission rate, job limit or open-stream limit exceeded; see Retry-After",
+        503: "a dependency is not reachable, or the planner is busy; see Retry-After",
     }
     out: dict[int | str, dict[str, Any]] = {}
     for code in codes:
         entry: dict[str, Any] = {"model": ErrorOut, "description": text[code]}
-        if code == 429:
+        if code in (429, 503):
             entry["headers"] = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
         out[code] = entry
     return out

@@ -11,15 +11,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 
 from service.api import repo
-from service.api.deps import CurrentTenant, Db
+from service.api.deps import AnyPrincipal, CurrentTenant, Db
 from service.api.errors import field_error, responses
 from service.api.planning import PlannerRefused, check_fit
 from service.api.schemas import EventPublic, JobList, JobPublic, JobSpec, JobStateName, MetricPublic
-from service.api.sse import SSE_EVENT_SCHEMA, event_stream, wants_stream
+from service.api.sse import SSE_EVENT_SCHEMA, open_stream, wants_stream
 from service.db import transitions as tr
 from service.db.models import Job
 
@@ -182,13 +182,14 @@ def cancel_job(job_id: JobId, tenant: CurrentTenant, db: Db) -> JobPublic:
     responses={
         200: {"content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
               "description": "JSON list, or a server-sent event stream (Accept: text/event-stream)"},
-        **responses(401, 403, 404),
+        **responses(401, 403, 404, 429),
     },
 )
 def job_events(
     request: Request,
     job_id: JobId,
     tenant: CurrentTenant,
+    principal: AnyPrincipal,
     db: Db,
     since: Annotated[int, Query(ge=0, le=2**63 - 1, description="only events with a larger id")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -202,8 +203,7 @@ def job_events(
     if job is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "job not found")
     if stream or wants_stream(request):
-        return StreamingResponse(event_stream(request.app, job_id, since), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return open_stream(request.app, tenant.id, principal.token_id, job_id, since)
     rows = repo.list_events(db, job_id, since=since, limit=limit)
     return JSONResponse([EventPublic.model_validate(e).model_dump(mode="json") for e in rows])
 
