@@ -12,9 +12,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from service.api.attempts import AttemptLog
 from service.api.config import ApiSettings
 from service.api.errors import AllowHeader, BodyLimit, install_handlers
 from service.api.metrics import LatencyMiddleware, make_registry
+from service.api.repo import RATE_WINDOW_S
 from service.api.routes import admin, jobs, system
 from service.api.sse import StreamSlots
 from service.db.session import make_engine, make_sessionmaker
@@ -51,6 +53,7 @@ def create_app(settings: Settings | None = None, api_settings: ApiSettings | Non
     app.state.engine = engine
     app.state.sessions = sessions
     app.state.streams = StreamSlots(api.sse_max_per_tenant)
+    app.state.attempts = AttemptLog(RATE_WINDOW_S)
     registry, latency = make_registry(sessions, api.metrics_cache_s)
     app.state.registry = registry
     install_handlers(app)

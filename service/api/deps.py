@@ -69,9 +69,10 @@ def get_principal(
     tok, tenant = row
     if not token_valid(tok):
         raise _unauthorized("token revoked or expired")
+    token_id = tok.id
     db.expunge(tenant)
     db.rollback()  # end the read: the handler opens its own short transactions
-    return Principal(tenant=tenant, token_id=tok.id)
+    return Principal(tenant=tenant, token_id=token_id)
 
 
 def token_valid(tok: ApiToken) -> bool:

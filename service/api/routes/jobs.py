@@ -17,7 +17,7 @@ from sqlalchemy import exc as sa_exc
 from service.api import repo
 from service.api.deps import AnyPrincipal, CurrentTenant, Db
 from service.api.errors import field_error, responses
-from service.api.planning import PlannerRefused, check_fit
+from service.api.planning import PlannerRefused, PlannerUnavailable, check_fit, planner_unavailable
 from service.api.schemas import EventPublic, JobList, JobPublic, JobSpec, JobStateName, MetricPublic
 from service.api.sse import SSE_EVENT_SCHEMA, open_stream, wants_stream
 from service.db import transitions as tr
@@ -90,14 +90,19 @@ def _public(job: Job) -> JobPublic:
     responses={
         200: {"model": JobPublic, "description": "a retry: the job created earlier with this Idempotency-Key"},
         201: {"description": "created", "links": _JOB_LINKS},
-        **responses(400, 401, 403, 409, 413, 429),
+        **responses(400, 401, 403, 409, 413, 429, 503),
     },
 )
 def submit_job(spec: JobSpec, request: Request, response: Response, tenant: CurrentTenant, db: Db,
                idempotency_key: IdemKey = None) -> Any:
     """Queue a declarative job for the caller's tenant. 422 names the field of an invalid spec,
     including one the planner says fits on no GPU count in ``min_gpus..max_gpus``."""
-    validate_spec(spec)
+    attempts = request.app.state.attempts
+    try:
+        validate_spec(spec)
+    except RequestValidationError:
+        attempts.record(tenant.id)  # a refused submission counts toward the rate
+        raise
     stored = spec.stored()
     digest = hashlib.sha256(json.dumps(stored, sort_keys=True).encode()).hexdigest()
     if idempotency_key is not None:
@@ -106,15 +111,27 @@ def submit_job(spec: JobSpec, request: Request, response: Response, tenant: Curr
             return _replay(existing, digest, response)
     api = request.app.state.api
     if api.fit_check:
-        try:
+        db.rollback()  # no transaction stays open while the planner searches
+
+        def over_limits() -> None:
             # a tenant over its limits is refused before any planning (create_job checks again, locked)
-            check_fit(spec, api, before_planning=lambda: repo.check_limits(db, tenant, lock=False))
+            try:
+                repo.check_limits(db, tenant, lock=False, attempts=attempts.recent(tenant.id, tenant.submit_per_minute))
+            finally:
+                db.rollback()
+
+        try:
+            check_fit(spec, api, before_planning=over_limits)
         except PlannerRefused as exc:
+            attempts.record(tenant.id)
             raise field_error(["body", *exc.loc], exc.msg, "plan_infeasible") from None
+        except PlannerUnavailable as exc:
+            attempts.record(tenant.id)
+            raise planner_unavailable(exc) from None
     try:
         job = repo.create_job(db, tenant, name=spec.name, spec=stored, min_gpus=spec.min_gpus,
                               max_gpus=spec.max_gpus, priority=spec.priority, key=idempotency_key,
-                              request_hash=digest)
+                              request_hash=digest, attempts=attempts.recent(tenant.id, tenant.submit_per_minute))
         db.commit()
     except sa_exc.IntegrityError:
         db.rollback()

@@ -7,14 +7,15 @@ import socket
 from typing import Annotated, Any, Protocol
 
 import sqlalchemy as sa
-from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from service.api import repo
 from service.api.deps import AnyPrincipal
 from service.api.errors import field_error, responses
-from service.api.planning import PlannerBusy, PlannerRefused, dry_run
+from service.api.planning import PlannerRefused, PlannerUnavailable, dry_run, planner_unavailable
 from service.api.routes.jobs import validate_spec
 from service.api.schemas import ClusterJob, ClusterOut, Health, JobSpec, PlanOut, Ready
 from service.db.models import Job
@@ -79,23 +80,30 @@ def metrics(request: Request) -> Response:
 
 
 @router.post("/v1/plans", response_model=PlanOut, operation_id="plan_job", summary="Plan a job (dry run)",
-             responses=responses(400, 401, 413, 429))
+             responses=responses(400, 401, 413, 429, 503))
 def plan_job(
     spec: JobSpec,
     request: Request,
-    _: AnyPrincipal,
+    principal: AnyPrincipal,
     top_k: Annotated[int, Query(ge=1, le=20, description="how many plans")] = 3,
 ) -> PlanOut:
     """The planner's ranked layouts for this spec on the cluster profile, for some GPU count in
-    ``min_gpus..max_gpus``; 422 names the field when nothing fits."""
+    ``min_gpus..max_gpus``; 422 names the field when nothing fits. A tenant's dry runs count toward
+    its submission rate (429 over it); 503 with ``Retry-After`` when the planner is busy."""
+    tenant = principal.tenant
+    if tenant is not None:
+        attempts = request.app.state.attempts
+        with request.app.state.sessions() as db:
+            repo.check_limits(db, tenant, lock=False, jobs=False,
+                              attempts=attempts.recent(tenant.id, tenant.submit_per_minute))
+        attempts.record(tenant.id)
     validate_spec(spec)
     try:
         return dry_run(spec, request.app.state.api, top_k)
     except PlannerRefused as exc:
         raise field_error(["body", *exc.loc], exc.msg, "plan_infeasible") from None
-    except PlannerBusy:
-        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, "the planner is busy; retry shortly",
-                            headers={"Retry-After": "1"}) from None
+    except PlannerUnavailable as exc:
+        raise planner_unavailable(exc) from None
 
 
 def _view() -> ClusterViewLike:
