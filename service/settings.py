@@ -34,6 +34,8 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["console", "json"] = "console"
     admin_token: str | None = Field(default=None, description="Bearer token of the administrator")
+    metrics_token: str | None = Field(default=None, description="Bearer token of a Prometheus scraper: "
+                                      "with it (or the admin token) /metrics includes per-tenant series")
     api_url: str = Field(default="http://127.0.0.1:8470", description="Where the CLI finds the service")
     api_token: str | None = Field(default=None, description="Bearer token the CLI sends")
     host: str = "127.0.0.1"

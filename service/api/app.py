@@ -54,8 +54,9 @@ def create_app(settings: Settings | None = None, api_settings: ApiSettings | Non
     app.state.sessions = sessions
     app.state.streams = StreamSlots(api.sse_max_per_tenant)
     app.state.attempts = AttemptLog(RATE_WINDOW_S)
-    registry, latency = make_registry(sessions, api.metrics_cache_s)
+    registry, tenant_registry, latency = make_registry(sessions, api.metrics_cache_s)
     app.state.registry = registry
+    app.state.tenant_registry = tenant_registry
     install_handlers(app)
     app.include_router(jobs.router)
     app.include_router(admin.router)

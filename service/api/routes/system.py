@@ -7,17 +7,19 @@ import socket
 from typing import Annotated, Any, Protocol
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.api import repo
-from service.api.deps import AnyPrincipal
+from service.api.deps import AnyPrincipal, bearer
 from service.api.errors import field_error, responses
 from service.api.planning import PlannerRefused, PlannerUnavailable, dry_run, planner_unavailable
 from service.api.routes.jobs import validate_spec
 from service.api.schemas import ClusterJob, ClusterOut, Health, JobSpec, PlanOut, Ready
+from service.api.security import is_admin_token
 from service.db.models import Job
 
 router = APIRouter(tags=["system"])
@@ -74,9 +76,20 @@ def readyz(request: Request) -> Any:
 
 @router.get("/metrics", operation_id="metrics", summary="Prometheus metrics", response_class=Response,
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                             "description": "Prometheus text format"}})
-def metrics(request: Request) -> Response:
-    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
+                             "description": "Prometheus text format"}, **responses(401)})
+def metrics(request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Response:
+    """Aggregate series for anyone; per-tenant series (tenant names) only with the admin token or
+    ``ORTHOPLEX_METRICS_TOKEN``; any other bearer token is 401."""
+    body = generate_latest(request.app.state.registry)
+    if creds is not None:
+        settings = request.app.state.settings
+        presented = creds.credentials
+        if not (is_admin_token(presented, settings.admin_token) or is_admin_token(presented, settings.metrics_token)):
+            # a tenant token is valid elsewhere but not here: answer as for any unknown token
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "metrics need the admin or the scrape token",
+                                headers={"WWW-Authenticate": "Bearer"})
+        body += generate_latest(request.app.state.tenant_registry)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 @router.post("/v1/plans", response_model=PlanOut, operation_id="plan_job", summary="Plan a job (dry run)",
