@@ -70,8 +70,9 @@ class ModelShape(_In):
 
 
 class DataSpec(_In):
-    """Where the tokens come from: the built-in corpus, text files or token memmaps (paths on the
-    cluster's shared storage or ``s3://`` / ``gs://`` objects; no other URL schemes)."""
+    """Where the tokens come from: the built-in corpus, text files or token memmaps. ``paths`` are
+    relative to the tenant's data area (files, directories or globs) or ``shared:<root>/<path>``
+    for an admin-declared read-only root; anything outside is refused (``s3://``/``gs://`` too)."""
 
     kind: Literal["builtin", "text", "tokens"] = "builtin"
     paths: list[PathStr] = Field(default_factory=list, max_length=64)

@@ -44,6 +44,9 @@ def config_from_env(settings: Settings) -> ControllerConfig:
         cancel_grace_s=float(env.get("ORTHOPLEX_CONTROLLER_CANCEL_GRACE_S", 30.0)),
         runtime_resizes=env.get("ORTHOPLEX_CONTROLLER_RESIZES", "1").strip().lower() in ("1", "true", "yes", "on"),
         storage_path=settings.storage_path,
+        shared_data_roots=dict(settings.shared_data_roots),
+        data_max_files=settings.data_max_files,
+        data_max_bytes=settings.data_max_bytes,
         spec_overrides=overrides,
     )
 

@@ -22,6 +22,8 @@ from service.api.schemas import EventPublic, JobList, JobPublic, JobSpec, JobSta
 from service.api.sse import SSE_EVENT_SCHEMA, open_stream, wants_stream
 from service.db import transitions as tr
 from service.db.models import Job
+from service.settings import data_area
+from workers.data_area import DataArea, DataPathError, resolve_data_paths
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -62,10 +64,6 @@ def validate_spec(spec: JobSpec) -> None:
             errors.append((["data", "paths"], "must be empty for the builtin corpus"))
         if spec.data.kind != "builtin" and not spec.data.paths:
             errors.append((["data", "paths"], f"required for kind {spec.data.kind!r}"))
-        for i, p in enumerate(spec.data.paths):
-            scheme = p.split("://", 1)[0].lower() if "://" in p else ""
-            if scheme and scheme not in ("s3", "gs"):
-                errors.append((["data", "paths", i], "only paths, s3:// or gs:// are allowed"))
     hint = spec.layout_hint
     if hint is not None:
         used = (hint.tp or 1) * (hint.pp or 1) * (hint.cp or 1) * (hint.dp or 1)
@@ -75,6 +73,16 @@ def validate_spec(spec: JobSpec) -> None:
         raise RequestValidationError(
             [{"loc": ("body", *loc), "msg": msg, "type": "value_error"} for loc, msg in errors]
         )
+
+
+def check_data_paths(paths: list[str], area: DataArea) -> None:
+    """422 naming ``data.paths[i]`` unless every path selects files inside the tenant's area or a
+    shared root, within the bounds (``workers.data_area``; the engine checks again where it reads)."""
+    try:
+        resolve_data_paths(paths, area)
+    except DataPathError as exc:
+        loc = ("body", "data", "paths") if exc.index is None else ("body", "data", "paths", exc.index)
+        raise RequestValidationError([{"loc": loc, "msg": exc.msg, "type": "value_error"}]) from None
 
 
 def _public(job: Job) -> JobPublic:
@@ -100,6 +108,8 @@ def submit_job(spec: JobSpec, request: Request, response: Response, tenant: Curr
     attempts = request.app.state.attempts
     try:
         validate_spec(spec)
+        if spec.data is not None and spec.data.paths:
+            check_data_paths(spec.data.paths, data_area(request.app.state.settings, tenant.id))
     except RequestValidationError:
         attempts.record(tenant.id)  # a refused submission counts toward the rate
         raise
