@@ -27,6 +27,7 @@ from service.controller.loop import Controller
 from service.db.session import make_engine
 from service.log import get_logger
 from service.settings import Settings, get_settings
+from workers.runtime.rank_env import without_secrets
 
 log = get_logger("service.controller.runner")
 
@@ -58,15 +59,22 @@ def connect_ray(settings: Settings) -> bool:
 
     if ray.is_initialized():
         return True
+    # an operator's RAY_AUTH_MODE is kept as set; unset, a local Ray started here listens on
+    # 127.0.0.1 only (token auth: set RAY_AUTH_MODE=token, see docs/security.md)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    local = not settings.ray_address
     try:
-        ray.init(
-            address=settings.ray_address or "local",
-            namespace=settings.ray_namespace,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
+        # a local Ray started here copies os.environ into its raylet (and so every rank process):
+        # start it without the service's secrets; an operator's RAY_AUTH_MODE is kept as set
+        with without_secrets():
+            ray.init(
+                address=settings.ray_address or "local",
+                namespace=settings.ray_namespace,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+                **({"_node_ip_address": "127.0.0.1"} if local else {}),
+            )
     except Exception as exc:
         log.warning("could not connect to Ray", extra={"address": settings.ray_address, "error": repr(exc)})
         return False

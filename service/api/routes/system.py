@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from service.api import repo
 from service.api.deps import AnyPrincipal, bearer
 from service.api.errors import field_error, responses
-from service.api.planning import PlannerRefused, PlannerUnavailable, dry_run, planner_unavailable
+from service.api.planning import PlannerRefused, PlannerUnavailable, dry_run
 from service.api.routes.jobs import validate_spec
 from service.api.schemas import ClusterJob, ClusterOut, Health, JobSpec, PlanOut, Ready
 from service.api.security import is_admin_token
@@ -76,24 +76,20 @@ def readyz(request: Request) -> Any:
 
 @router.get("/metrics", operation_id="metrics", summary="Prometheus metrics", response_class=Response,
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                             "description": "Prometheus text format"}, **responses(401)})
+                             "description": "Prometheus text format"}})
 def metrics(request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Response:
     """Aggregate series for anyone; per-tenant series (tenant names) only with the admin token or
-    ``ORTHOPLEX_METRICS_TOKEN``; any other bearer token is 401."""
+    ``ORTHOPLEX_METRICS_TOKEN`` (any other caller gets the aggregate series only)."""
     body = generate_latest(request.app.state.registry)
-    if creds is not None:
-        settings = request.app.state.settings
-        presented = creds.credentials
-        if not (is_admin_token(presented, settings.admin_token) or is_admin_token(presented, settings.metrics_token)):
-            # a tenant token is valid elsewhere but not here: answer as for any unknown token
-            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "metrics need the admin or the scrape token",
-                                headers={"WWW-Authenticate": "Bearer"})
+    settings = request.app.state.settings
+    if creds is not None and (is_admin_token(creds.credentials, settings.admin_token)
+                              or is_admin_token(creds.credentials, settings.metrics_token)):
         body += generate_latest(request.app.state.tenant_registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 @router.post("/v1/plans", response_model=PlanOut, operation_id="plan_job", summary="Plan a job (dry run)",
-             responses=responses(400, 401, 413, 429, 503))
+             responses=responses(400, 401, 413, 429))
 def plan_job(
     spec: JobSpec,
     request: Request,
@@ -102,7 +98,7 @@ def plan_job(
 ) -> PlanOut:
     """The planner's ranked layouts for this spec on the cluster profile, for some GPU count in
     ``min_gpus..max_gpus``; 422 names the field when nothing fits. A tenant's dry runs count toward
-    its submission rate (429 over it); 503 with ``Retry-After`` when the planner is busy."""
+    its submission rate (429 over it); 429 with ``Retry-After`` when every planner slot is busy."""
     tenant = principal.tenant
     if tenant is not None:
         attempts = request.app.state.attempts
@@ -116,7 +112,9 @@ def plan_job(
     except PlannerRefused as exc:
         raise field_error(["body", *exc.loc], exc.msg, "plan_infeasible") from None
     except PlannerUnavailable as exc:
-        raise planner_unavailable(exc) from None
+        # a dry run finding the planner busy is load shedding (429); a submission's is 503
+        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, f"{exc}; retry shortly",
+                            headers={"Retry-After": str(exc.retry_after)}) from None
 
 
 def _view() -> ClusterViewLike:
