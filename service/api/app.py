@@ -17,7 +17,7 @@ from service.api.config import ApiSettings
 from service.api.errors import AllowHeader, BodyLimit, install_handlers
 from service.api.metrics import LatencyMiddleware, make_registry
 from service.api.repo import RATE_WINDOW_S
-from service.api.routes import admin, jobs, system
+from service.api.routes import admin, data, jobs, system
 from service.api.sse import StreamSlots
 from service.db.session import make_engine, make_sessionmaker
 from service.settings import Settings, get_settings
@@ -60,8 +60,9 @@ def create_app(settings: Settings | None = None, api_settings: ApiSettings | Non
     install_handlers(app)
     app.include_router(jobs.router)
     app.include_router(admin.router)
+    app.include_router(data.router)
     app.include_router(system.router)
     app.add_middleware(AllowHeader, router_app=app)
-    app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes, exempt=("/v1/data/",))
     app.add_middleware(LatencyMiddleware, histogram=latency)
     return app

@@ -105,14 +105,17 @@ def install_handlers(app: FastAPI) -> None:
 
 
 class BodyLimit:
-    """Pure ASGI middleware: buffer a request body up to ``max_bytes``; above that answer 413."""
+    """Pure ASGI middleware: buffer a request body up to ``max_bytes``; above that answer 413.
+    Paths under ``exempt`` (uploads, which stream to disk with their own limit) pass through."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, exempt: tuple[str, ...] = ()) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.exempt = exempt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+        if (scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS")
+                or (self.exempt and scope["method"] == "PUT" and scope["path"].startswith(self.exempt))):
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")
