@@ -95,6 +95,8 @@ def split_path(raw: str, area: DataArea, index: int | None = None) -> tuple[Path
     parts = PurePosixPath(rel).parts
     if ".." in parts:
         raise DataPathError(index, "must stay inside your data area (no '..')")
+    if len(rel.encode()) > 1024 or any(len(p.encode()) > 255 for p in parts):
+        raise DataPathError(index, "too long (a name is at most 255 bytes, a path 1024)")
     return root, PurePosixPath(*parts).as_posix() if parts else "."
 
 

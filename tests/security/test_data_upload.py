@@ -84,4 +84,6 @@ def test_hostile_uploads_change_nothing(env, tmp_path: Path) -> None:
     assert c.put("/v1/data/one.bin", content=b"z" * (3 << 20), headers=a).status_code == 201
     r = c.put("/v1/data/two.bin", content=iter([b"z" * (1 << 20)] * 3), headers=a)
     assert r.status_code == 413 and "quota" in r.json()["detail"], r.text
+    assert c.put("/v1/data/one.bin/under-a-file", content=b"x", headers=a).status_code == 409
+    assert c.put(f"/v1/data/{'n' * 300}", content=b"x", headers=a).status_code == 422
     assert _files(area) == ["one.bin"]

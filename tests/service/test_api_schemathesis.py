@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,12 +33,12 @@ EXAMPLES = int(os.environ.get("ORTHOPLEX_SCHEMATHESIS_EXAMPLES", "100"))
 ADMIN_PATHS = ("/v1/tenants", "/v1/tokens")
 
 
-def _schema(pg_url: str, tenant_token: str) -> Any:
+def _schema(pg_url: str, tenant_token: str, storage: Path) -> Any:
     from service.api.app import create_app
     from service.api.config import ApiSettings
     from service.settings import Settings
 
-    app = create_app(Settings(database_url=pg_url, admin_token=ADMIN_TOKEN),
+    app = create_app(Settings(database_url=pg_url, admin_token=ADMIN_TOKEN, storage_path=storage),
                      ApiSettings(plan_timeout_s=0.5, dryrun_timeout_s=1.0, sse_max_s=0.5))
     config = SchemathesisConfig.from_dict({
         "generation": {"max-examples": EXAMPLES, "mode": "all", "deterministic": True},
@@ -65,7 +66,7 @@ def _schema(pg_url: str, tenant_token: str) -> Any:
 
 
 @pytest.mark.timeout(900)
-def test_schemathesis_all_checks(pg_url: str, pg_sessions) -> None:
+def test_schemathesis_all_checks(pg_url: str, pg_sessions, tmp_path: Path) -> None:
     # the tenant the fuzzer acts as; its token id is one no generator picks, so a fuzzed
     # DELETE /v1/tokens/{id} cannot revoke it mid-run
     secret, prefix, digest = new_token()
@@ -75,7 +76,7 @@ def test_schemathesis_all_checks(pg_url: str, pg_sessions) -> None:
         s.flush()
         s.add(ApiToken(id=1_999_999_937, tenant_id=t.id, prefix=prefix, token_hash=digest))
         s.commit()
-    schema = _schema(pg_url, secret)
+    schema = _schema(pg_url, secret, tmp_path / "storage")  # uploads land in the test's own storage
 
     cases: Counter[str] = Counter()
     phases: Counter[str] = Counter()

@@ -98,7 +98,7 @@ def list_data(request: Request, tenant: CurrentTenant) -> DataList:
 
 
 @router.put("/{path:path}", response_model=DataFile, status_code=201, operation_id="upload_data",
-            summary="Upload a file into your data area", responses=responses(400, 401, 403, 413))
+            summary="Upload a file into your data area", responses=responses(400, 401, 403, 409, 413))
 async def upload_data(path: DataPath, request: Request, tenant: CurrentTenant) -> DataFile:
     """The request body (any bytes) becomes the file; an existing file is replaced atomically."""
     settings = request.app.state.settings
@@ -127,7 +127,12 @@ async def upload_data(path: DataPath, request: Request, tenant: CurrentTenant) -
             await anyio.to_thread.run_sync(os.fsync, f.fileno())
 
         def place() -> None:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            except OSError:  # a component of the path is a file
+                raise HTTPException(status.HTTP_409_CONFLICT, "a parent of path is a file, not a folder") from None
+            if target.is_dir():
+                raise HTTPException(status.HTTP_409_CONFLICT, "path is a folder")
             if not target.parent.resolve().is_relative_to(area.root.resolve()):
                 raise RequestValidationError([{"loc": ("path", "path"), "msg": "resolves outside your data area",
                                                "type": "value_error"}])
