@@ -30,7 +30,8 @@ from workers.data_area import DataArea, DataPathError, split_path
 router = APIRouter(prefix="/v1/data", tags=["data"])
 UPLOADS = ".uploads"  # temporary files, inside the area (same file system: rename is atomic)
 LIST_MAX = 10_000
-DataPath = Annotated[str, PathParam(min_length=1, max_length=1024, description="path inside your data area")]
+DataPath = Annotated[str, PathParam(min_length=1, max_length=1024, pattern=r"^[A-Za-z0-9._/-]+$",
+                                    description="path inside your data area (names of letters, digits, . _ -)")]
 
 
 class DataFile(BaseModel):
