@@ -72,19 +72,21 @@ def checkpoint_root(storage_path: str | os.PathLike[str]) -> Path:
     return Path(storage_path) / "jobs"
 
 
-def split_path(raw: str, area: DataArea, index: int | None = None) -> tuple[Path, str]:
+def split_path(raw: str, area: DataArea | None, index: int | None = None) -> tuple[Path, str]:
     """``(root, relative posix path)`` for a path as a tenant writes it; :class:`DataPathError` when
-    its syntax is not allowed (checked before the disk is touched)."""
+    its syntax is not allowed (checked before the disk is touched). ``area=None`` checks the syntax
+    only (any shared root name passes; the root returned is meaningless)."""
     if not isinstance(raw, str) or not raw or "\x00" in raw:
         raise DataPathError(index, "must be a non-empty path")
-    root = area.root
+    root = area.root if area is not None else Path(".")
     rel = raw
     if raw.startswith(SHARED_PREFIX):
         name, _, rel = raw[len(SHARED_PREFIX):].partition("/")
-        if name not in area.shared:
-            known = ", ".join(sorted(area.shared)) or "none are configured"
-            raise DataPathError(index, f"names no shared data root (shared roots: {known})")
-        root = area.shared[name]
+        if area is not None:
+            if name not in area.shared:
+                known = ", ".join(sorted(area.shared)) or "none are configured"
+                raise DataPathError(index, f"names no shared data root (shared roots: {known})")
+            root = area.shared[name]
         rel = rel or "."
     elif raw.lower().startswith(("s3://", "gs://")):
         raise DataPathError(index, "s3:// and gs:// are not supported; upload the data into your data area")

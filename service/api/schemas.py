@@ -11,7 +11,18 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    field_validator,
+)
+
+from service.api.scrub import scrub, scrub_text
 
 JobStateName = Literal["PENDING", "ADMITTED", "RUNNING", "RECOVERING", "PREEMPTED", "SUCCEEDED", "FAILED",
                        "CANCELLED"]
@@ -161,6 +172,11 @@ class JobPublic(_Out):
     final_loss: float | None = None
     final_step: int | None = None
 
+    @field_validator("reason", mode="after")
+    @classmethod
+    def _scrub_reason(cls, v: str) -> str:
+        return scrub_text(v)
+
 
 class JobList(BaseModel):
     items: list[JobPublic] = Field(max_length=100)
@@ -173,8 +189,13 @@ class EventPublic(_Out):
     seq: int
     attempt: int | None = None
     type: str
-    payload: dict[str, Any]
+    payload: dict[str, Any] = Field(description="absolute paths and Ray node ids are replaced by names")
     ts: dt.datetime
+
+    @field_validator("payload", mode="after")
+    @classmethod
+    def _scrub_payload(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return scrub(v)
 
 
 class MetricPublic(_Out):

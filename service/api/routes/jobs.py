@@ -23,7 +23,7 @@ from service.api.sse import SSE_EVENT_SCHEMA, open_stream, wants_stream
 from service.db import transitions as tr
 from service.db.models import Job
 from service.settings import data_area
-from workers.data_area import DataArea, DataPathError, resolve_data_paths
+from workers.data_area import DataArea, DataPathError, resolve_data_paths, split_path
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -64,6 +64,11 @@ def validate_spec(spec: JobSpec) -> None:
             errors.append((["data", "paths"], "must be empty for the builtin corpus"))
         if spec.data.kind != "builtin" and not spec.data.paths:
             errors.append((["data", "paths"], f"required for kind {spec.data.kind!r}"))
+        for i, p in enumerate(spec.data.paths):  # the syntax; submit_job then resolves them in the area
+            try:
+                split_path(p, None, i)
+            except DataPathError as exc:
+                errors.append((["data", "paths", i], exc.msg))
     hint = spec.layout_hint
     if hint is not None:
         used = (hint.tp or 1) * (hint.pp or 1) * (hint.cp or 1) * (hint.dp or 1)
