@@ -156,7 +156,8 @@ class JobPublic(_Out):
     id: int
     name: str
     state: JobStateName
-    reason: str = Field(description="reason of the last state change")
+    reason: str = Field(description="why the job is in its state: while PENDING, why it still waits "
+                                    "(the scheduler's latest reason); else the reason of its last state change")
     priority: int
     min_gpus: int
     max_gpus: int

@@ -33,6 +33,8 @@ writer holding an older epoch writes nothing. The names are a contract with the 
     PENDING/PREEMPTED jobs become CANCELLED at once; ADMITTED/RUNNING/RECOVERING get
     ``cancel_requested=true`` (the controller stops the supervisor, then transitions); terminal
     jobs answer ``TERMINAL``; a job of another tenant is ``MISSING``.
+``set_wait_reason(session, job_id, *, epoch, reason) -> bool``
+    a PENDING job's ``reason`` becomes why it still waits (the scheduler's latest ``Wait``).
 ``record_event(session, job_id, *, epoch, source, seq, type, payload, ts=None) -> Recorded``
 ``record_checkpoint(session, job_id, *, epoch, step, location, layout=None, verified=False,
 manifest_sha256=None, nbytes=None) -> Recorded``
@@ -432,3 +434,20 @@ def record_metric(
     """Record a step's loss and throughput once per attempt (unique ``(job_id, step, attempt)``)."""
     values = {"attempt": epoch, "step": step, "loss": loss, "tokens_per_s": tokens_per_s, "ts": ts or utcnow()}
     return _fenced_insert(session, job_id, epoch, Metric, values, ["job_id", "step", "attempt"], commit)
+
+
+def set_wait_reason(session: Session, job_id: int, *, epoch: int, reason: str, commit: bool = True) -> bool:
+    """Record why a PENDING job still waits (the scheduler's latest ``Wait`` reason) in its ``reason``,
+    so ``status``, the API and the dashboard say it without reading events. Fenced like a
+    transition (the caller's epoch must still own the job); leaves other states alone. True when
+    the row changed."""
+    stmt = (
+        _jobs.update()
+        .where(_jobs.c.id == job_id, _jobs.c.state == "PENDING", _jobs.c.epoch == epoch,
+               _jobs.c.reason != reason[:1024])
+        .values(reason=reason[:1024], updated_at=utcnow())
+    )
+    changed = session.execute(stmt).rowcount > 0
+    _expire_job(session, job_id)
+    _finish(session, commit)
+    return changed
