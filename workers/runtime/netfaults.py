@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 NET_FAULT_KINDS: tuple[str, ...] = ("partition", "rate", "loss", "delay")
 LINE_RATE = "10gbit"  # the pass-through class when no cap is set
+QUEUE_PACKETS = 100  # the link's queue: at 1 Mbit/s about 1.2 s of delay when full
 SKF_AD_RANDOM = 0xFFFFF000 + 56  # classic BPF ancillary load: a random u32
 
 
@@ -228,7 +229,11 @@ class NetFaults:
             _tc(netns, "qdisc", "add", "dev", dev, "parent", "1:99", "handle", "99:", "pfifo", "limit", "0")
             if st.delay_ms:
                 spec = ["delay", f"{st.delay_ms:g}ms"] + ([f"{st.jitter_ms:g}ms"] if st.jitter_ms else [])
-                _tc(netns, "qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:", "netem", *spec)
+                _tc(netns, "qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:", "netem", *spec,
+                    "limit", str(QUEUE_PACKETS))
+            else:  # a switch-sized buffer, not the veth's 1000 packets (seconds of queue on a slow link)
+                _tc(netns, "qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:", "pfifo",
+                    "limit", str(QUEUE_PACKETS))
             for peer in sorted(st.drop_peers):
                 ipaddress.IPv4Address(peer)
                 match = "dst" if direction == "from" else "src"

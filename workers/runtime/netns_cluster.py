@@ -214,6 +214,11 @@ class NetnsCluster:
         cmd = [ray_bin, "start", "--disable-usage-stats", f"--temp-dir={self.temp_dir}", *args]
         if netns is not None:
             cmd = ["ip", "netns", "exec", netns, *cmd]
+            # gloo (and NCCL) pick their interface from the hostname, which resolves to the machine's
+            # own address, absent in a node's namespace: they would fall back to loopback and never
+            # reach another node. Every process of the node (raylet, workers) inherits this.
+            env["GLOO_SOCKET_IFNAME"] = "eth0"
+            env["NCCL_SOCKET_IFNAME"] = "eth0"
         # A session of its own: every process ``ray start`` spawns (raylet, agents, workers) keeps its
         # session id, so ``down`` finds them even when their process titles do not name our temp dir.
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -267,6 +272,31 @@ class NetnsCluster:
             time.sleep(0.5)
         self._rec["nodes"] = [n.to_dict() for n in want.values()]
         self._save()
+
+    def restart_node(self, name: str, timeout_s: float = 120.0) -> str:
+        """Kill whatever runs in a worker node's namespace and start a fresh Ray node there (a
+        replaced machine); returns its new Ray node id."""
+        n = self.node(name)
+        _kill_all(_pids_in_netns(n.netns), 3.0)
+        old = n.ray_node_id
+        self._wait(self._spawn(n.netns, [f"--address={self.address}", f"--num-cpus={n.cpus:g}",
+                                         f"--num-gpus={n.gpus}", f"--node-ip-address={n.ip}"]), n.netns)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            new = _gcs_nodes(self.address).get(n.ip)
+            if new and new != old:
+                n.ray_node_id = new
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node {name} did not re-register in {timeout_s:.0f} s")
+            time.sleep(0.5)
+        self._rec["nodes"] = [x.to_dict() for x in [self.head, *self.workers] if x is not None]
+        self._save()
+        return new
+
+    def processes(self, name: str) -> list[int]:
+        """The live processes in a node's namespace."""
+        return [p for p in _pids_in_netns(self.node(name).netns) if _alive(p)]
 
     def connect_driver(self) -> None:
         import ray
