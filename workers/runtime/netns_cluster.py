@@ -226,15 +226,21 @@ class NetnsCluster:
         self._record("sessions", proc.pid)
         return proc
 
-    @staticmethod
-    def _wait(proc: subprocess.Popen[str], where: str, timeout_s: float = 300.0) -> None:
+    def _wait(self, proc: subprocess.Popen[str], where: str, timeout_s: float = 300.0) -> None:
         try:
             out, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise RuntimeError(f"ray start in {where} did not finish in {timeout_s:.0f} s") from None
         if proc.returncode != 0:
-            raise RuntimeError(f"ray start in {where} failed:\n{out[-3000:]}")
+            raise RuntimeError(f"ray start in {where} failed:\n{out[-1500:]}\n{self._raylet_log_tail()}")
+
+    def _raylet_log_tail(self, lines: int = 15) -> str:
+        logs = sorted(Path(self.temp_dir).glob("session_*/logs/raylet*.out"), key=lambda p: p.stat().st_mtime)
+        if not logs:
+            return "(no raylet log)"
+        tail = logs[-1].read_text(errors="replace").splitlines()[-lines:]
+        return f"{logs[-1].name}:\n" + "\n".join(tail)
 
     def _start_ray(self) -> None:
         assert self.head is not None
@@ -244,15 +250,14 @@ class NetnsCluster:
                                              f"--node-ip-address={self.head.ip}",
                                              f"--system-config={json.dumps(self.system_config)}"])
         self._wait(head, self.head.netns)
-        # worker nodes join in parallel; the driver's node in the root namespace has no resources,
-        # so nothing is ever scheduled on it
-        procs = [(self._spawn(n.netns, [f"--address={self.address}", f"--num-cpus={n.cpus:g}",
-                                        f"--num-gpus={n.gpus}", f"--node-ip-address={n.ip}"]), n.netns)
-                 for n in self.workers]
-        procs.append((self._spawn(None, [f"--address={self.address}", "--num-cpus=0", "--num-gpus=0",
-                                         f"--node-ip-address={self.bridge_ip}"]), "the root namespace"))
-        for proc, where in procs:
-            self._wait(proc, where)
+        # worker nodes join one after another (parallel joins overload the GCS of a busy 2-core
+        # machine: "Failed to get node info: Deadline Exceeded"); the driver's node in the root
+        # namespace has no resources, so nothing is ever scheduled on it
+        for n in self.workers:
+            self._wait(self._spawn(n.netns, [f"--address={self.address}", f"--num-cpus={n.cpus:g}",
+                                             f"--num-gpus={n.gpus}", f"--node-ip-address={n.ip}"]), n.netns)
+        self._wait(self._spawn(None, [f"--address={self.address}", "--num-cpus=0", "--num-gpus=0",
+                                      f"--node-ip-address={self.bridge_ip}"]), "the root namespace")
         self._resolve_node_ids()
 
     def _resolve_node_ids(self, timeout_s: float = 120.0) -> None:
