@@ -175,12 +175,12 @@ def soak(soak_s: float, every: tuple[float, float], seed: int = 0) -> dict[str, 
         resumed = [e for e in events if e["type"] == "resumed"]
         if res["state"] != "SUCCEEDED":
             problems.append(f"job ended {res['state']}: {res.get('error')}")
-        if sorted(set(runs)) != list(range(steps)):
+        if sorted(set(runs)) != list(range(1, steps + 1)):  # step events are 1-based
             problems.append("steps missing")
         redone = len(runs) - len(set(runs))
         if redone != sum(e["steps_redone"] for e in resumed):
             problems.append(f"{redone} steps run twice, resumes account for {sum(e['steps_redone'] for e in resumed)}")
-        ours = [last[s] for s in range(max(0, steps - 10), steps) if s in last]
+        ours = [last[s] for s in range(max(1, steps - 9), steps + 1) if s in last]
         mean_ours, mean_ref = sum(ours) / max(1, len(ours)), sum(ref[-10:]) / 10
         if abs(mean_ours - mean_ref) > 0.01 * mean_ref:
             problems.append(f"final 10-step mean loss {mean_ours:.4f} vs reference {mean_ref:.4f} (> 1 %)")

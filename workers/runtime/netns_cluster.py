@@ -207,8 +207,10 @@ class NetnsCluster:
         return node
 
     def _spawn(self, netns: str | None, args: list[str]) -> subprocess.Popen[str]:
-        env = dict(os.environ)
-        env["RAY_AUTH_MODE"] = "disabled"
+        from workers.runtime.rank_env import minimal_env
+
+        env = minimal_env()  # the nodes and every rank process get no service secrets
+        env.setdefault("RAY_AUTH_MODE", "disabled")
         env["RAY_USAGE_STATS_ENABLED"] = "0"
         ray_bin = str(Path(sys.executable).with_name("ray"))
         cmd = [ray_bin, "start", "--disable-usage-stats", f"--temp-dir={self.temp_dir}", *args]
