@@ -174,17 +174,35 @@ def register(app: typer.Typer) -> None:
         gpus_per_node: int = typer.Option(4, "--gpus-per-node", min=1),
         cpus_per_node: float = typer.Option(2.0, "--cpus-per-node"),
         data_dir: Path | None = typer.Option(None, "--data-dir", help="Where the cluster record lives."),
+        netns: bool = typer.Option(False, "--netns", help="Every node in its own network namespace with its "
+                                   "own IP on a bridge (needs root and `ip netns`), for real network faults."),
     ) -> None:
         """Start a head and NODES worker nodes as ``ray start`` processes that outlive this command."""
         from workers.runtime.local_cluster import cluster_up
 
+        if netns:
+            from workers.runtime.netns_cluster import netns_available, netns_cluster_up
+
+            ok, why = netns_available()
+            if ok:
+                rec = netns_cluster_up(nodes, gpus_per_node, cpus_per_node=cpus_per_node, data_dir=data_dir)
+                ips = {n["name"]: n["ip"] for n in rec["nodes"]}
+                typer.echo(json.dumps({"address": rec["address"], "mode": "netns", "nodes": nodes,
+                                       "gpus_per_node": gpus_per_node, "ips": ips, "bridge": rec["bridge"]}))
+                typer.echo(f"use it with: orthoplex run --address {rec['address']} ...; "
+                           "stop it with: orthoplex cluster down")
+                return
+            typer.echo(f"network namespaces unavailable ({why}): starting the single-IP local cluster instead",
+                       err=True)
         rec = cluster_up(nodes, gpus_per_node, cpus_per_node=cpus_per_node, data_dir=data_dir)
-        typer.echo(json.dumps({"address": rec["address"], "nodes": nodes, "gpus_per_node": gpus_per_node}))
+        typer.echo(json.dumps({"address": rec["address"], "mode": "local", "nodes": nodes,
+                               "gpus_per_node": gpus_per_node}))
         typer.echo(f"use it with: orthoplex run --address {rec['address']} ...; stop it with: orthoplex cluster down")
 
     @cluster_app.command("down")
     def down(data_dir: Path | None = typer.Option(None, "--data-dir")) -> None:
-        """Stop the local cluster started by ``cluster up`` (only its own processes)."""
+        """Stop the local cluster started by ``cluster up``: its own processes (Ray's agents included) and,
+        for ``--netns``, its namespaces and links; also after a crash of ``up``."""
         from workers.runtime.local_cluster import cluster_down
 
         n = cluster_down(data_dir)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.layout import Layout
+from workers.runtime import fencing
 from workers.runtime.placement import Reservation, raylet_unreachable, release
 from workers.runtime.ranks import RankMap, assign_ranks
 from workers.runtime.watchdog import Failure, classify, gather
@@ -100,14 +101,18 @@ def start_gang(
     if not endpoint.ok:
         raise failed(endpoint, "rendezvous")
     rdzv = endpoint.results[0]
+    ckpt_dir = train_cfg.get("checkpoint_dir")
+    epoch = fencing.advance(ckpt_dir) if ckpt_dir else None
     refs = {
-        r: w.setup.remote(rdzv, train_cfg, layout.to_dict(), r, layout.world_size, collective_timeout_s)
+        r: w.setup.remote(rdzv, train_cfg, layout.to_dict(), r, layout.world_size, collective_timeout_s,
+                          fence_epoch=epoch)
         for r, w in enumerate(gang.workers)
     }
     setup = gather(refs, deadline_s=start_timeout_s, workers=gang.workers)
     if not setup.ok:
         raise failed(setup, "setup")
-    gang.timings = {"actors_s": t1 - t0, "setup_s": time.monotonic() - t1, "rendezvous": rdzv}
+    gang.timings = {"actors_s": t1 - t0, "setup_s": time.monotonic() - t1, "rendezvous": rdzv,
+                    "fence_epoch": epoch}
     return gang
 
 

@@ -29,10 +29,12 @@ class StragglerFinding:
     first_step: int
     last_step: int
     ranks: tuple[int, ...]
+    cause: str = "compute"  # compute (busy time) | link (heartbeat round trips)
 
     def to_dict(self) -> dict[str, object]:
         return {
             "node": self.node,
+            "cause": self.cause,
             "score": round(self.score, 4),
             "window": self.window,
             "steps": [self.first_step, self.last_step],
@@ -118,4 +120,55 @@ class StragglerScorer:
             if score < self.threshold and below >= self.persist_fraction:
                 ranks = tuple(sorted(r for r, n in self.rank_nodes.items() if n == node))
                 findings.append(StragglerFinding(node, score, self.windows_closed, win[0][0], win[-1][0], ranks))
+        return findings
+
+
+@dataclass
+class LinkScorer:
+    """Slow or lossy *links*, which busy time cannot see (a rank blocked on a slow link is idle).
+
+    The supervisor's heartbeats to a rank cross that rank's node link; a capped or lossy link queues
+    or retransmits them, so their round trip grows on that node only, while a slow GPU leaves it
+    alone (and shows in busy time instead): the two causes are told apart. Per observation (a step
+    during which heartbeats came back) a node's value is the median round trip of its ranks; its
+    score is the median over the *other* nodes divided by its own (lower is slower). At the end of a
+    window of ``window`` observations a node is flagged when its median round trip is above
+    ``floor_s`` and its score below ``1 / factor`` on at least ``persist_fraction`` of them.
+    """
+
+    rank_nodes: Mapping[int, str]
+    window: int = 5
+    factor: float = 3.0
+    floor_s: float = 0.25
+    persist_fraction: float = 0.6
+    ignore_nodes: frozenset[str] = frozenset()
+    windows_closed: int = 0
+    _win: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+
+    def observe(self, step: int, rtt_s: Mapping[int, float]) -> list[StragglerFinding]:
+        per_node: dict[str, list[float]] = {}
+        for r, t in rtt_s.items():
+            per_node.setdefault(self.rank_nodes[int(r)], []).append(float(t))
+        if len(per_node) < 2:  # nothing to compare against
+            return []
+        self._win.append((step, {n: median(v) for n, v in per_node.items()}))
+        if len(self._win) < self.window:
+            return []
+        win, self._win = self._win, []
+        self.windows_closed += 1
+        findings = []
+        for node in sorted({n for _, d in win for n in d} - set(self.ignore_nodes)):
+            scores, rtts = [], []
+            for _, d in win:
+                others = [v for n, v in d.items() if n != node]
+                if node in d and others:
+                    rtts.append(d[node])
+                    scores.append(median(others) / max(d[node], 1e-9))
+            if not scores:
+                continue
+            slow = sum(1 for s in scores if s < 1 / self.factor) / len(scores)
+            if median(rtts) > self.floor_s and median(scores) < 1 / self.factor and slow >= self.persist_fraction:
+                ranks = tuple(sorted(r for r, n in self.rank_nodes.items() if n == node))
+                findings.append(StragglerFinding(node, median(scores), self.windows_closed, win[0][0], win[-1][0],
+                                                 ranks, cause="link"))
         return findings

@@ -29,7 +29,7 @@ from workers.runtime.faults import FaultPlan, parse_faults
 from workers.runtime.gang import Gang, StartFailed, start_gang, teardown
 from workers.runtime.jobspec import JobSpec, parse_job
 from workers.runtime.replanning import JobFailed, Replanning, Switch, held_gpus
-from workers.runtime.straggler import StragglerScorer, median
+from workers.runtime.straggler import LinkScorer, StragglerScorer, median
 from workers.runtime.watchdog import Failure, NodeDeaths, classify, gather
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED")
@@ -318,6 +318,7 @@ class JobSupervisor(Replanning):
         roles = {r: (gang.layout.coords(r).pp,) for r in range(gang.world_size)}
         scorer = StragglerScorer(dict(enumerate(gang.rank_nodes)), roles, window=s.straggler_window,
                                  threshold=s.straggler_threshold, persist_fraction=s.straggler_persist)
+        links = LinkScorer(dict(enumerate(gang.rank_nodes)), window=s.straggler_window)  # slow/lossy links
         walls: list[float] = []
         since_save = 0
         step = start
@@ -352,6 +353,7 @@ class JobSupervisor(Replanning):
             step += 1
             since_save += 1
             findings = scorer.observe(step, busy)
+            findings += [f for f in links.observe(step, res.hb_rtt) if f.node not in scorer.ignore_nodes]
             if self._cancel:
                 return Switch("cancelled")
             if self._resize_to is not None and step < self.job.steps:

@@ -30,6 +30,7 @@ class GatherResult:
     timed_out: bool = False
     seconds: float = 0.0
     first_error_at: float | None = None  # time.time() of the first error seen
+    hb_rtt: dict[int, float] = field(default_factory=dict)  # rank -> slowest heartbeat round trip seen
 
     @property
     def ok(self) -> bool:
@@ -99,6 +100,7 @@ def gather(
                 done, _ = ray.wait([hb], timeout=0)
                 if done:
                     del hb_refs[rank]
+                    out.hb_rtt[rank] = max(out.hb_rtt.get(rank, 0.0), now - sent)
                     try:
                         ray.get(hb)
                     except Exception as exc:

@@ -34,6 +34,7 @@ class RankWorker:
         self._slow_factor = 1.0
         self._jitter = 0.0
         self._hang = False
+        self._fence: tuple[str, int] | None = None  # (checkpoint_dir, gang epoch)
         self._rng = random.Random(os.getpid())
 
     # ---------------------------------------------------------------- bookkeeping
@@ -66,14 +67,16 @@ class RankWorker:
         return endpoint(timeout_s).to_dict()
 
     def setup(self, rdzv: dict[str, Any], cfg: dict[str, Any], layout: dict[str, Any], rank: int,
-              world_size: int, collective_timeout_s: float) -> dict[str, float]:
-        """Join the process group and build this rank's trainer for ``layout``."""
+              world_size: int, collective_timeout_s: float, fence_epoch: int | None = None) -> dict[str, float]:
+        """Join the process group and build this rank's trainer for ``layout``; ``fence_epoch`` is the
+        gang's epoch (see ``fencing``): steps and saves are refused once a newer gang started."""
         from planner.layout import Layout
         from workers.engine.config import TrainConfig
         from workers.engine.trainer import RankTrainer
         from workers.runtime.rendezvous import Rendezvous, join
 
         self._rank = rank
+        self._fence = (cfg.get("checkpoint_dir"), fence_epoch) if fence_epoch is not None else None
         self._phase("setup")
         t0 = time.perf_counter()
         join(Rendezvous.from_dict(rdzv), rank, world_size)
@@ -93,6 +96,7 @@ class RankWorker:
         """One optimizer step; the slow/jitter hooks add busy time after the step's collectives."""
         from workers.runtime.faults import burn_cpu
 
+        self._check_fence("run a step")
         self._phase("step", self._trainer.next_step)
         w0, c0 = time.perf_counter(), time.thread_time()
         while self._hang:  # fault hook: a rank that stops making progress (no crash)
@@ -118,10 +122,17 @@ class RankWorker:
         return out
 
     def save(self) -> dict[str, Any]:
+        self._check_fence("write a checkpoint")
         self._phase("save")
         info = self._trainer.save()
         self._phase("idle")
         return {"step": info.step, "path": info.path, "seconds": info.seconds, "bytes": info.bytes}
+
+    def _check_fence(self, what: str) -> None:
+        if self._fence is not None:
+            from workers.runtime.fencing import check
+
+            check(self._fence[0], self._fence[1], what)
 
     def close(self) -> None:
         """Barrier + destroy the trainer's groups and the default group (clean end of a run)."""

@@ -1,0 +1,233 @@
+"""Chaos soak over network namespaces: one job while random network faults hit random nodes.
+
+A ``NetnsCluster`` (head + 3 nodes x 2 declared GPUs, each node its own namespace and link) runs one
+elastic job (tiny model, up to 4 ranks). Every 30-60 s (``quick``: 10-20 s) a random fault of a
+random kind hits a random node that hosts ranks: a partition healed after 2-15 s (sometimes within
+the node-loss deadline, sometimes not), a partition from one peer, a bandwidth cap (2-20 Mbit/s), or
+packet loss (5-20 %); the last three heal after 20-40 s. A node that was declared lost (its raylet
+exits when the link heals) is restarted as a repaired machine. The soak lasts ``soak_s`` (600 s;
+quick: 100 s); the job has as many steps as the no-fault step rate measured first would finish in
+that time, so it ends shortly after the faults stop.
+
+What must hold (checked, reported in ``bench/results/netchaos.json``): the job SUCCEEDED; every step
+was done, and steps were run twice only after a resume from a checkpoint (exactly
+``sum(steps_redone)``); the final 10-step mean loss is within 1 % of the engine's single-process run
+of the same config (the recovery contract); afterwards no placement group, actor, process,
+namespace or link is left. The baseline is the same job without faults, in the same run.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+GLOBAL_BATCH = 8
+
+
+def _spec(ckpt: str, steps: int) -> dict[str, Any]:
+    return {"model": "tiny", "steps": steps, "global_batch": GLOBAL_BATCH, "min_gpus": 2, "max_gpus": 4,
+            "checkpoint_dir": ckpt, "layout_hint": "tp=2",
+            "checkpoint": {"min_every_steps": 1, "max_every_steps": 5},
+            "runtime": {"heartbeat_s": 1, "heartbeat_timeout_s": 8, "hang_timeout_s": 90,
+                        "collective_timeout_s": 45, "node_confirm_s": 8, "grow": True, "max_recoveries": 100}}
+
+
+def _reference_losses(steps: int, ckpt: str) -> list[float]:
+    from workers.engine.launch import run_ranks
+
+    cfg = {"model": "tiny", "steps": steps, "global_batch": GLOBAL_BATCH, "checkpoint_dir": ckpt}
+    return run_ranks(_ref_rank, 1, cfg, timeout_s=1200)[0]
+
+
+def _ref_rank(rank: int, world_size: int, spec: dict[str, Any]) -> list[float]:
+    from planner.layout import Layout
+    from workers.engine.config import TrainConfig
+    from workers.engine.trainer import RankTrainer
+    from workers.runtime.jobspec import parse_job
+
+    cfg = TrainConfig.from_dict(parse_job(spec).train)
+    trainer = RankTrainer(cfg, Layout(), rank, world_size)
+    try:
+        return [trainer.step().loss for _ in range(cfg.steps)]
+    finally:
+        trainer.close()
+
+
+def _run_job(job_id: str, spec: dict[str, Any], during: Any = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    import ray
+
+    from workers.runtime.launch import start_supervisor, stop_supervisor
+
+    h = start_supervisor(job_id, 1, spec)
+    events: list[dict[str, Any]] = []
+    try:
+        while True:
+            events += ray.get(h.events.remote(events[-1]["seq"] if events else 0))
+            if ray.get(h.status.remote())["state"] in ("SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED"):
+                break
+            if during is not None:
+                during(events)
+            time.sleep(0.5)
+        res = ray.get(h.run.remote())
+        events += ray.get(h.events.remote(events[-1]["seq"] if events else 0))
+        return res, events
+    finally:
+        stop_supervisor(job_id, 1)
+
+
+class Chaos:
+    """Fires random network faults on the nodes the job uses; heals and repairs them."""
+
+    KINDS = ("partition", "partition_peer", "rate", "loss")
+
+    def __init__(self, cluster: Any, faults: Any, rng: random.Random, every: tuple[float, float],
+                 soak_s: float) -> None:
+        self.cluster, self.faults, self.rng, self.every = cluster, faults, rng, every
+        self.t0 = time.monotonic()
+        self.soak_s = soak_s
+        self.next_at = self.t0 + rng.uniform(*every)
+        self.heal_at: dict[str, float] = {}
+        self.fired: list[dict[str, Any]] = []
+
+    def __call__(self, events: list[dict[str, Any]]) -> None:
+        import ray
+
+        now = time.monotonic()
+        for name, at in list(self.heal_at.items()):
+            if now >= at:
+                self.faults.heal(name)
+                del self.heal_at[name]
+                node = self.cluster.node(name)
+                alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+                if node.ray_node_id not in alive:  # declared lost: its raylet exits; repair it
+                    self.cluster.restart_node(name)
+                    self.fired.append({"t": round(now - self.t0, 1), "kind": "repaired", "node": name})
+        if now < self.next_at or now - self.t0 > self.soak_s:
+            return
+        self.next_at = now + self.rng.uniform(*self.every)
+        mapped = [e for e in events if e["type"] == "ranks_mapped"]
+        if not mapped:
+            return
+        used = sorted({self.cluster.node(n).name for n in mapped[-1]["rank_to_node"]} - set(self.heal_at))
+        if not used:
+            return
+        name = self.rng.choice(used)
+        kind = self.rng.choice(self.KINDS)
+        rec: dict[str, Any] = {"t": round(now - self.t0, 1), "kind": kind, "node": name}
+        if kind == "partition":
+            self.faults.partition(name)
+            hold = self.rng.uniform(2, 15)
+        elif kind == "partition_peer":
+            peer = self.rng.choice([n.name for n in self.cluster.workers if n.name != name])
+            self.faults.partition(name, peers=[peer])
+            rec["peer"] = peer
+            hold = self.rng.uniform(20, 40)
+        elif kind == "rate":
+            rec["mbit"] = self.rng.choice([2, 5, 10, 20])
+            self.faults.rate(name, rec["mbit"])
+            hold = self.rng.uniform(20, 40)
+        else:
+            rec["pct"] = self.rng.choice([5, 10, 20])
+            self.faults.loss(name, rec["pct"])
+            hold = self.rng.uniform(20, 40)
+        rec["heal_after_s"] = round(hold, 1)
+        self.heal_at[name] = now + hold
+        self.fired.append(rec)
+
+    def heal_all(self) -> None:
+        for name in list(self.heal_at):
+            self.faults.heal(name)
+        self.heal_at.clear()
+
+
+def soak(soak_s: float, every: tuple[float, float], seed: int = 0) -> dict[str, Any]:
+    """Run the soak; returns the measured result with ``ok`` and the list of what failed."""
+    import ray
+
+    from workers.runtime.local_cluster import FAST_HEALTH_CHECK
+    from workers.runtime.netfaults import NetFaults
+    from workers.runtime.netns_cluster import NetnsCluster, leftovers
+
+    rng = random.Random(seed)
+    config = {**FAST_HEALTH_CHECK, "health_check_failure_threshold": 5, "health_check_timeout_ms": 3000}
+    cluster = NetnsCluster(nodes=3, gpus_per_node=2, cpus_per_node=2.0, system_config=config, connect=True)
+    problems: list[str] = []
+    out: dict[str, Any] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="orthoplex-netchaos-"))
+    try:
+        cluster.start()
+        t0 = time.monotonic()
+        base_res, base_ev = _run_job("chaos-base", _spec(str(tmp / "base"), 20))
+        base_wall = [e["wall_s"] for e in base_ev if e["type"] == "step"]
+        base_s = time.monotonic() - t0
+        steps = max(20, int(soak_s / (base_s / 20) * 0.8))
+        chaos = Chaos(cluster, NetFaults(cluster), rng, every, soak_s)
+        t1 = time.monotonic()
+        res, events = _run_job("chaos-soak", _spec(str(tmp / "soak"), steps), during=chaos)
+        chaos.heal_all()
+        soak_wall = time.monotonic() - t1
+        ref = _reference_losses(steps, str(tmp / "ref"))
+        runs = [e["step"] for e in events if e["type"] == "step"]
+        last = {e["step"]: e["loss"] for e in events if e["type"] == "step"}
+        resumed = [e for e in events if e["type"] == "resumed"]
+        if res["state"] != "SUCCEEDED":
+            problems.append(f"job ended {res['state']}: {res.get('error')}")
+        if sorted(set(runs)) != list(range(1, steps + 1)):  # step events are 1-based
+            problems.append("steps missing")
+        redone = len(runs) - len(set(runs))
+        if redone != sum(e["steps_redone"] for e in resumed):
+            problems.append(f"{redone} steps run twice, resumes account for {sum(e['steps_redone'] for e in resumed)}")
+        ours = [last[s] for s in range(max(1, steps - 9), steps + 1) if s in last]
+        mean_ours, mean_ref = sum(ours) / max(1, len(ours)), sum(ref[-10:]) / 10
+        if abs(mean_ours - mean_ref) > 0.01 * mean_ref:
+            problems.append(f"final 10-step mean loss {mean_ours:.4f} vs reference {mean_ref:.4f} (> 1 %)")
+        from ray.util import placement_group_table
+
+        pgs = [t for t in placement_group_table().values() if t.get("state") != "REMOVED"]
+        if pgs:
+            problems.append(f"{len(pgs)} placement groups left")
+        by_kind: dict[str, int] = {}
+        for e in events:
+            if e["type"] in ("node_lost", "rank_failed", "hang", "straggler", "resumed", "recovery"):
+                by_kind[e["type"]] = by_kind.get(e["type"], 0) + 1
+        recoveries = [e["total_s"] for e in events if e["type"] == "recovery"]
+        out = {"steps": steps, "soak_s": soak_s, "soak_wall_s": round(soak_wall, 1), "faults": chaos.fired,
+               "events": by_kind, "steps_run": len(runs), "steps_redone": redone,
+               "recovery_s": [round(x, 1) for x in recoveries], "final_loss_mean10": round(mean_ours, 4),
+               "reference_loss_mean10": round(mean_ref, 4),
+               "baseline": {"state": base_res["state"], "steps": 20, "wall_s": round(base_s, 1),
+                            "median_step_s": round(sorted(base_wall)[len(base_wall) // 2], 3)}}
+    finally:
+        rec = cluster.record()
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+    left = leftovers(rec)
+    if any(left.values()):
+        problems.append(f"left behind: {left}")
+    out["leftovers"] = left
+    out["problems"] = problems
+    out["ok"] = not problems
+    return out
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    r = soak(100.0 if quick else 600.0, (10.0, 20.0) if quick else (30.0, 60.0))
+    lines = ["## netchaos: a job under random network faults (nodes in network namespaces)", "",
+             f"{r['soak_s']:.0f} s of faults ({len(r['faults'])} fired: "
+             f"{', '.join(sorted({f['kind'] for f in r['faults']}))}), job of {r['steps']} steps "
+             f"(no-fault baseline in the same run: 20 steps in {r['baseline']['wall_s']} s, median step "
+             f"{r['baseline']['median_step_s']} s; tiny model on a 2-core machine shared with other work).", "",
+             "| check | result |", "|---|---|",
+             f"| job finished | {'yes' if not any('job ended' in p for p in r['problems']) else 'no'} |",
+             f"| steps run / redone (all redone after a resume) | {r['steps_run']} / {r['steps_redone']} |",
+             f"| failures seen | {r['events']} |",
+             f"| recoveries (s) | {r['recovery_s']} |",
+             f"| final 10-step mean loss vs single-process reference | {r['final_loss_mean10']} vs "
+             f"{r['reference_loss_mean10']} |",
+             f"| left behind | {r['leftovers']} |",
+             f"| verdict | {'holds' if r['ok'] else 'FAILED: ' + '; '.join(r['problems'])} |"]
+    return {"name": "netchaos", **r, "markdown": "\n".join(lines) + "\n"}

@@ -1,0 +1,52 @@
+"""LinkScorer (pure): a slow or lossy link shows as long heartbeat round trips on one node only."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from workers.runtime.straggler import LinkScorer, StragglerScorer
+
+pytestmark = [pytest.mark.unit]
+
+NODES = {0: "a", 1: "a", 2: "b", 3: "b", 4: "c", 5: "c"}
+
+
+def _rtts(rng: random.Random, slow: str | None, slow_s: float = 1.5) -> dict[int, float]:
+    return {r: (slow_s if n == slow else 0.02) + rng.uniform(0, 0.25) for r, n in NODES.items()}
+
+
+def test_a_slow_link_is_flagged_as_a_link_straggler_within_one_window() -> None:
+    rng = random.Random(1)
+    sc = LinkScorer(NODES, window=5)
+    found = []
+    for step in range(10):
+        found += sc.observe(step, _rtts(rng, "c" if step >= 5 else None))
+    assert [(f.node, f.cause, f.ranks) for f in found] == [("c", "link", (4, 5))]
+    assert found[0].score < 1 / 3 and found[0].to_dict()["cause"] == "link"
+
+
+def test_poll_noise_and_one_slow_round_trip_trigger_nothing() -> None:
+    rng = random.Random(2)
+    sc = LinkScorer(NODES, window=5)
+    found = []
+    for step in range(30):
+        rtts = _rtts(rng, None)
+        if step == 7:
+            rtts[2] = 2.0  # one retransmitted heartbeat
+        found += sc.observe(step, rtts)
+    assert found == []
+    assert sc.observe(99, {0: 5.0, 1: 5.0}) == []  # one node alone: nothing to compare with
+
+
+def test_a_slow_gpu_is_a_compute_straggler_and_not_a_link_one() -> None:
+    rng = random.Random(3)
+    links = LinkScorer(NODES, window=5)
+    busy = StragglerScorer(NODES, {r: 0 for r in NODES}, window=5)
+    by_cause = []
+    for step in range(12):
+        b = {r: (0.2 if n == "b" and step >= 3 else 0.1) * rng.uniform(0.98, 1.02) for r, n in NODES.items()}
+        by_cause += [f.cause for f in busy.observe(step, b)]
+        by_cause += [f.cause for f in links.observe(step, _rtts(rng, None))]
+    assert by_cause and set(by_cause) == {"compute"}
