@@ -5,6 +5,7 @@ Heavy imports (torch, the engine) happen inside the command so ``orthoplex --hel
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -40,16 +41,32 @@ def train(
     warmup_steps: Annotated[int, typer.Option("--warmup-steps", min=0)] = 2,
     keep: Annotated[int, typer.Option("--keep", min=2)] = 2,
     timeout: Annotated[float, typer.Option("--timeout", help="collective timeout per rank, seconds")] = 120.0,
+    init_hf: Annotated[Path | None, typer.Option(
+        "--init-hf", help="start from an HF Llama checkpoint directory (config.json + *.safetensors)")] = None,
+    seq_len: Annotated[int | None, typer.Option(
+        "--seq-len", min=2, help="training sequence length (with --init-hf; default min(2048, max positions))")] = None,
+    export_hf: Annotated[Path | None, typer.Option(
+        "--export-hf", help="at the end, write the weights as an HF Llama checkpoint directory")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        "--tokenizer", help="tokenizer.json or an HF tokenizer dir for text/jsonl/parquet --data "
+                            "(default: byte tokens)")] = None,
+    tensorboard_dir: Annotated[Path | None, typer.Option(
+        "--tensorboard-dir", help="TensorBoard event files (default: CHECKPOINT_DIR/tensorboard)")] = None,
 ) -> None:
     """Train a Llama-style model with a 4D-parallel layout on local processes."""
     from planner.layout import Layout, LayoutError
     from workers.engine.config import DataConfig, ModelConfig, TrainConfig
     from workers.engine.validate import layout_problems
 
-    if (model is None) == (model_json is None):
-        _refuse("give exactly one of --model NAME or --model-json FILE")
+    if sum(x is not None for x in (model, model_json, init_hf)) != 1:
+        _refuse("give exactly one of --model NAME, --model-json FILE or --init-hf DIR")
+    if seq_len is not None and init_hf is None:
+        _refuse("--seq-len applies to --init-hf (presets and --model-json carry their own seq_len)")
     try:
-        mcfg = ModelConfig.from_json(model_json) if model_json is not None else ModelConfig.preset(str(model))
+        if init_hf is not None:
+            mcfg = hf_model_config(init_hf, seq_len)
+        else:
+            mcfg = ModelConfig.from_json(model_json) if model_json is not None else ModelConfig.preset(str(model))
     except (ValueError, OSError) as e:
         _refuse(str(e))
     try:
@@ -65,19 +82,37 @@ def train(
         cfg = TrainConfig(model=mcfg, steps=steps, global_batch=global_batch, seed=seed, lr=lr,
                           min_lr=lr / 10, warmup_steps=min(warmup_steps, steps), data=DataConfig.from_path(data),
                           checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, save_every=save_every,
-                          keep_checkpoints=keep)
+                          keep_checkpoints=keep, init_hf=str(init_hf.resolve()) if init_hf else None,
+                          export_hf=str(export_hf.resolve()) if export_hf else None)
     except ValueError as e:
         _refuse(str(e))
     if data and not Path(data).exists():
         _refuse(f"--data {data}: no such file or directory")
+    if tokenizer is not None:
+        if cfg.data.kind != "text":
+            _refuse("--tokenizer applies to text, jsonl or parquet --data")
+        from workers.engine.data.hf_tokenizer import check_sources, load_tokenizer
+
+        try:
+            size = load_tokenizer(tokenizer).get_vocab_size()
+            check_sources(cfg.data.paths)
+        except (ValueError, OSError) as e:
+            _refuse(str(e))
+        if size > mcfg.vocab:
+            _refuse(f"--tokenizer {tokenizer}: vocabulary of {size} does not fit the model's vocab {mcfg.vocab}")
+        cfg.data = dataclasses.replace(cfg.data, tokenizer=str(tokenizer.resolve()))
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from workers.engine.launch import RankError, run_ranks, train_rank
+    from workers.engine.tracking import TensorBoardLog
 
     console = Console(stderr=True)
     out = metrics_out.open("a") if metrics_out is not None else None
+    if tensorboard_dir is None and checkpoint_dir is not None:
+        tensorboard_dir = checkpoint_dir / "tensorboard"
+    board = TensorBoardLog(tensorboard_dir) if tensorboard_dir is not None else None
     progress = Progress(TextColumn("[bold]train[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
     task = progress.add_task(f"{mcfg.name} {lay.short()}", total=steps, info="starting ranks")
@@ -88,6 +123,8 @@ def train(
             progress.update(task, completed=ev["step"], info=f"from step {ev['step']}")
         elif kind == "step":
             line = {k: ev[k] for k in ("step", "loss", "grad_norm", "lr", "tokens_per_s")}
+            if board is not None:
+                board.log(ev["step"], {k: v for k, v in line.items() if k != "step"})
             if out is not None:
                 out.write(json.dumps(line) + "\n")
                 out.flush()
@@ -95,6 +132,8 @@ def train(
                 typer.echo(json.dumps(line))
             progress.update(task, completed=ev["step"],
                             info=f"loss {ev['loss']:.4f}  {ev['tokens_per_s']:.0f} tok/s")
+        elif kind == "export":
+            progress.console.print(f"exported HF checkpoint -> {ev['path']}")
         elif kind == "checkpoint":
             progress.console.print(f"checkpoint step {ev['step']} -> {ev['path']} ({ev['seconds']:.2f}s)")
 
@@ -108,9 +147,25 @@ def train(
     finally:
         if out is not None:
             out.close()
+        if board is not None:
+            board.close()
     r = results[0]
     console.print(f"done: steps {r['start']}..{r['end']} under {lay.short()}"
                   + (f", checkpoints at {r['saved']}" if r["saved"] else ""))
+
+
+def hf_model_config(path: Path, seq_len: int | None) -> Any:
+    """The model shape of an HF checkpoint directory, its tensors checked against it (headers only):
+    refusals (``model_type``, a missing or corrupt safetensors file, a wrong shape) before any rank
+    starts."""
+    from workers.engine.hf import HFCheckpoint, model_config_from_hf, read_hf_config
+
+    data = read_hf_config(path)
+    if seq_len is None:
+        seq_len = min(2048, int(data.get("max_position_embeddings") or 2048))
+    mcfg = model_config_from_hf(data, seq_len, name=path.name)
+    HFCheckpoint(path).check_against(mcfg, tied=bool(data.get("tie_word_embeddings", False)))
+    return mcfg
 
 
 def register(app: typer.Typer) -> None:

@@ -31,6 +31,11 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     init_std: float = 0.02
+    # Llama 3.1 rotary scaling (``rope_type: llama3``); factor 0 = none
+    rope_scaling_factor: float = 0.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position: int = 8192
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
@@ -127,6 +132,7 @@ class DataConfig:
     kind: str = "builtin"
     paths: tuple[str, ...] = ()
     dtype: str = "uint16"
+    tokenizer: str | None = None  # text kind: a tokenizers JSON / HF tokenizer dir instead of bytes
 
     def __post_init__(self) -> None:
         if self.kind not in ("builtin", "text", "tokens"):
@@ -136,12 +142,12 @@ class DataConfig:
         object.__setattr__(self, "paths", tuple(str(p) for p in self.paths))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "paths": list(self.paths), "dtype": self.dtype}
+        return {"kind": self.kind, "paths": list(self.paths), "dtype": self.dtype, "tokenizer": self.tokenizer}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DataConfig:
         return cls(kind=data.get("kind", "builtin"), paths=tuple(data.get("paths", ())),
-                   dtype=data.get("dtype", "uint16"))
+                   dtype=data.get("dtype", "uint16"), tokenizer=data.get("tokenizer"))
 
     @classmethod
     def from_path(cls, path: str | None) -> DataConfig:
@@ -173,6 +179,8 @@ class TrainConfig:
     beta2: float = 0.95
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint_dir: str | None = None
+    init_hf: str | None = None  # start from this HF Llama checkpoint directory instead of the seed
+    export_hf: str | None = None  # write the final weights here as an HF Llama checkpoint directory
     save_every: int = 0
     keep_checkpoints: int = 2
 

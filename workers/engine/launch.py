@@ -143,6 +143,11 @@ def train_rank(rank: int, world_size: int, cfg_dict: dict[str, Any], layout_dict
                 if events is not None and rank == 0:
                     events.put({"event": "checkpoint", "step": info.step, "path": info.path,
                                 "seconds": info.seconds, "bytes": info.bytes})
-        return {"start": start, "end": trainer.next_step, "saved": saved}
+        exported = None
+        if cfg.export_hf and trainer.next_step == cfg.steps:
+            exported = trainer.export_hf(cfg.export_hf)
+            if events is not None and rank == 0:
+                events.put({"event": "export", "path": exported})
+        return {"start": start, "end": trainer.next_step, "saved": saved, "exported": exported}
     finally:
         trainer.close()

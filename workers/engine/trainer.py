@@ -71,7 +71,8 @@ class RankTrainer:
         self.coords = self.groups.coords
         self.n_micro = layout.num_micro_batches
         torch.manual_seed(cfg.seed)
-        self.parts: ModelParts = build_parts(cfg.model, cfg.seed, layout, self.groups, self.device)
+        self.parts: ModelParts = build_parts(cfg.model, cfg.seed, layout, self.groups, self.device,
+                                                  init_hf=cfg.init_hf)
         self.params = self.parts.parameters()
         named = self.parts.named_parameters()
         self.zero1: ZeroOneShards | None = None
@@ -244,6 +245,17 @@ class RankTrainer:
                              f"this run has {self.cfg.global_batch}; the sample order would differ")
         self.next_step = int(state.extra.get("next_step", res.step))
         return self.next_step
+
+    def export_hf(self, out: str, base_config: dict[str, Any] | None = None) -> str:
+        """Write the current weights as an HF Llama checkpoint directory (collective over all ranks;
+        one gathered tensor at a time: ``workers.engine.hf.export``). ``base_config``: the imported
+        ``config.json`` whose other fields (token ids, ...) the export keeps (default: ``init_hf``'s)."""
+        from workers.engine.hf.config import read_hf_config
+        from workers.engine.hf.export import export_hf
+
+        if base_config is None and self.cfg.init_hf:
+            base_config = read_hf_config(self.cfg.init_hf)
+        return str(export_hf(self.parts, self.cfg.model, self.layout, self.coords, out, base_config=base_config))
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:

@@ -59,6 +59,11 @@ def build_dataset(data_cfg: Any, seq_len: int, cache_dir: str | os.PathLike | No
         return builtin_dataset(seq_len, cache_dir=cache_dir)
     if not paths:
         raise ValueError(f"data kind {kind!r} needs at least one path")
+    tokenizer = _field(data_cfg, "tokenizer", None)
+    if kind == "text" and tokenizer:
+        from workers.engine.data.hf_tokenizer import tokenized_dataset
+
+        return tokenized_dataset(paths, seq_len, str(tokenizer))
     if kind == "text":
         return text_dataset(paths, seq_len, name="text:" + (Path(paths[0]).name if len(paths) == 1
                                                                else f"{len(paths)} paths"))
