@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "service.cli.client",  # orthoplex submit|status|events|cancel
     "service.cli.demo",  # orthoplex demo
     "service.cli.bench",  # orthoplex bench ...
+    "service.cli.simulate",  # orthoplex simulate (goodput under failures)
 )
 
 app = typer.Typer(
