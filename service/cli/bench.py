@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-BENCHES = ("planner", "scheduler", "engine", "checkpoint", "api", "recovery", "simulate")
+BENCHES = ("planner", "scheduler", "engine", "checkpoint", "api", "recovery", "simulate", "data")
 
 
 def register(app: typer.Typer) -> None:

@@ -95,3 +95,29 @@ def test_train_refuses_bad_tokenizer_inputs_before_starting(files: dict[str, Pat
     r = _train("--model-json", str(files["tok"].parent / "m.json"), "--data", str(files["bad"]),
                "--tokenizer", str(files["tok"]))
     assert r.exit_code == 2 and "column 'text'" in r.output, r.output
+
+
+@pytest.mark.engine
+def test_data_prepare_writes_token_files_with_a_validation_split(files: dict[str, Path], tmp_path: Path) -> None:
+    from service.cli.data import register as register_data
+    from workers.engine.data import open_token_file
+
+    app = typer.Typer()
+    register_data(app)
+    out = tmp_path / "prepared"
+    r = CliRunner().invoke(app, ["data", "prepare", "--tokenizer", str(files["tok"]), "--input",
+                                 str(files["parquet"]), "--out", str(out), "--val-fraction", "0.25"])
+    assert r.exit_code == 0, r.output
+    tok = load_tokenizer(files["tok"])
+    eos = eos_id(tok, files["tok"])
+    enc = [[*tok.encode(d, add_special_tokens=False).ids, eos] for d in DOCS]
+    val = [i for i in range(len(DOCS)) if i % 4 == 3]
+    for split, idx in (("train", [i for i in range(len(DOCS)) if i not in val]), ("val", val)):
+        tf = open_token_file(out / f"{split}.tok")
+        assert tf.vocab_size == 512
+        assert np.asarray(tf.tokens).tolist() == [t for i in idx for t in enc[i]], split
+    meta = json.loads((out / "prepare.json").read_text())
+    assert meta["val_docs"] == len(val) and meta["train_docs"] == len(DOCS) - len(val)
+    r = CliRunner().invoke(app, ["data", "prepare", "--tokenizer", str(files["tok"]), "--input",
+                                 str(files["bad"]), "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "column 'text'" in r.output, r.output
