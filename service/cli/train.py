@@ -50,6 +50,10 @@ def train(
     tokenizer: Annotated[Path | None, typer.Option(
         "--tokenizer", help="tokenizer.json or an HF tokenizer dir for text/jsonl/parquet --data "
                             "(default: byte tokens)")] = None,
+    eval_every: Annotated[int, typer.Option("--eval-every", min=0, help="validation loss every K steps "
+                                                                          "(and after the last)")] = 0,
+    val_data: Annotated[str | None, typer.Option("--val-data", help="validation text or token file "
+                                                                   "(e.g. data prepare's val.tok)")] = None,
     tensorboard_dir: Annotated[Path | None, typer.Option(
         "--tensorboard-dir", help="TensorBoard event files (default: CHECKPOINT_DIR/tensorboard)")] = None,
 ) -> None:
@@ -73,6 +77,10 @@ def train(
         lay = Layout.parse(layout) if layout else Layout()
     except LayoutError as e:
         _refuse(f"bad layout: {e}")
+    if eval_every and not val_data:
+        _refuse("--eval-every needs --val-data")
+    if val_data and not Path(val_data).exists():
+        _refuse(f"--val-data {val_data}: no such file or directory")
     if (resume or stop_at_step or save_every) and checkpoint_dir is None:
         _refuse("--resume, --stop-at-step and --save-every need --checkpoint-dir")
     problems = layout_problems(mcfg, lay, global_batch)
@@ -83,7 +91,8 @@ def train(
                           min_lr=lr / 10, warmup_steps=min(warmup_steps, steps), data=DataConfig.from_path(data),
                           checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, save_every=save_every,
                           keep_checkpoints=keep, init_hf=str(init_hf.resolve()) if init_hf else None,
-                          export_hf=str(export_hf.resolve()) if export_hf else None)
+                          export_hf=str(export_hf.resolve()) if export_hf else None,
+                          eval_every=eval_every, val_data=DataConfig.from_path(val_data) if val_data else None)
     except ValueError as e:
         _refuse(str(e))
     if data and not Path(data).exists():
@@ -101,6 +110,8 @@ def train(
         if size > mcfg.vocab:
             _refuse(f"--tokenizer {tokenizer}: vocabulary of {size} does not fit the model's vocab {mcfg.vocab}")
         cfg.data = dataclasses.replace(cfg.data, tokenizer=str(tokenizer.resolve()))
+        if cfg.val_data is not None and cfg.val_data.kind == "text":
+            cfg.val_data = dataclasses.replace(cfg.val_data, tokenizer=str(tokenizer.resolve()))
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -132,6 +143,15 @@ def train(
                 typer.echo(json.dumps(line))
             progress.update(task, completed=ev["step"],
                             info=f"loss {ev['loss']:.4f}  {ev['tokens_per_s']:.0f} tok/s")
+        elif kind == "eval":
+            line = {"step": ev["step"], "val_loss": ev["val_loss"]}
+            if out is not None:
+                out.write(json.dumps(line) + "\n")
+                out.flush()
+            else:
+                typer.echo(json.dumps(line))
+            if board is not None:
+                board.log(ev["step"], {"val_loss": ev["val_loss"]})
         elif kind == "export":
             progress.console.print(f"exported HF checkpoint -> {ev['path']}")
         elif kind == "checkpoint":

@@ -57,35 +57,42 @@ def test_eval_refuses_a_tokenizer_that_does_not_fit_the_vocabulary(corpus: Path,
     r = _cli("eval", "--init-hf", str(ckpt), "--data", str(corpus), "--tokenizer", str(tok),
              "--seq-len", str(SEQ), "--batches", "4", "--json")
     assert r.exit_code == 2 and "tokenizer" in r.output and "vocabulary 256" in r.output, r.output
+    r = _cli("train", "--init-hf", str(ckpt), "--seq-len", str(SEQ), "--data", str(corpus), "--tokenizer", str(tok))
+    assert r.exit_code == 2 and "--tokenizer" in r.output and "vocab 256" in r.output, r.output
 
 
 @pytest.mark.engine
 def test_fine_tune_3d_export_and_eval_agree_with_transformers(corpus: Path, tmp_path: Path) -> None:
-    ckpt = make_hf_llama(tmp_path / "hf", tied=True, layers=2)
-    tok = _bpe(corpus, tmp_path / "bpe.json", vocab=256)
+    # byte-level BPE: 256 byte symbols + 2 special tokens + merges, so a model vocabulary of 320
+    ckpt = make_hf_llama(tmp_path / "hf", tied=True, layers=2, vocab_size=320)
+    tok = _bpe(corpus, tmp_path / "bpe.json", vocab=320)
     ck, out = tmp_path / "ck", tmp_path / "export"
     r = _cli("train", "--init-hf", str(ckpt), "--seq-len", str(SEQ), "--layout", "tp=2,pp=2,dp=2",
              "--global-batch", "8", "--steps", "3", "--data", str(corpus), "--tokenizer", str(tok),
-             "--checkpoint-dir", str(ck),
+             "--eval-every", "2", "--val-data", str(corpus), "--checkpoint-dir", str(ck),
              "--stop-at-step", "3", "--export-hf", str(out))
     assert r.exit_code == 0, r.output
     assert (out / "config.json").is_file() and (out / "model.safetensors.index.json").is_file()
     # the run's TensorBoard event files (under the checkpoint dir by default) hold every step's metrics
-    steps = [json.loads(line) for line in r.output.splitlines() if line.startswith('{"step"')]
+    steps = [json.loads(line) for line in r.output.splitlines() if '"grad_norm"' in line]
     assert [s["step"] for s in steps] == [1, 2, 3]
     board = read_scalars(ck / "tensorboard")
     for name in ("loss", "lr", "grad_norm", "tokens_per_s"):
         assert [st for st, _ in board[f"train/{name}"]] == [1, 2, 3], name
     for s, (_, v) in zip(steps, board["train/loss"], strict=True):
         assert abs(v - s["loss"]) <= 1e-6 * s["loss"]
+    vals = [json.loads(line) for line in r.output.splitlines() if '"val_loss"' in line]
+    assert [v["step"] for v in vals] == [2, 3] and [st for st, _ in board["train/val_loss"]] == [2, 3]
     assert len(list(out.glob("model-*.safetensors"))) == 2  # one file per pipeline stage
 
-    n = 8
+    # the run's val_loss after step 3 is the eval loss of the first eval_batches * global_batch = 16 windows
+    n = 16
     r = _cli("eval", "--checkpoint-dir", str(ck), "--data", str(corpus), "--tokenizer", str(tok),
-             "--seq-len", str(SEQ), "--batches", str(n), "--batch-size", "4", "--layout", "tp=2", "--json")
+             "--seq-len", str(SEQ), "--batches", str(n), "--batch-size", "8", "--layout", "tp=2", "--json")
     assert r.exit_code == 0, r.output
     ours = json.loads(r.output.strip().splitlines()[-1])
     assert ours["tokens"] == n * SEQ
+    assert abs(ours["loss"] - vals[-1]["val_loss"]) / ours["loss"] < 1e-5, (ours, vals)
     batch = windows(text_stream(corpus, tok), SEQ, n)
     theirs = hf_window_loss(out, batch)
     assert abs(ours["loss"] - theirs) / theirs < 1e-4, (ours, theirs)

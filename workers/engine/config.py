@@ -181,6 +181,9 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     init_hf: str | None = None  # start from this HF Llama checkpoint directory instead of the seed
     export_hf: str | None = None  # write the final weights here as an HF Llama checkpoint directory
+    eval_every: int = 0  # validation loss every K steps (and after the last) on val_data
+    val_data: DataConfig | None = None
+    eval_batches: int = 2  # validation windows: the first eval_batches * global_batch of val_data
     save_every: int = 0
     keep_checkpoints: int = 2
 
@@ -195,11 +198,16 @@ class TrainConfig:
             raise ValueError("warmup_steps and save_every must be >= 0")
         if self.keep_checkpoints < 1:
             raise ValueError("keep_checkpoints must be >= 1")
+        if self.eval_every < 0 or self.eval_batches < 1:
+            raise ValueError("eval_every must be >= 0 and eval_batches >= 1")
+        if self.eval_every and self.val_data is None:
+            raise ValueError("eval_every needs val_data")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["model"] = self.model.to_dict()
         d["data"] = self.data.to_dict()
+        d["val_data"] = self.val_data.to_dict() if self.val_data is not None else None
         return d
 
     @classmethod
@@ -207,6 +215,8 @@ class TrainConfig:
         d = dict(data)
         d["model"] = ModelConfig.from_dict(d.get("model", {}))
         d["data"] = DataConfig.from_dict(d.get("data", {}))
+        if d.get("val_data") is not None:
+            d["val_data"] = DataConfig.from_dict(d["val_data"])
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:

@@ -92,6 +92,7 @@ class RankTrainer:
                 self.in_flight = InFlightCounter(self.parts.modules[0])
         self.next_step = 0  # the step step() runs next
         self._sampler: Any = None
+        self._val: list[torch.Tensor] | None = None
         self._closed = False
 
     # ------------------------------------------------------------------ numerics
@@ -193,6 +194,27 @@ class RankTrainer:
         if int(local.max()) >= self.cfg.model.vocab:
             raise ValueError(f"token id {int(local.max())} outside the model vocabulary {self.cfg.model.vocab}")
         return self.train_batch(local, already_dp_local=True)
+
+    def val_loss(self) -> float:
+        """Mean loss over the first ``eval_batches * global_batch`` windows of ``val_data`` (window
+        ``i`` = tokens ``[i*S, i*S+S]``, as ``orthoplex eval``); nothing is updated. Call between steps:
+        it runs the forward/backward every layout implements and drops the gradients."""
+        if self.cfg.val_data is None:
+            raise ValueError("val_loss() needs cfg.val_data")
+        if self._val is None:
+            from workers.engine.data import build_dataset
+
+            ds = build_dataset(self.cfg.val_data, self.cfg.model.seq_len)
+            n = self.cfg.eval_batches * self.cfg.global_batch
+            if len(ds) < n:
+                raise ValueError(f"val_data has {len(ds)} windows of {self.cfg.model.seq_len} tokens, "
+                                 f"eval_batches * global_batch = {n} needed")
+            rows = torch.stack([torch.from_numpy(ds[i]) for i in range(n)])
+            self._val = list(rows.split(self.cfg.global_batch))
+        loss = sum(self.forward_backward(b) for b in self._val) / len(self._val)
+        for p in self.params:
+            p.grad = None
+        return loss
 
     # ------------------------------------------------------------------ checkpoints
     def app_state(self) -> Any:
