@@ -84,6 +84,7 @@ def test_fine_tune_3d_export_and_eval_agree_with_transformers(corpus: Path, tmp_
     vals = [json.loads(line) for line in r.output.splitlines() if '"val_loss"' in line]
     assert [v["step"] for v in vals] == [2, 3] and [st for st, _ in board["train/val_loss"]] == [2, 3]
     assert len(list(out.glob("model-*.safetensors"))) == 2  # one file per pipeline stage
+    assert (out / "tokenizer.json").read_bytes() == tok.read_bytes()  # the tokenizer travels along
 
     # the run's val_loss after step 3 is the eval loss of the first eval_batches * global_batch = 16 windows
     n = 16

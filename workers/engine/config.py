@@ -151,11 +151,11 @@ class DataConfig:
 
     @classmethod
     def from_path(cls, path: str | None) -> DataConfig:
-        """``None`` -> builtin corpus; ``*.bin``/``*.u16``/``*.u32`` -> token memmap; else text."""
+        """``None`` -> builtin corpus; ``*.bin``/``*.tok``/``*.u16``/``*.u32`` -> token memmap; else text."""
         if not path:
             return cls()
         p = Path(path)
-        if p.suffix in (".bin", ".u16", ".npy", ".tokens"):
+        if p.suffix in (".bin", ".u16", ".npy", ".tokens", ".tok"):
             return cls(kind="tokens", paths=(str(p),), dtype="uint16")
         if p.suffix == ".u32":
             return cls(kind="tokens", paths=(str(p),), dtype="uint32")

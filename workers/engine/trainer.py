@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from planner.layout import Layout
 from workers.engine.config import TrainConfig
+from workers.engine.data.hf_tokenizer import tokenizer_files
 from workers.engine.groups import ParallelGroups
 from workers.engine.optim import build_adamw, clip_grads, global_grad_norm, lr_at
 from workers.engine.parallel.context import zigzag_split
@@ -277,7 +278,8 @@ class RankTrainer:
 
         if base_config is None and self.cfg.init_hf:
             base_config = read_hf_config(self.cfg.init_hf)
-        return str(export_hf(self.parts, self.cfg.model, self.layout, self.coords, out, base_config=base_config))
+        return str(export_hf(self.parts, self.cfg.model, self.layout, self.coords, out, base_config=base_config,
+                             extra_files=tokenizer_files(self.cfg.data.tokenizer)))
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:

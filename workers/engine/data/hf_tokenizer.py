@@ -40,6 +40,19 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
         raise ValueError(f"tokenizer: {f} is not a tokenizers JSON file ({e})") from None
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def tokenizer_files(path: str | os.PathLike | None) -> dict[str, bytes]:
+    """The files an HF export carries for the tokenizer at ``path`` (none for ``None``)."""
+    if not path:
+        return {}
+    p = Path(path)
+    if p.is_file():
+        return {"tokenizer.json": p.read_bytes()}
+    return {name: (p / name).read_bytes() for name in TOKENIZER_FILES if (p / name).is_file()}
+
+
 def eos_id(tokenizer: Any, path: str | os.PathLike) -> int:
     p = Path(path)
     cfg = (p if p.is_dir() else p.parent) / "tokenizer_config.json"
