@@ -54,6 +54,10 @@ def train(
                                                                           "(and after the last)")] = 0,
     val_data: Annotated[str | None, typer.Option("--val-data", help="validation text or token file "
                                                                    "(e.g. data prepare's val.tok)")] = None,
+    mlflow_uri: Annotated[str | None, typer.Option(
+        "--mlflow-uri", envvar="ORTHOPLEX_MLFLOW_TRACKING_URI",
+        help="also log to this MLflow tracking URI (sqlite:///FILE, http://HOST:PORT)")] = None,
+    mlflow_experiment: Annotated[str, typer.Option("--mlflow-experiment")] = "orthoplex",
     tensorboard_dir: Annotated[Path | None, typer.Option(
         "--tensorboard-dir", help="TensorBoard event files (default: CHECKPOINT_DIR/tensorboard)")] = None,
 ) -> None:
@@ -123,6 +127,17 @@ def train(
     out = metrics_out.open("a") if metrics_out is not None else None
     if tensorboard_dir is None and checkpoint_dir is not None:
         tensorboard_dir = checkpoint_dir / "tensorboard"
+    tracker = None
+    if mlflow_uri:
+        from workers.engine.tracking import MLflowLog
+
+        params = {"model": mcfg.name, "layout": lay.short(), "global_batch": global_batch, "steps": steps,
+                  "seq_len": mcfg.seq_len, "lr": lr, "seed": seed, "init_hf": cfg.init_hf or "",
+                  "data": data or "builtin"}
+        try:
+            tracker = MLflowLog(mlflow_uri, mlflow_experiment, f"{mcfg.name} {lay.short()}", params)
+        except Exception as e:  # mlflow raises its own MlflowException and connection errors
+            _refuse(f"--mlflow-uri {mlflow_uri}: {e}")
     board = TensorBoardLog(tensorboard_dir) if tensorboard_dir is not None else None
     progress = Progress(TextColumn("[bold]train[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
@@ -136,6 +151,8 @@ def train(
             line = {k: ev[k] for k in ("step", "loss", "grad_norm", "lr", "tokens_per_s")}
             if board is not None:
                 board.log(ev["step"], {k: v for k, v in line.items() if k != "step"})
+            if tracker is not None:
+                tracker.log(ev["step"], {k: v for k, v in line.items() if k != "step"})
             if out is not None:
                 out.write(json.dumps(line) + "\n")
                 out.flush()
@@ -152,6 +169,8 @@ def train(
                 typer.echo(json.dumps(line))
             if board is not None:
                 board.log(ev["step"], {"val_loss": ev["val_loss"]})
+            if tracker is not None:
+                tracker.log(ev["step"], {"val_loss": ev["val_loss"]})
         elif kind == "export":
             progress.console.print(f"exported HF checkpoint -> {ev['path']}")
         elif kind == "checkpoint":
@@ -163,12 +182,17 @@ def train(
                                 timeout_s=24 * 3600, collective_timeout_s=timeout, on_event=on_event)
     except RankError as e:
         console.print(f"[red]training failed[/]: {e}")
+        if tracker is not None:
+            tracker.close("FAILED")
+            tracker = None
         raise typer.Exit(code=1) from None
     finally:
         if out is not None:
             out.close()
         if board is not None:
             board.close()
+        if tracker is not None:
+            tracker.close()
     r = results[0]
     console.print(f"done: steps {r['start']}..{r['end']} under {lay.short()}"
                   + (f", checkpoints at {r['saved']}" if r["saved"] else ""))

@@ -70,6 +70,7 @@ def test_fine_tune_3d_export_and_eval_agree_with_transformers(corpus: Path, tmp_
     r = _cli("train", "--init-hf", str(ckpt), "--seq-len", str(SEQ), "--layout", "tp=2,pp=2,dp=2",
              "--global-batch", "8", "--steps", "3", "--data", str(corpus), "--tokenizer", str(tok),
              "--eval-every", "2", "--val-data", str(corpus), "--checkpoint-dir", str(ck),
+             "--mlflow-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
              "--stop-at-step", "3", "--export-hf", str(out))
     assert r.exit_code == 0, r.output
     assert (out / "config.json").is_file() and (out / "model.safetensors.index.json").is_file()
@@ -83,6 +84,16 @@ def test_fine_tune_3d_export_and_eval_agree_with_transformers(corpus: Path, tmp_
         assert abs(v - s["loss"]) <= 1e-6 * s["loss"]
     vals = [json.loads(line) for line in r.output.splitlines() if '"val_loss"' in line]
     assert [v["step"] for v in vals] == [2, 3] and [st for st, _ in board["train/val_loss"]] == [2, 3]
+    # ... and the same metrics in an MLflow run (a local sqlite store)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("orthoplex").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["layout"] == "tp2·pp2·cp1·dp2"
+    history = {m: [(h.step, h.value) for h in client.get_metric_history(run.info.run_id, m)]
+               for m in ("loss", "val_loss", "lr", "grad_norm", "tokens_per_s")}
+    assert [st for st, _ in history["loss"]] == [1, 2, 3] and [st for st, _ in history["val_loss"]] == [2, 3]
+    assert all(abs(v - s["loss"]) <= 1e-9 * s["loss"] for (_, v), s in zip(history["loss"], steps, strict=True))
     assert len(list(out.glob("model-*.safetensors"))) == 2  # one file per pipeline stage
     assert (out / "tokenizer.json").read_bytes() == tok.read_bytes()  # the tokenizer travels along
 

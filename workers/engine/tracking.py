@@ -1,7 +1,9 @@
-"""Run metrics as TensorBoard event files (``tensorboardX``): one scalar per metric per step.
+"""Run metrics as TensorBoard event files (``tensorboardX``) and, given a tracking URI, an MLflow run.
 
 ``TensorBoardLog(dir).log(step, {"loss": ..., "lr": ...})`` writes ``train/<name>`` scalars;
 :func:`read_scalars` reads them back (the tests, and anyone without TensorBoard installed).
+``MLflowLog(uri, experiment, run_name, params)`` logs the same metrics under their plain names
+(``loss``, ``val_loss``, ``lr``, ...) with ``mlflow`` (``mlflow-skinny``: the client only).
 """
 
 from __future__ import annotations
@@ -28,6 +30,32 @@ class TensorBoardLog:
     def close(self) -> None:
         self.writer.flush()
         self.writer.close()
+
+
+class MLflowLog:
+    """One MLflow run on the tracking server or store at ``uri`` (``sqlite:///FILE``, ``http://...``)."""
+
+    def __init__(self, uri: str, experiment: str, run_name: str, params: dict[str, Any]) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(experiment)
+        self.run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
+        for k, v in params.items():
+            self.client.log_param(self.run_id, k, v)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None]
+        self.client.log_batch(self.run_id, metrics=batch)
+
+    def close(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)
 
 
 def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
