@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-BENCHES = ("planner", "scheduler", "engine", "checkpoint", "api", "recovery", "simulate", "netchaos")
+BENCHES = ("planner", "scheduler", "engine", "checkpoint", "api", "recovery", "simulate", "data", "netchaos")
 EXPLICIT_ONLY = ("netchaos",)  # root and 10+ minutes: never part of "all"
 
 

@@ -14,6 +14,8 @@ import typer
 COMMAND_MODULES = (
     "service.cli.plan",  # orthoplex plan
     "service.cli.train",  # orthoplex train
+    "service.cli.hf",  # orthoplex eval, orthoplex export
+    "service.cli.data",  # orthoplex data prepare
     "service.cli.runtime",  # orthoplex run, orthoplex cluster up|down
     "service.cli.server",  # orthoplex serve, orthoplex admin ...
     "service.cli.client",  # orthoplex submit|status|events|cancel

@@ -5,6 +5,7 @@ Heavy imports (torch, the engine) happen inside the command so ``orthoplex --hel
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -40,22 +41,50 @@ def train(
     warmup_steps: Annotated[int, typer.Option("--warmup-steps", min=0)] = 2,
     keep: Annotated[int, typer.Option("--keep", min=2)] = 2,
     timeout: Annotated[float, typer.Option("--timeout", help="collective timeout per rank, seconds")] = 120.0,
+    init_hf: Annotated[Path | None, typer.Option(
+        "--init-hf", help="start from an HF Llama checkpoint directory (config.json + *.safetensors)")] = None,
+    seq_len: Annotated[int | None, typer.Option(
+        "--seq-len", min=2, help="training sequence length (with --init-hf; default min(2048, max positions))")] = None,
+    export_hf: Annotated[Path | None, typer.Option(
+        "--export-hf", help="at the end, write the weights as an HF Llama checkpoint directory")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        "--tokenizer", help="tokenizer.json or an HF tokenizer dir for text/jsonl/parquet --data "
+                            "(default: byte tokens)")] = None,
+    eval_every: Annotated[int, typer.Option("--eval-every", min=0, help="validation loss every K steps "
+                                                                          "(and after the last)")] = 0,
+    val_data: Annotated[str | None, typer.Option("--val-data", help="validation text or token file "
+                                                                   "(e.g. data prepare's val.tok)")] = None,
+    mlflow_uri: Annotated[str | None, typer.Option(
+        "--mlflow-uri", envvar="ORTHOPLEX_MLFLOW_TRACKING_URI",
+        help="also log to this MLflow tracking URI (sqlite:///FILE, http://HOST:PORT)")] = None,
+    mlflow_experiment: Annotated[str, typer.Option("--mlflow-experiment")] = "orthoplex",
+    tensorboard_dir: Annotated[Path | None, typer.Option(
+        "--tensorboard-dir", help="TensorBoard event files (default: CHECKPOINT_DIR/tensorboard)")] = None,
 ) -> None:
     """Train a Llama-style model with a 4D-parallel layout on local processes."""
     from planner.layout import Layout, LayoutError
     from workers.engine.config import DataConfig, ModelConfig, TrainConfig
     from workers.engine.validate import layout_problems
 
-    if (model is None) == (model_json is None):
-        _refuse("give exactly one of --model NAME or --model-json FILE")
+    if sum(x is not None for x in (model, model_json, init_hf)) != 1:
+        _refuse("give exactly one of --model NAME, --model-json FILE or --init-hf DIR")
+    if seq_len is not None and init_hf is None:
+        _refuse("--seq-len applies to --init-hf (presets and --model-json carry their own seq_len)")
     try:
-        mcfg = ModelConfig.from_json(model_json) if model_json is not None else ModelConfig.preset(str(model))
+        if init_hf is not None:
+            mcfg = hf_model_config(init_hf, seq_len)
+        else:
+            mcfg = ModelConfig.from_json(model_json) if model_json is not None else ModelConfig.preset(str(model))
     except (ValueError, OSError) as e:
         _refuse(str(e))
     try:
         lay = Layout.parse(layout) if layout else Layout()
     except LayoutError as e:
         _refuse(f"bad layout: {e}")
+    if eval_every and not val_data:
+        _refuse("--eval-every needs --val-data")
+    if val_data and not Path(val_data).exists():
+        _refuse(f"--val-data {val_data}: no such file or directory")
     if (resume or stop_at_step or save_every) and checkpoint_dir is None:
         _refuse("--resume, --stop-at-step and --save-every need --checkpoint-dir")
     problems = layout_problems(mcfg, lay, global_batch)
@@ -65,19 +94,51 @@ def train(
         cfg = TrainConfig(model=mcfg, steps=steps, global_batch=global_batch, seed=seed, lr=lr,
                           min_lr=lr / 10, warmup_steps=min(warmup_steps, steps), data=DataConfig.from_path(data),
                           checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, save_every=save_every,
-                          keep_checkpoints=keep)
+                          keep_checkpoints=keep, init_hf=str(init_hf.resolve()) if init_hf else None,
+                          export_hf=str(export_hf.resolve()) if export_hf else None,
+                          eval_every=eval_every, val_data=DataConfig.from_path(val_data) if val_data else None)
     except ValueError as e:
         _refuse(str(e))
     if data and not Path(data).exists():
         _refuse(f"--data {data}: no such file or directory")
+    if tokenizer is not None:
+        if cfg.data.kind != "text":
+            _refuse("--tokenizer applies to text, jsonl or parquet --data")
+        from workers.engine.data.hf_tokenizer import check_sources, load_tokenizer
+
+        try:
+            size = load_tokenizer(tokenizer).get_vocab_size()
+            check_sources(cfg.data.paths)
+        except (ValueError, OSError) as e:
+            _refuse(str(e))
+        if size > mcfg.vocab:
+            _refuse(f"--tokenizer {tokenizer}: vocabulary of {size} does not fit the model's vocab {mcfg.vocab}")
+        cfg.data = dataclasses.replace(cfg.data, tokenizer=str(tokenizer.resolve()))
+        if cfg.val_data is not None and cfg.val_data.kind == "text":
+            cfg.val_data = dataclasses.replace(cfg.val_data, tokenizer=str(tokenizer.resolve()))
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from workers.engine.launch import RankError, run_ranks, train_rank
+    from workers.engine.tracking import TensorBoardLog
 
     console = Console(stderr=True)
     out = metrics_out.open("a") if metrics_out is not None else None
+    if tensorboard_dir is None and checkpoint_dir is not None:
+        tensorboard_dir = checkpoint_dir / "tensorboard"
+    tracker = None
+    if mlflow_uri:
+        from workers.engine.tracking import MLflowLog
+
+        params = {"model": mcfg.name, "layout": lay.short(), "global_batch": global_batch, "steps": steps,
+                  "seq_len": mcfg.seq_len, "lr": lr, "seed": seed, "init_hf": cfg.init_hf or "",
+                  "data": data or "builtin"}
+        try:
+            tracker = MLflowLog(mlflow_uri, mlflow_experiment, f"{mcfg.name} {lay.short()}", params)
+        except Exception as e:  # mlflow raises its own MlflowException and connection errors
+            _refuse(f"--mlflow-uri {mlflow_uri}: {e}")
+    board = TensorBoardLog(tensorboard_dir) if tensorboard_dir is not None else None
     progress = Progress(TextColumn("[bold]train[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
     task = progress.add_task(f"{mcfg.name} {lay.short()}", total=steps, info="starting ranks")
@@ -88,6 +149,10 @@ def train(
             progress.update(task, completed=ev["step"], info=f"from step {ev['step']}")
         elif kind == "step":
             line = {k: ev[k] for k in ("step", "loss", "grad_norm", "lr", "tokens_per_s")}
+            if board is not None:
+                board.log(ev["step"], {k: v for k, v in line.items() if k != "step"})
+            if tracker is not None:
+                tracker.log(ev["step"], {k: v for k, v in line.items() if k != "step"})
             if out is not None:
                 out.write(json.dumps(line) + "\n")
                 out.flush()
@@ -95,6 +160,19 @@ def train(
                 typer.echo(json.dumps(line))
             progress.update(task, completed=ev["step"],
                             info=f"loss {ev['loss']:.4f}  {ev['tokens_per_s']:.0f} tok/s")
+        elif kind == "eval":
+            line = {"step": ev["step"], "val_loss": ev["val_loss"]}
+            if out is not None:
+                out.write(json.dumps(line) + "\n")
+                out.flush()
+            else:
+                typer.echo(json.dumps(line))
+            if board is not None:
+                board.log(ev["step"], {"val_loss": ev["val_loss"]})
+            if tracker is not None:
+                tracker.log(ev["step"], {"val_loss": ev["val_loss"]})
+        elif kind == "export":
+            progress.console.print(f"exported HF checkpoint -> {ev['path']}")
         elif kind == "checkpoint":
             progress.console.print(f"checkpoint step {ev['step']} -> {ev['path']} ({ev['seconds']:.2f}s)")
 
@@ -104,13 +182,34 @@ def train(
                                 timeout_s=24 * 3600, collective_timeout_s=timeout, on_event=on_event)
     except RankError as e:
         console.print(f"[red]training failed[/]: {e}")
+        if tracker is not None:
+            tracker.close("FAILED")
+            tracker = None
         raise typer.Exit(code=1) from None
     finally:
         if out is not None:
             out.close()
+        if board is not None:
+            board.close()
+        if tracker is not None:
+            tracker.close()
     r = results[0]
     console.print(f"done: steps {r['start']}..{r['end']} under {lay.short()}"
                   + (f", checkpoints at {r['saved']}" if r["saved"] else ""))
+
+
+def hf_model_config(path: Path, seq_len: int | None) -> Any:
+    """The model shape of an HF checkpoint directory, its tensors checked against it (headers only):
+    refusals (``model_type``, a missing or corrupt safetensors file, a wrong shape) before any rank
+    starts."""
+    from workers.engine.hf import HFCheckpoint, model_config_from_hf, read_hf_config
+
+    data = read_hf_config(path)
+    if seq_len is None:
+        seq_len = min(2048, int(data.get("max_position_embeddings") or 2048))
+    mcfg = model_config_from_hf(data, seq_len, name=path.name)
+    HFCheckpoint(path).check_against(mcfg, tied=bool(data.get("tie_word_embeddings", False)))
+    return mcfg
 
 
 def register(app: typer.Typer) -> None:

@@ -41,8 +41,19 @@ def _lr(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * p))
 
 
+def text_batches(cfg: TrainConfig, n: int, seed: int) -> list[torch.Tensor]:
+    """``n`` global batches of real text: the built-in corpus (the first 256 KiB of the Python
+    standard library's sources, byte tokens) through the run's sampler. Real text, unlike uniform
+    random tokens, gives gradients large enough that clipping is active."""
+    from workers.engine.data import GlobalBatchSampler, builtin_dataset
+
+    sampler = GlobalBatchSampler(builtin_dataset(cfg.model.seq_len, max_bytes=256 * 1024), cfg.global_batch, seed)
+    return [sampler.batch(step) for step in range(n)]
+
+
 def reference(cfg: TrainConfig, batches: list[torch.Tensor]) -> dict[str, Any]:
-    """Single-process run: first-batch loss and gradients, then the loss curve over ``batches``."""
+    """Single-process run: first-batch loss and gradients, then the loss and (pre-clipping) global
+    gradient-norm curves over ``batches``."""
     model = build_model(cfg.model, cfg.seed)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -50,6 +61,7 @@ def reference(cfg: TrainConfig, batches: list[torch.Tensor]) -> dict[str, Any]:
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
                             betas=(cfg.beta1, cfg.beta2), eps=1e-8)
     losses: list[float] = []
+    norms: list[float] = []
     grads: dict[str, torch.Tensor] = {}
     for step, batch in enumerate(batches):
         opt.zero_grad()
@@ -58,12 +70,12 @@ def reference(cfg: TrainConfig, batches: list[torch.Tensor]) -> dict[str, Any]:
         loss.backward()
         if step == 0:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)))
         for gr in opt.param_groups:
             gr["lr"] = _lr(step, cfg)
         opt.step()
         losses.append(float(loss.detach()))
-    return {"losses": losses, "grads": grads}
+    return {"losses": losses, "norms": norms, "grads": grads}
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -96,16 +108,19 @@ def check_layout_equivalence(layout: Layout, cfg: TrainConfig, batches: list[tor
         # step 1 by hand: the gradients are compared before clipping and the optimizer step
         loss0 = trainer.forward_backward(batches[0])
         gerr, nparams = grad_errors(trainer, ref["grads"])
-        trainer.optimizer_step(0)
+        norm0, _ = trainer.optimizer_step(0)
         trainer.next_step = 1
-        curve = [loss0] + [trainer.train_batch(b).loss for b in batches[1:]]
+        steps = [trainer.train_batch(b) for b in batches[1:]]
+        curve = [loss0] + [s.loss for s in steps]
+        norms = [norm0] + [s.grad_norm for s in steps]
         peak = trainer.in_flight.peak if trainer.in_flight is not None else None
     finally:
         trainer.close()
     loss_err = abs(loss0 - ref["losses"][0]) / abs(ref["losses"][0])
     curve_err = max(abs(a - b) / abs(b) for a, b in zip(curve, ref["losses"], strict=True))
+    norm_err = max(abs(a - b) / abs(b) for a, b in zip(norms, ref["norms"], strict=True))
     return {"layout": dataclasses.asdict(layout), "loss_err": loss_err, "grad_err": gerr, "nparams": nparams,
-            "curve_err": curve_err, "curve": curve, "in_flight_peak": peak}
+            "curve_err": curve_err, "norm_err": norm_err, "curve": curve, "in_flight_peak": peak}
 
 
 def fast_layout(spec: str) -> Layout:
@@ -119,12 +134,22 @@ def fast_layout(spec: str) -> Layout:
     return dataclasses.replace(layout, micro_batch=max(1, mb))
 
 
+RANDOM_STEPS = 10
+TEXT_STEPS = 6
+
+
 def equivalence_inputs(model: ModelConfig = TINY) -> tuple[TrainConfig, list[torch.Tensor], dict[str, Any]]:
-    """The config, 10 fresh random batches and the single-process reference (computed once, in the
-    pytest process, and shipped to the ranks)."""
-    cfg = tiny_cfg(steps=10, model=model)
-    batches = random_batches(cfg, 10, seed=99)
-    return cfg, batches, reference(cfg, batches)
+    """The config, the batches -- 10 of fresh uniform random tokens, then 6 of real text (the
+    built-in corpus) -- and the single-process reference (computed once, in the pytest process, and
+    shipped to the ranks). Every layout is built once and trains through both, so real text costs
+    6 steps per layout, no extra build. The text steps must clip (checked here): that is where a
+    wrong global norm shows (the TP x zero=3 norm missed FSDP's strided shards)."""
+    cfg = tiny_cfg(steps=RANDOM_STEPS + TEXT_STEPS, model=model)
+    batches = random_batches(cfg, RANDOM_STEPS, seed=99) + text_batches(cfg, TEXT_STEPS, seed=7)
+    ref = reference(cfg, batches)
+    text_norms = ref["norms"][RANDOM_STEPS:]
+    assert min(text_norms) > cfg.grad_clip, f"clipping inactive on the text steps: norms {text_norms}"
+    return cfg, batches, ref
 
 
 def run_equivalence(rank: int, world: int, specs: list[str], inputs: tuple) -> list[dict[str, Any]]:
@@ -143,16 +168,19 @@ def run_equivalence(rank: int, world: int, specs: list[str], inputs: tuple) -> l
 
 
 def assert_equivalent(results: list[list[dict[str, Any]]]) -> None:
-    """Every rank, every layout: loss 1e-5 rel, gradients 1e-4, 10-step curve 1e-4 rel."""
+    """Every rank, every layout: loss 1e-5 rel, gradients 1e-4, and over the 16 steps (random, then
+    clipped real text) the loss curve and the global gradient norm 1e-4 rel."""
     failures = []
+    keys = ("loss_err", "grad_err", "curve_err", "norm_err")
     for i, r in enumerate(results[0]):  # one line per layout, shown with -rP / -s
-        worst = [max(rows[i][k] for rows in results) for k in ("loss_err", "grad_err", "curve_err")]
+        worst = [max(rows[i][k] for rows in results) for k in keys]
         print(f"{r['spec']:<45} loss {worst[0]:.1e}  grad {worst[1]:.1e}  curve {worst[2]:.1e}  "
-              f"{r['seconds']:.1f}s")
+              f"norm {worst[3]:.1e}  {r['seconds']:.1f}s")
     for rank, rows in enumerate(results):
         for r in rows:
-            if not (r["loss_err"] < 1e-5 and r["grad_err"] < 1e-4 and r["curve_err"] < 1e-4):
-                failures.append((rank, r["spec"], r["loss_err"], r["grad_err"], r["curve_err"]))
+            if not (r["loss_err"] < 1e-5 and r["grad_err"] < 1e-4 and r["curve_err"] < 1e-4
+                    and r["norm_err"] < 1e-4):
+                failures.append((rank, r["spec"], *(r[k] for k in keys)))
     assert not failures, failures
     # the loss is identical on every rank
     for i in range(len(results[0])):

@@ -24,6 +24,7 @@ SPECS = [
     "cp=2,pp=2,dp=2,cp_method=ulysses,vpp=2",
     "tp=8",  # tp > kv_heads: KV heads replicated
     "tp=4,dp=2,zero=1",
+    "tp=4,dp=2,zero=3",  # FSDP over TP-sharded dim 0 (strided shards): the global norm must count them
 ]
 
 

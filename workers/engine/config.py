@@ -31,6 +31,11 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     init_std: float = 0.02
+    # Llama 3.1 rotary scaling (``rope_type: llama3``); factor 0 = none
+    rope_scaling_factor: float = 0.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position: int = 8192
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
@@ -130,6 +135,7 @@ class DataConfig:
     #: ``workers.data_area.DataArea.to_dict()`` when a tenant's job reads: paths are then relative
     #: to it and resolved by ``workers.data_area`` again where the engine reads (None: paths as given)
     area: dict[str, Any] | None = None
+    tokenizer: str | None = None  # text kind: a tokenizers JSON / HF tokenizer dir instead of bytes
 
     def __post_init__(self) -> None:
         if self.kind not in ("builtin", "text", "tokens"):
@@ -142,20 +148,22 @@ class DataConfig:
         d = {"kind": self.kind, "paths": list(self.paths), "dtype": self.dtype}
         if self.area is not None:
             d["area"] = dict(self.area)
+        if self.tokenizer is not None:
+            d["tokenizer"] = self.tokenizer
         return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DataConfig:
         return cls(kind=data.get("kind", "builtin"), paths=tuple(data.get("paths", ())),
-                   dtype=data.get("dtype", "uint16"), area=data.get("area"))
+                   dtype=data.get("dtype", "uint16"), area=data.get("area"), tokenizer=data.get("tokenizer"))
 
     @classmethod
     def from_path(cls, path: str | None) -> DataConfig:
-        """``None`` -> builtin corpus; ``*.bin``/``*.u16``/``*.u32`` -> token memmap; else text."""
+        """``None`` -> builtin corpus; ``*.bin``/``*.tok``/``*.u16``/``*.u32`` -> token memmap; else text."""
         if not path:
             return cls()
         p = Path(path)
-        if p.suffix in (".bin", ".u16", ".npy", ".tokens"):
+        if p.suffix in (".bin", ".u16", ".npy", ".tokens", ".tok"):
             return cls(kind="tokens", paths=(str(p),), dtype="uint16")
         if p.suffix == ".u32":
             return cls(kind="tokens", paths=(str(p),), dtype="uint32")
@@ -179,6 +187,11 @@ class TrainConfig:
     beta2: float = 0.95
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint_dir: str | None = None
+    init_hf: str | None = None  # start from this HF Llama checkpoint directory instead of the seed
+    export_hf: str | None = None  # write the final weights here as an HF Llama checkpoint directory
+    eval_every: int = 0  # validation loss every K steps (and after the last) on val_data
+    val_data: DataConfig | None = None
+    eval_batches: int = 2  # validation windows: the first eval_batches * global_batch of val_data
     save_every: int = 0
     keep_checkpoints: int = 2
 
@@ -193,11 +206,16 @@ class TrainConfig:
             raise ValueError("warmup_steps and save_every must be >= 0")
         if self.keep_checkpoints < 1:
             raise ValueError("keep_checkpoints must be >= 1")
+        if self.eval_every < 0 or self.eval_batches < 1:
+            raise ValueError("eval_every must be >= 0 and eval_batches >= 1")
+        if self.eval_every and self.val_data is None:
+            raise ValueError("eval_every needs val_data")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["model"] = self.model.to_dict()
         d["data"] = self.data.to_dict()
+        d["val_data"] = self.val_data.to_dict() if self.val_data is not None else None
         return d
 
     @classmethod
@@ -205,6 +223,8 @@ class TrainConfig:
         d = dict(data)
         d["model"] = ModelConfig.from_dict(d.get("model", {}))
         d["data"] = DataConfig.from_dict(d.get("data", {}))
+        if d.get("val_data") is not None:
+            d["val_data"] = DataConfig.from_dict(d["val_data"])
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:

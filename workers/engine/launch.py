@@ -172,12 +172,21 @@ def train_rank(rank: int, world_size: int, cfg_dict: dict[str, Any], layout_dict
                 events.put({"event": "step", "step": res.step, "loss": res.loss, "grad_norm": res.grad_norm,
                             "lr": res.lr, "tokens_per_s": res.tokens / max(res.seconds, 1e-9)})
             last = res.step == end
+            if cfg.eval_every and (res.step % cfg.eval_every == 0 or res.step == cfg.steps):
+                val = trainer.val_loss()
+                if events is not None and rank == 0:
+                    events.put({"event": "eval", "step": res.step, "val_loss": val})
             periodic = cfg.save_every and res.step % cfg.save_every == 0
             if cfg.checkpoint_dir and (periodic or (last and stop_at_step is not None)):
                 # background write and commit where the trainer saves asynchronously (CUDA); the
                 # checkpoint is reported once committed
                 report(trainer.start_save())
         report(trainer.finish_saves())
-        return {"start": start, "end": trainer.next_step, "saved": saved}
+        exported = None
+        if cfg.export_hf and trainer.next_step == cfg.steps:
+            exported = trainer.export_hf(cfg.export_hf)
+            if events is not None and rank == 0:
+                events.put({"event": "export", "path": exported})
+        return {"start": start, "end": trainer.next_step, "saved": saved, "exported": exported}
     finally:
         trainer.close()

@@ -16,6 +16,7 @@ at their defaults:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 import torch
@@ -49,9 +50,11 @@ class RMSNorm(nn.Module):
 class Rotary(nn.Module):
     """Rotary tables for this rank's positions (non-persistent buffers: not in checkpoints)."""
 
-    def __init__(self, head_dim: int, seq_len: int, theta: float) -> None:
+    def __init__(self, head_dim: int, seq_len: int, theta: float, scaling: tuple[float, float, float, int] | None = None
+                 ) -> None:
         super().__init__()
         self.head_dim, self.theta = head_dim, theta
+        self.scaling = scaling  # (factor, low_freq_factor, high_freq_factor, original_max_position): llama3
         self.register_buffer("inv_freq", torch.empty(0), persistent=False)
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
@@ -62,6 +65,8 @@ class Rotary(nn.Module):
         model built on the meta device)."""
         steps = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=positions.device)
         self.inv_freq = 1.0 / (self.theta ** (steps / self.head_dim))
+        if self.scaling is not None:
+            self.inv_freq = llama3_scaled(self.inv_freq, *self.scaling)
         self.set_positions(positions)
 
     def set_positions(self, positions: torch.Tensor) -> None:
@@ -71,6 +76,20 @@ class Rotary(nn.Module):
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos, self.sin
+
+
+def llama3_scaled(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+                  original_max_position: int) -> torch.Tensor:
+    """Llama 3.1's rotary scaling (``rope_type: llama3``): long wavelengths divided by ``factor``,
+    short ones kept, the band between interpolated smoothly."""
+    low_wavelen = original_max_position / low_freq_factor
+    high_wavelen = original_max_position / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_max_position / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -149,7 +168,9 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.rope = Rotary(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+        scaling = ((cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
+                    cfg.rope_original_max_position) if cfg.rope_scaling_factor else None)
+        self.rope = Rotary(cfg.head_dim, cfg.seq_len, cfg.rope_theta, scaling)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.layers)})
         self.norm: RMSNorm | None = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.output: nn.Linear | None = nn.Linear(cfg.hidden, cfg.vocab, bias=False)

@@ -44,13 +44,22 @@ def build_adamw(named: list[tuple[str, nn.Parameter]], cfg: TrainConfig) -> torc
 
 
 def _sharded_dims(g: torch.Tensor) -> tuple[bool, bool]:
-    """(sharded over TP, sharded over dp_cp) for a gradient."""
+    """(sharded over TP, sharded over dp_cp) for a gradient.
+
+    A mesh dimension shards the gradient unless its placement is ``Replicate`` (``Partial`` is
+    resolved before this runs). Not ``placement.is_shard()``: FSDP2 over a TP-sharded dimension 0
+    places ``_StridedShard`` on the dp_cp dimension, which is no ``Shard`` (``is_shard()`` is False
+    in torch 2.13), and missing it left those squares unsummed over dp_cp -- a norm too small under
+    TP x zero=3, so clipping scaled by the wrong coefficient once it was active.
+    """
     if not isinstance(g, DTensor):
         return False, False
     names = g.device_mesh.mesh_dim_names or ()
     tp = dpcp = False
     for i, pl in enumerate(g.placements):
-        if pl.is_shard() and g.device_mesh.size(i) > 1:
+        if pl.is_partial():
+            raise ValueError(f"gradient placement {g.placements} still has a pending Partial")
+        if not pl.is_replicate() and g.device_mesh.size(i) > 1:
             if i < len(names) and names[i].split("@")[0] == "tp":
                 tp = True
             else:

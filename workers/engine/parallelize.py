@@ -50,7 +50,9 @@ class ModelParts:
 
 
 def build_parts(cfg: ModelConfig, seed: int, layout: Layout, groups: ParallelGroups,
-                device: torch.device) -> ModelParts:
+                device: torch.device, init_hf: str | None = None) -> ModelParts:
+    """This rank's parts; weights from the seed, or read from the HF checkpoint ``init_hf`` (each
+    rank reads only its slices: ``workers.engine.hf.load_hf_shards``)."""
     with torch.device("meta"):  # no rank ever holds the whole model: shards are filled in at the end
         full = Transformer(cfg)
     c = groups.coords
@@ -82,5 +84,10 @@ def build_parts(cfg: ModelConfig, seed: int, layout: Layout, groups: ParallelGro
             apply_fsdp(m, groups, pp_enabled=layout.pp > 1)
         m.to_empty(device=device)
         m.rope.reset((positions if positions is not None else torch.arange(cfg.seq_len)).to(device))
-    init_local_shards(modules, cfg, seed)
+    if init_hf:
+        from workers.engine.hf import load_hf_shards
+
+        load_hf_shards(modules, cfg, init_hf)
+    else:
+        init_local_shards(modules, cfg, seed)
     return ModelParts(modules, ids, ring)

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from planner.layout import Layout
 from workers.engine.config import TrainConfig
+from workers.engine.data.hf_tokenizer import tokenizer_files
 from workers.engine.groups import ParallelGroups
 from workers.engine.optim import build_adamw, clip_grads, global_grad_norm, lr_at
 from workers.engine.parallel.context import zigzag_split
@@ -73,7 +74,8 @@ class RankTrainer:
         self.coords = self.groups.coords
         self.n_micro = layout.num_micro_batches
         torch.manual_seed(cfg.seed)
-        self.parts: ModelParts = build_parts(cfg.model, cfg.seed, layout, self.groups, self.device)
+        self.parts: ModelParts = build_parts(cfg.model, cfg.seed, layout, self.groups, self.device,
+                                                  init_hf=cfg.init_hf)
         self.params = self.parts.parameters()
         named = self.parts.named_parameters()
         self.zero1: ZeroOneShards | None = None
@@ -93,6 +95,7 @@ class RankTrainer:
                 self.in_flight = InFlightCounter(self.parts.modules[0])
         self.next_step = 0  # the step step() runs next
         self._sampler: Any = None
+        self._val: list[torch.Tensor] | None = None
         self._closed = False
         self.async_checkpoints = self.device.type == "cuda" if async_checkpoints is None else async_checkpoints
         self._ckpt: Any = None  # Checkpointer, built by the first save (a collective point on every rank)
@@ -199,6 +202,27 @@ class RankTrainer:
             raise ValueError(f"token id {int(local.max())} outside the model vocabulary {self.cfg.model.vocab}")
         return self.train_batch(local, already_dp_local=True)
 
+    def val_loss(self) -> float:
+        """Mean loss over the first ``eval_batches * global_batch`` windows of ``val_data`` (window
+        ``i`` = tokens ``[i*S, i*S+S]``, as ``orthoplex eval``); nothing is updated. Call between steps:
+        it runs the forward/backward every layout implements and drops the gradients."""
+        if self.cfg.val_data is None:
+            raise ValueError("val_loss() needs cfg.val_data")
+        if self._val is None:
+            from workers.engine.data import build_dataset
+
+            ds = build_dataset(self.cfg.val_data, self.cfg.model.seq_len)
+            n = self.cfg.eval_batches * self.cfg.global_batch
+            if len(ds) < n:
+                raise ValueError(f"val_data has {len(ds)} windows of {self.cfg.model.seq_len} tokens, "
+                                 f"eval_batches * global_batch = {n} needed")
+            rows = torch.stack([torch.from_numpy(ds[i]) for i in range(n)])
+            self._val = list(rows.split(self.cfg.global_batch))
+        loss = sum(self.forward_backward(b) for b in self._val) / len(self._val)
+        for p in self.params:
+            p.grad = None
+        return loss
+
     # ------------------------------------------------------------------ checkpoints
     def app_state(self) -> Any:
         """Model parts + optimizer (+ the step and data position) as one DCP ``Stateful``; parameters
@@ -285,6 +309,18 @@ class RankTrainer:
         if res.manifest.rng:
             restore_rng_state(res.manifest.rng)
         return self.next_step
+
+    def export_hf(self, out: str, base_config: dict[str, Any] | None = None) -> str:
+        """Write the current weights as an HF Llama checkpoint directory (collective over all ranks;
+        one gathered tensor at a time: ``workers.engine.hf.export``). ``base_config``: the imported
+        ``config.json`` whose other fields (token ids, ...) the export keeps (default: ``init_hf``'s)."""
+        from workers.engine.hf.config import read_hf_config
+        from workers.engine.hf.export import export_hf
+
+        if base_config is None and self.cfg.init_hf:
+            base_config = read_hf_config(self.cfg.init_hf)
+        return str(export_hf(self.parts, self.cfg.model, self.layout, self.coords, out, base_config=base_config,
+                             extra_files=tokenizer_files(self.cfg.data.tokenizer)))
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:

@@ -61,17 +61,31 @@ def build_dataset(data_cfg: Any, seq_len: int, cache_dir: str | os.PathLike | No
         return builtin_dataset(seq_len, cache_dir=cache_dir)
     if not paths:
         raise ValueError(f"data kind {kind!r} needs at least one path")
+    tokenizer = _field(data_cfg, "tokenizer", None)
     if area is not None:
         # a tenant's job: the same confinement as at submission, again where the files are read
         # (a symlink swapped in since then is caught here); names stay the tenant's own
         suffixes = TEXT_SUFFIXES if kind == "text" else TOKEN_SUFFIXES
+        if kind == "text" and tokenizer:
+            from workers.engine.data.hf_tokenizer import DOC_SUFFIXES
+
+            suffixes = DOC_SUFFIXES
         files = resolve_data_paths(paths, DataArea.from_dict(area), suffixes)
         shown = paths[0] if len(paths) == 1 else f"{len(paths)} paths"
-        ds = (text_dataset([str(f) for f in files], seq_len) if kind == "text"
-              else tokens_dataset([str(f) for f in files], seq_len, dtype))
+        if kind == "text" and tokenizer:
+            from workers.engine.data.hf_tokenizer import tokenized_dataset
+
+            ds = tokenized_dataset([str(f) for f in files], seq_len, str(tokenizer))
+        else:
+            ds = (text_dataset([str(f) for f in files], seq_len) if kind == "text"
+                  else tokens_dataset([str(f) for f in files], seq_len, dtype))
         ds.name = f"{kind}:{shown}"
         ds.sources = list(paths)  # what the tenant wrote, never the absolute paths
         return ds
+    if kind == "text" and tokenizer:
+        from workers.engine.data.hf_tokenizer import tokenized_dataset
+
+        return tokenized_dataset(paths, seq_len, str(tokenizer))
     if kind == "text":
         return text_dataset(paths, seq_len, name="text:" + (Path(paths[0]).name if len(paths) == 1
                                                                else f"{len(paths)} paths"))

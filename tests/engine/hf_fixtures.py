@@ -1,0 +1,46 @@
+"""Small random ``transformers`` Llama checkpoints for the HF import/export tests (no downloads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+
+
+def make_hf_llama(out: Path, tied: bool, seed: int = 0, layers: int = 4, shard_size: str | None = None,
+                  **overrides: Any) -> Path:
+    """A random ``LlamaForCausalLM`` (hidden 64, 8 heads, 2 KV heads: GQA; rotary ``llama3``
+    scaling) saved with ``save_pretrained`` (safetensors). ``initializer_range`` 0.1: logits far
+    from uniform, so a wrong weight or rotary layout moves the loss well past the tolerance."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    kw: dict[str, Any] = dict(vocab_size=256, hidden_size=64, intermediate_size=172, num_hidden_layers=layers,
+                              num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=256,
+                              rms_norm_eps=1e-5, initializer_range=0.1, tie_word_embeddings=tied,
+                              rope_parameters=dict(LLAMA3_ROPE))
+    kw.update(overrides)
+    model = LlamaForCausalLM(LlamaConfig(**kw))
+    # random norm weights too (HF initialises them to 1): a swapped norm would go unnoticed otherwise
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    save_kw = {"max_shard_size": shard_size} if shard_size else {}
+    model.save_pretrained(out, **save_kw)
+    return out
+
+
+def hf_window_loss(path: Path, batch: torch.Tensor) -> float:
+    """``transformers``' mean next-token cross-entropy of ``batch [B, S+1]`` (S inputs, S targets)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(batch[:, :-1]).logits
+    return float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                                   batch[:, 1:].reshape(-1)))
