@@ -86,7 +86,10 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                             + log_path.read_text(errors="replace")[-4000:])
             time.sleep(1)
         stack = Stack(json.loads(out.read_text()), workdir)
-        assert "/ui/" in log_path.read_text(errors="replace"), "the demo did not print the dashboard URL"
+        printed = time.monotonic() + 60  # the URL is printed right after the file is written
+        while stack.ui not in log_path.read_text(errors="replace"):
+            assert time.monotonic() < printed, "the demo did not print the dashboard URL"
+            time.sleep(0.5)
         yield stack
     finally:
         if proc.poll() is None:

@@ -474,7 +474,7 @@ function clusterView() {
         for (let k = 0; k < a.gpus; k++) gpus.push({ job: a.job_id, name: job?.name, tenant });
       }
       while (gpus.length < n.gpus_total) gpus.push(null);
-      return h("div", { class: `cnode ${n.alive ? "" : "dead"}`, "data-testid": "cluster-node", "data-node": n.node_id, "data-alive": n.alive },
+      return h("div", { class: `cnode ${n.alive ? "" : "dead"}`, "data-testid": "cluster-node", "data-node": n.node_id, "data-alive": String(n.alive) },
         h("div", { class: "node-head" }, h("strong", {}, `${n.is_head ? "head" : `node ${i}`}`), h("span", { class: "mono muted" }, ` ${n.node_id.slice(0, 8)} ${n.address}`),
           n.alive ? null : h("span", { class: "lost" }, " dead")),
         h("div", { class: "gpus" }, gpus.map((g, k) => h("span", { class: `gpu ${g ? "used" : "free"}`, "data-testid": "gpu", "data-job-id": g?.job, "data-tenant": g?.tenant,
