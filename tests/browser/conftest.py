@@ -68,18 +68,19 @@ class Stack:
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("demo")
     out = workdir / "demo.json"
-    log_path = workdir / "demo.log"
+    (REPO / "var").mkdir(exist_ok=True)
+    log_path = REPO / "var" / "browser-demo.log"  # kept after the run, beside the screenshots
     env = dict(os.environ)
     env.pop("ORTHOPLEX_DATABASE_URL", None)  # the demo's own SQLite file
     env.update({"PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled", "COLUMNS": "120"})
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "demo", "--keep", "--json-out", str(out), "--workdir", str(workdir),
-             "--steps", str(DEMO_STEPS), "--kill-at-step", str(DEMO_KILL_AT), "--timeout-s", "420"],
+             "--steps", str(DEMO_STEPS), "--kill-at-step", str(DEMO_KILL_AT), "--timeout-s", "840"],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + 480
+        deadline = time.monotonic() + 900  # about 90 s on a quiet machine; much more on a loaded one
         while not out.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"the demo did not write {out.name} (exit {proc.poll()}):\n"

@@ -15,9 +15,10 @@ from service.db.models import ApiToken, utcnow
 from service.db.session import make_engine, make_sessionmaker
 from tests.browser.conftest import Stack, shot, sign_in
 
-pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.e2e]
+# the first test also waits for the demo (its session fixture), which takes minutes on a loaded machine
+pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(1200)]
 
-LONG = 240_000  # ms: a job on a loaded 2-core machine can take minutes to start and step
+LONG = 420_000  # ms: a job on a loaded 2-core machine can take minutes to start and step
 
 
 def research(demo: Stack) -> dict[str, Any]:
