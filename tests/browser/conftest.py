@@ -28,7 +28,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 REPO = Path(__file__).resolve().parents[2]
 SHOTS = REPO / "var" / "screenshots"
-DEMO_STEPS, DEMO_KILL_AT = 16, 5
+DEMO_STEPS, DEMO_KILL_AT = 24, 4  # margin for the kill to land before the job ends
 
 
 @pytest.fixture(scope="session")
