@@ -24,7 +24,10 @@ export function fmtNum(v, digits = 3) {
   if (v === null || v === undefined || Number.isNaN(v)) return "—";
   if (Math.abs(v) >= 1e6) return `${(v / 1e6).toFixed(1)}M`;
   if (Math.abs(v) >= 1e4) return `${(v / 1e3).toFixed(1)}k`;
-  return Number(v).toPrecision(digits).replace(/\.?0+$/, "");
+  if (Math.abs(v) >= 1e3) return String(Math.round(v));
+  if (v !== 0 && Math.abs(v) < 1e-3) return Number(v).toExponential(1);
+  const t = Number(v).toPrecision(digits);
+  return t.includes(".") ? t.replace(/\.?0+$/, "") : t;
 }
 
 export function fmtTime(ts) {
