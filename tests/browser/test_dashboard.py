@@ -198,6 +198,9 @@ def test_admin_cluster_view(page, demo: Stack) -> None:
     assert page.get_by_test_id("gpu").count() >= gpus  # every GPU of every node drawn
     tenants = {r.get_attribute("data-tenant") for r in page.get_by_test_id("tenant-row").all()}
     assert {"research", "product"} <= tenants
+    # tenants' colours are applied (inline style attributes would be refused by the page's CSP)
+    key = page.locator('[data-testid="tenant-row"] .key').first
+    assert key.evaluate("e => getComputedStyle(e).backgroundColor") not in ("rgba(0, 0, 0, 0)", "transparent")
     assert page.get_by_test_id("decision-row").first.locator("td").nth(4).inner_text().strip()  # a reason
     # the admin's job list shows every tenant's jobs
     page.get_by_test_id("nav-jobs").click()

@@ -7,6 +7,7 @@ function build(el, attrs, children) {
     if (v === null || v === undefined || v === false) continue;
     if (k.startsWith("on") && typeof v === "function") el.addEventListener(k.slice(2), v);
     else if (k === "text") el.textContent = v;
+    else if (k === "style") el.style.cssText = v; // CSSOM: allowed by the page's CSP (a style attribute is not)
     else el.setAttribute(k, v === true ? "" : String(v));
   }
   for (const c of children.flat(Infinity)) {
