@@ -21,7 +21,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.db.models import JOB_STATES, Event, Job, Tenant, utcnow
+from service.db.models import Event, Job, Tenant, utcnow
+from workers.states import JobState
 
 WAIT_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -70,7 +71,7 @@ class StoreCollector(Collector):
                 )
             )
         jobs = GaugeMetricFamily("orthoplex_jobs", "Jobs by state", labels=["state"])
-        for state in JOB_STATES:
+        for state in JobState:
             jobs.add_metric([state], by_state.get(state, 0))
         alloc = GaugeMetricFamily("orthoplex_gpus_allocated", "GPUs allocated per tenant", labels=["tenant"])
         for name, n in gpus:

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from service.db.models import JOB_STATES, TERMINAL_STATES, Event, Job, Metric, Tenant, utcnow
+from service.db.models import Event, Job, Metric, Tenant, utcnow
+from workers.states import NON_TERMINAL
 
 RATE_WINDOW_S = 60.0
 
@@ -62,7 +63,7 @@ def check_limits(db: Session, tenant: Tenant, *, lock: bool) -> None:
     )
     unfinished = (
         sa.select(Job.id)
-        .where(Job.tenant_id == tenant.id, Job.state.in_(sorted(set(JOB_STATES) - TERMINAL_STATES)))
+        .where(Job.tenant_id == tenant.id, Job.state.in_(sorted(NON_TERMINAL)))
         .limit(tenant.max_jobs)
         .subquery()
     )
@@ -95,7 +96,7 @@ def create_job(
     )
     db.add(job)
     db.flush()
-    db.add(Event(job_id=job.id, attempt=None, source="control", seq=1, type="submitted",
+    db.add(Event(job_id=job.id, epoch=None, source="control", seq=1, type="submitted",
                  payload={"state": "PENDING", "to": "PENDING"}, ts=now))
     return job
 
@@ -110,7 +111,7 @@ def list_metrics(db: Session, job_id: int, *, since_step: int, limit: int) -> Se
     q = (
         sa.select(Metric)
         .where(Metric.job_id == job_id, Metric.step > since_step)
-        .order_by(Metric.step, Metric.attempt)
+        .order_by(Metric.step, Metric.epoch)
         .limit(limit)
     )
     return db.scalars(q).all()

@@ -13,8 +13,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag
 
-JobStateName = Literal["PENDING", "ADMITTED", "RUNNING", "RECOVERING", "PREEMPTED", "SUCCEEDED", "FAILED",
-                       "CANCELLED"]
+from workers.states import JobState
+
+#: a job state's name, as the API accepts and returns it (derived from ``workers.states.JobState``)
+JobStateName = Literal[tuple(s.value for s in JobState)]  # type: ignore[valid-type]
 
 #: engine model presets (``workers.engine.config.MODEL_PRESETS``)
 ModelPreset = Literal["tiny", "small", "llama-1b", "llama3-1b", "llama2-7b", "llama3-8b", "llama2-13b",
@@ -144,7 +146,8 @@ class JobPublic(_Out):
     id: int
     name: str
     state: JobStateName
-    reason: str = Field(description="reason of the last state change")
+    reason: str = Field(description="why the job is in its state: while PENDING, why it still waits "
+                                    "(the scheduler's latest reason); else the reason of its last state change")
     priority: int
     min_gpus: int
     max_gpus: int
@@ -170,15 +173,17 @@ class EventPublic(_Out):
     id: int = Field(description="increasing; pass the last one as `since`")
     source: str
     seq: int
-    attempt: int | None = None
+    epoch: int | None = Field(default=None, description="fencing epoch of the attempt that produced it; "
+                                                        "null for control-plane events outside an attempt")
     type: str
     payload: dict[str, Any]
     ts: dt.datetime
 
 
 class MetricPublic(_Out):
-    step: int
-    attempt: int
+    step: int = Field(description="steps completed when it was measured (1..steps), as a checkpoint counts")
+    epoch: int = Field(description="fencing epoch of the attempt that measured it (a step redone after a "
+                                   "recovery appears once per epoch)")
     loss: float | None = None
     tokens_per_s: float | None = None
     ts: dt.datetime

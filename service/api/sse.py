@@ -13,7 +13,8 @@ import anyio
 from fastapi import FastAPI, Request
 
 from service.api.schemas import EventPublic
-from service.db.models import TERMINAL_STATES, Event, Job
+from service.db.models import Event, Job
+from workers.states import TERMINAL
 
 KEEPALIVE_S = 15.0
 # One server-sent event as OpenAPI 3.1 describes a ``text/event-stream`` item: ``event`` is the
@@ -64,7 +65,7 @@ async def event_stream(app: FastAPI, job_id: int, since: int) -> AsyncIterator[b
             last_sent = time.monotonic()
         if len(events) == BATCH:
             continue
-        if state is None or state in TERMINAL_STATES:
+        if state is None or state in TERMINAL:
             yield _frame("end", {"state": state, "last_id": cursor})
             return
         now = time.monotonic()

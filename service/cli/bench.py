@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-BENCHES = ("planner", "scheduler", "engine", "checkpoint", "api", "recovery", "dashboard")
+BENCHES = ("planner", "scheduler", "engine", "checkpoint", "api", "recovery", "simulate", "dashboard")
 
 
 def register(app: typer.Typer) -> None:

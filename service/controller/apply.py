@@ -253,6 +253,8 @@ def record_decision(ctx: Ctx, job: JobRow, d: Decision, outcome: str) -> bool:
             payload=payload,
             commit=False,
         )
+        if isinstance(d, Wait):  # the job's own reason says why it waits (status, API, dashboard)
+            tx.set_wait_reason(s, job.id, epoch=job.epoch, reason=d.reason, commit=False)
     if res in (tx.Recorded.WRITTEN, tx.Recorded.DUPLICATE):
         ctx.decided[job.id] = sig
     return res is tx.Recorded.WRITTEN

@@ -67,6 +67,30 @@ def connect_ray(settings: Settings) -> bool:
     except Exception as exc:
         log.warning("could not connect to Ray", extra={"address": settings.ray_address, "error": repr(exc)})
         return False
+    warn_if_no_gpus(settings)
+    return True
+
+
+NO_GPUS_HINT = (
+    "the Ray cluster declares no GPUs: every job will wait until nodes with GPUs join. On one machine, "
+    "try `orthoplex serve --local-cluster 3x4` (simulated nodes with declared GPUs); on a real cluster, "
+    "start the nodes with `ray start --num-gpus=N` and point ORTHOPLEX_RAY_ADDRESS at it"
+)
+
+
+def warn_if_no_gpus(settings: Settings) -> bool:
+    """Say at start, in the service log, when the cluster has no GPUs; True when it has some."""
+    import ray
+
+    try:
+        gpus = float(ray.cluster_resources().get("GPU", 0.0))
+    except Exception as exc:  # the cluster answers later; the controller's view says so then
+        log.debug("cluster resources unknown", extra={"error": repr(exc)})
+        return True
+    if gpus <= 0:
+        log.warning(NO_GPUS_HINT, extra={"address": settings.ray_address or "local"})
+        return False
+    log.info("Ray cluster connected", extra={"address": settings.ray_address or "local", "gpus": int(gpus)})
     return True
 
 

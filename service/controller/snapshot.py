@@ -20,8 +20,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from service.controller.cluster import ClusterView
-from service.db.models import TERMINAL_STATES, Job, Tenant
+from service.db.models import Job, Tenant
 from service.scheduler.types import ClusterSnapshot, JobView, NodeView, TenantView
+from workers.states import TERMINAL
 
 HOLDING = frozenset({"ADMITTED", "RUNNING", "RECOVERING", "PREEMPTED"})
 
@@ -63,7 +64,7 @@ def load_db_state(session: Session) -> DbState:
         for t in session.execute(sa.select(Tenant).order_by(Tenant.id)).scalars()
     ]
     rows = session.execute(
-        sa.select(Job).where(Job.state.not_in(sorted(TERMINAL_STATES))).order_by(Job.id)
+        sa.select(Job).where(Job.state.not_in(sorted(TERMINAL))).order_by(Job.id)
     ).scalars()
     jobs = [
         JobRow(

@@ -6,7 +6,7 @@ it expects (compare-and-set) and, where given, the attempt's fencing epoch (``jo
 writer holding an older epoch writes nothing. The names are a contract with the controller:
 
 ``TRANSITIONS`` / ``is_legal(old, new)``
-    The legal edges. DESIGN: ``PENDING → ADMITTED → RUNNING ⇄ RECOVERING → SUCCEEDED | FAILED |
+    The legal edges (docs/architecture.md): ``PENDING → ADMITTED → RUNNING ⇄ RECOVERING → SUCCEEDED | FAILED |
     CANCELLED``, ``RUNNING → PREEMPTED → PENDING``, cancel from any non-terminal state. Two more
     edges let the controller undo an admission that could not be launched: ``ADMITTED → PENDING``
     (placement timed out; requeue) and ``ADMITTED → FAILED`` (the supervisor could not start).
@@ -31,6 +31,8 @@ writer holding an older epoch writes nothing. The names are a contract with the 
     PENDING/PREEMPTED jobs become CANCELLED at once; ADMITTED/RUNNING/RECOVERING get
     ``cancel_requested=true`` (the controller stops the supervisor, then transitions); terminal
     jobs answer ``TERMINAL``; a job of another tenant is ``MISSING``.
+``set_wait_reason(session, job_id, *, epoch, reason) -> bool``
+    a PENDING job's ``reason`` becomes why it still waits (the scheduler's latest ``Wait``).
 ``record_event(session, job_id, *, epoch, source, seq, type, payload, ts=None) -> Recorded``
 ``record_checkpoint(session, job_id, *, epoch, step, location, layout=None, verified=False,
 manifest_sha256=None, nbytes=None) -> Recorded``
@@ -53,18 +55,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from service.db.models import (
-    JOB_STATES,
-    TERMINAL_STATES,
-    Attempt,
-    Checkpoint,
-    Event,
-    Job,
-    Metric,
-    utcnow,
-)
-
-NON_TERMINAL = frozenset(s for s in JOB_STATES if s not in TERMINAL_STATES)
+from service.db.models import Attempt, Checkpoint, Event, Job, Metric, utcnow
+from workers.states import ACTIVE, NON_TERMINAL, TERMINAL, JobState
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     "PENDING": frozenset({"ADMITTED", "CANCELLED"}),
@@ -144,7 +136,7 @@ def _bump(session: Session, job_id: int, where: list[Any], values: dict[str, Any
 def _event(session: Session, job_id: int, seq: int, epoch: int, type_: str, payload: dict[str, Any]) -> None:
     session.execute(
         sa.insert(Event).values(
-            job_id=job_id, attempt=epoch or None, source="control", seq=seq, type=type_, payload=payload, ts=utcnow()
+            job_id=job_id, epoch=epoch or None, source="control", seq=seq, type=type_, payload=payload, ts=utcnow()
         )
     )
 
@@ -160,9 +152,9 @@ def _transition_values(new: str, fields: Mapping[str, Any] | None) -> dict[str, 
         values["admitted_at"] = now
     if new == "RUNNING":
         values["started_at"] = sa.func.coalesce(_jobs.c.started_at, now)
-    if new in TERMINAL_STATES:
+    if new in TERMINAL:
         values["finished_at"] = now
-    if new in TERMINAL_STATES or new == "PENDING":
+    if new in TERMINAL or new == "PENDING":
         values["gpus_allocated"] = 0
     values.update(extra)
     return values
@@ -170,7 +162,7 @@ def _transition_values(new: str, fields: Mapping[str, Any] | None) -> dict[str, 
 
 def _check_legal(expected: Iterable[str], new: str) -> frozenset[str]:
     exp = frozenset(expected)
-    if new not in JOB_STATES:
+    if new not in JobState.__members__:
         raise IllegalTransition(f"unknown state {new!r}")
     bad = sorted(s for s in exp if not is_legal(s, new))
     if not exp or bad:
@@ -289,7 +281,7 @@ def set_allocation(session: Session, job_id: int, *, epoch: int, gpus: int, comm
     resize); fenced on the epoch and only while the job holds GPUs (a state change is not implied)."""
     res = session.execute(
         sa.update(Job)
-        .where(Job.id == job_id, Job.epoch == epoch, Job.state.in_(("ADMITTED", "RUNNING", "RECOVERING")))
+        .where(Job.id == job_id, Job.epoch == epoch, Job.state.in_(sorted(ACTIVE)))
         .values(gpus_allocated=int(gpus))
         .execution_options(synchronize_session=False)
     )
@@ -328,7 +320,7 @@ def request_cancel(
     if row is None:
         _finish(session, commit)
         return CancelOutcome.MISSING
-    if row.state in TERMINAL_STATES:
+    if row.state in TERMINAL:
         _finish(session, commit)
         return CancelOutcome.TERMINAL
     if row.state in ("PENDING", "PREEMPTED"):
@@ -389,7 +381,7 @@ def record_event(
     commit: bool = True,
 ) -> Recorded:
     """Record a runtime event once (unique ``(job_id, source, seq)``); fenced on ``epoch``."""
-    values = {"attempt": epoch, "source": source[:32], "seq": seq, "type": type[:32],
+    values = {"epoch": epoch, "source": source[:32], "seq": seq, "type": type[:32],
               "payload": dict(payload or {}), "ts": ts or utcnow()}
     return _fenced_insert(session, job_id, epoch, Event, values, ["job_id", "source", "seq"], commit)
 
@@ -408,7 +400,7 @@ def record_checkpoint(
     commit: bool = True,
 ) -> Recorded:
     """Record a committed checkpoint once per step (unique ``(job_id, step)``); fenced on ``epoch``."""
-    values = {"attempt": epoch, "step": step, "location": location, "layout": layout, "verified": verified,
+    values = {"epoch": epoch, "step": step, "location": location, "layout": layout, "verified": verified,
               "manifest_sha256": manifest_sha256, "bytes": nbytes, "created_at": utcnow()}
     return _fenced_insert(session, job_id, epoch, Checkpoint, values, ["job_id", "step"], commit)
 
@@ -424,6 +416,23 @@ def record_metric(
     ts: dt.datetime | None = None,
     commit: bool = True,
 ) -> Recorded:
-    """Record a step's loss and throughput once per attempt (unique ``(job_id, step, attempt)``)."""
-    values = {"attempt": epoch, "step": step, "loss": loss, "tokens_per_s": tokens_per_s, "ts": ts or utcnow()}
-    return _fenced_insert(session, job_id, epoch, Metric, values, ["job_id", "step", "attempt"], commit)
+    """Record a step's loss and throughput once per attempt (unique ``(job_id, step, epoch)``)."""
+    values = {"epoch": epoch, "step": step, "loss": loss, "tokens_per_s": tokens_per_s, "ts": ts or utcnow()}
+    return _fenced_insert(session, job_id, epoch, Metric, values, ["job_id", "step", "epoch"], commit)
+
+
+def set_wait_reason(session: Session, job_id: int, *, epoch: int, reason: str, commit: bool = True) -> bool:
+    """Record why a PENDING job still waits (the scheduler's latest ``Wait`` reason) in its ``reason``,
+    so ``status``, the API and the dashboard say it without reading events. Fenced like a
+    transition (the caller's epoch must still own the job); leaves other states alone. True when
+    the row changed."""
+    stmt = (
+        _jobs.update()
+        .where(_jobs.c.id == job_id, _jobs.c.state == "PENDING", _jobs.c.epoch == epoch,
+               _jobs.c.reason != reason[:1024])
+        .values(reason=reason[:1024], updated_at=utcnow())
+    )
+    changed = session.execute(stmt).rowcount > 0
+    _expire_job(session, job_id)
+    _finish(session, commit)
+    return changed

@@ -334,23 +334,24 @@ class JobSupervisor(Replanning):
             wall = max(o["wall_s"] for o in out.values())
             walls.append(wall)
             loss = float(out[0]["loss"])
+            done = step + 1  # steps completed, the 1-based number every output uses (as a checkpoint does)
             with self._lock:
                 self._last_loss = loss
-                self._losses[step] = loss
-                self._step_ts[step] = t_launch
-                self._next_step = step + 1
+                self._losses[done] = loss
+                self._step_ts[done] = t_launch
+                self._next_step = done
             self.cadence.observe_step(wall)
             busy = {r: float(o["busy_s"]) for r, o in out.items()}
-            self.log.emit("step", "", step=step, loss=round(loss, 6), wall_s=round(wall, 4),
+            self.log.emit("step", "", step=done, loss=round(loss, 6), wall_s=round(wall, 4),
                           busy_max_s=round(max(busy.values()), 4), world_size=gang.world_size,
                           tokens_per_s=round(out[0]["tokens"] / max(wall, 1e-9), 1))
-            self._metrics(step, out, gang)
+            self._metrics(done, out, gang)
             if recovery is not None:
                 self._event_recovery(recovery, time.time() - recovery["t0"])
                 recovery = None
             step += 1
             since_save += 1
-            findings = scorer.observe(step - 1, busy)
+            findings = scorer.observe(step, busy)
             if self._cancel:
                 return Switch("cancelled")
             if self._resize_to is not None and step < self.job.steps:

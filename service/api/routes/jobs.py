@@ -214,7 +214,10 @@ def job_metrics(
     job_id: JobId,
     tenant: CurrentTenant,
     db: Db,
-    since_step: Annotated[int, Query(ge=-1, le=2**31 - 1, description="only steps after this one")] = -1,
+    since_step: Annotated[
+        int, Query(ge=-1, le=2**31 - 1, description="only steps after this one (steps are numbered from 1; "
+                                                      "0 or -1: from the first)")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 1000,
 ) -> list[MetricPublic]:
     """Loss and throughput per step (per attempt: a step re-run after a recovery appears twice)."""

@@ -18,10 +18,9 @@ from service.api.planning import PlannerBusy, PlannerRefused, dry_run
 from service.api.routes.jobs import validate_spec
 from service.api.schemas import ClusterJob, ClusterOut, Health, JobSpec, PlanOut, Ready
 from service.db.models import Job
+from workers.states import HOLDING
 
 router = APIRouter(tags=["system"])
-#: states in which a job may hold GPUs
-GPU_STATES = ("ADMITTED", "RUNNING", "RECOVERING", "PREEMPTED")
 _RAY_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cluster-view")
 
 
@@ -126,7 +125,7 @@ async def cluster(request: Request, principal: AnyPrincipal) -> ClusterOut:
 
 def _jobs(request: Request, tenant_id: int | None) -> list[ClusterJob]:
     with request.app.state.sessions() as db:
-        q = sa.select(Job).where(Job.state.in_(GPU_STATES)).order_by(Job.id).limit(10_000)
+        q = sa.select(Job).where(Job.state.in_(sorted(HOLDING))).order_by(Job.id).limit(10_000)
         if tenant_id is not None:
             q = q.where(Job.tenant_id == tenant_id)
         return [
