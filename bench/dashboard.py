@@ -62,16 +62,16 @@ def _seed(url: str, jobs: int, steps: int) -> dict[str, Any]:
         t0 = now - dt.timedelta(seconds=steps)
         layout = {"tp": 2, "pp": 2, "cp": 1, "dp": 1}
         for job_id, n in ((big, steps), (small, 100)):
-            s.execute(sa.insert(Metric), [{"job_id": job_id, "attempt": 1, "step": i, "loss": 10.0 / (1 + i / 100),
+            s.execute(sa.insert(Metric), [{"job_id": job_id, "epoch": 1, "step": i, "loss": 10.0 / (1 + i / 100),
                                           "tokens_per_s": 1000.0 + (i % 50), "ts": t0 + dt.timedelta(seconds=i)}
-                                         for i in range(n)])
-            s.execute(sa.insert(Event), [{"job_id": job_id, "attempt": 1, "source": "runtime:a1", "seq": i + 10,
+                                         for i in range(1, n + 1)])
+            s.execute(sa.insert(Event), [{"job_id": job_id, "epoch": 1, "source": "runtime:a1", "seq": i + 10,
                                          "type": "step", "payload": {"step": i, "loss": 1.0}, "ts": t0}
-                                        for i in range(n)])
+                                        for i in range(1, n + 1)])
             s.execute(sa.insert(Event), [
-                {"job_id": job_id, "attempt": 1, "source": "runtime:a1", "seq": 1, "type": "plan", "ts": t0,
+                {"job_id": job_id, "epoch": 1, "source": "runtime:a1", "seq": 1, "type": "plan", "ts": t0,
                  "payload": {"layout": layout, "short": "tp2·pp2·cp1·dp1", "num_gpus": 4}},
-                {"job_id": job_id, "attempt": 1, "source": "runtime:a1", "seq": 2, "type": "ranks_mapped", "ts": t0,
+                {"job_id": job_id, "epoch": 1, "source": "runtime:a1", "seq": 2, "type": "ranks_mapped", "ts": t0,
                  "payload": {"layout": layout, "rank_to_node": ["n1", "n1", "n2", "n2"]}},
             ])
         s.commit()

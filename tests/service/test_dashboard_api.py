@@ -37,8 +37,8 @@ def world(client, pg_sessions: sessionmaker[Session]) -> dict[str, Any]:
                                payload={"short": "tp1·pp1·cp1·dp2", "num_gpus": 2})
         assert tr.record_event(s, a0, epoch=1, source="control", seq=99, type="decision",
                                payload={"kind": "admit", "gpus": 2, "reason": "within quota", "outcome": "admitted"})
-        s.add_all([Metric(job_id=a0, attempt=1, step=i, loss=10.0 - i * 1e-3, tokens_per_s=100.0 + i)
-                   for i in range(3000)])
+        s.add_all([Metric(job_id=a0, epoch=1, step=i, loss=10.0 - i * 1e-3, tokens_per_s=100.0 + i)
+                   for i in range(1, 3001)])
         s.commit()
     return out
 
@@ -83,7 +83,7 @@ def test_job_row_has_progress_layout_and_last_event(client, world) -> None:
     row = next(j for j in rows["items"] if j["id"] == a0)
     assert row["step"] == 3000 and row["steps"] == 10
     assert row["layout"] == "tp1·pp1·cp1·dp2"
-    assert row["tokens_per_s"] == pytest.approx(100.0 + 2999)
+    assert row["tokens_per_s"] == pytest.approx(100.0 + 3000)
     assert row["last_event"]["type"] == "decision"
 
 
@@ -111,7 +111,7 @@ def test_curve_returns_every_point_up_to_max_points_then_downsamples(client, wor
     assert full["total_points"] == 3000 and full["width"] == 1 and len(full["points"]) == 3000
     small = client.get(f"/v1/dashboard/jobs/{a0}/curve", params={"max_points": 100}, headers=world["a"]["h"]).json()
     assert small["total_points"] == 3000 and 50 <= len(small["points"]) <= 100
-    assert small["points"][0]["step"] == 0
+    assert small["points"][0]["step"] == 1
     # the bucket mean lies between the bucket's min and max, and the curve keeps its trend
     for p in small["points"]:
         assert p["loss_min"] <= p["loss"] <= p["loss_max"]

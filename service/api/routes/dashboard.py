@@ -4,7 +4,7 @@
 - ``GET /v1/dashboard/jobs/{id}``: the job, its timeline (every event but ``step``), the recovery
   ledger and the rank grid of the plan in force.
 - ``GET /v1/dashboard/jobs/{id}/curve?max_points=``: loss and tokens/s per step, downsampled in SQL
-  (min / mean / max per bucket of steps, per attempt) to at most ``max_points`` points.
+  (min / mean / max per bucket of steps, per attempt's epoch) to at most ``max_points`` points.
 - ``GET /v1/dashboard/jobs/{id}/explain``: the planner's breakdown for the job's spec on the GPU
   count in force, and the alternatives it beat.
 - ``GET /v1/dashboard/tenants``, ``GET /v1/dashboard/decisions``: admin only.
@@ -78,7 +78,7 @@ def dashboard_jobs(
         for job_id, step, tps in db.execute(
             sa.select(Metric.job_id, Metric.step, Metric.tokens_per_s)
             .join(top, sa.and_(top.c.job_id == Metric.job_id, top.c.step == Metric.step))
-            .order_by(Metric.attempt)
+            .order_by(Metric.epoch)
         ):
             latest[job_id] = (step, tps)
     last_event = _last_per_job(db, ids, Event.type != "step")
@@ -94,7 +94,7 @@ def dashboard_jobs(
         items.append({
             "id": job.id, "name": job.name, "state": job.state, "reason": job.reason,
             "tenant": tenant_name if principal.is_admin else None,
-            "step": job.final_step if job.final_step is not None else (step + 1 if step is not None else 0),
+            "step": job.final_step if job.final_step is not None else (step or 0),
             "steps": int(job.spec.get("steps") or 0),
             "gpus": job.gpus_allocated, "min_gpus": job.min_gpus, "max_gpus": job.max_gpus,
             "layout": layout,
@@ -116,10 +116,10 @@ def dashboard_job(job_id: JobId, principal: AnyPrincipal, db: Db) -> dict[str, A
                         .order_by(Event.id.desc()).limit(TIMELINE_LIMIT)).all()
     events = [EventPublic.model_validate(e).model_dump(mode="json") for e in reversed(newest)]
     latest = db.execute(sa.select(Metric.step, Metric.tokens_per_s).where(Metric.job_id == job.id)
-                        .order_by(Metric.step.desc(), Metric.attempt.desc()).limit(1)).one_or_none()
+                        .order_by(Metric.step.desc(), Metric.epoch.desc()).limit(1)).one_or_none()
     return {
         "job": JobPublic.model_validate(job).model_dump(mode="json"),
-        "step": job.final_step if job.final_step is not None else (latest[0] + 1 if latest else 0),
+        "step": job.final_step if job.final_step is not None else (latest[0] if latest else 0),
         "tokens_per_s": latest[1] if latest else None,
         "events": events,
         "events_truncated": len(newest) == TIMELINE_LIMIT,
@@ -131,11 +131,11 @@ def dashboard_job(job_id: JobId, principal: AnyPrincipal, db: Db) -> dict[str, A
 
 def _buckets(db: Db, job_id: int, width: int) -> list[dict[str, Any]]:
     b = (Metric.step // width).label("b")
-    q = (sa.select(Metric.attempt, sa.func.min(Metric.step), sa.func.avg(Metric.loss), sa.func.min(Metric.loss),
+    q = (sa.select(Metric.epoch, sa.func.min(Metric.step), sa.func.avg(Metric.loss), sa.func.min(Metric.loss),
                    sa.func.max(Metric.loss), sa.func.avg(Metric.tokens_per_s))
-         .where(Metric.job_id == job_id).group_by(Metric.attempt, b).order_by(sa.func.min(Metric.step), Metric.attempt))
-    return [{"step": s, "attempt": a, "loss": lo, "loss_min": mn, "loss_max": mx, "tokens_per_s": t}
-            for a, s, lo, mn, mx, t in db.execute(q)]
+         .where(Metric.job_id == job_id).group_by(Metric.epoch, b).order_by(sa.func.min(Metric.step), Metric.epoch))
+    return [{"step": s, "epoch": e, "loss": lo, "loss_min": mn, "loss_max": mx, "tokens_per_s": t}
+            for e, s, lo, mn, mx, t in db.execute(q)]
 
 
 @router.get("/jobs/{job_id}/curve", operation_id="dashboard_curve",
@@ -147,19 +147,19 @@ def dashboard_curve(
     max_points: Annotated[int, Query(ge=10, le=10_000, description="most points returned")] = 1500,
 ) -> dict[str, Any]:
     """Every metric row when there are at most ``max_points``; otherwise buckets of ``width`` steps
-    per attempt with the mean loss (and its min and max) and the mean tokens/s, at most ``max_points``."""
+    per epoch with the mean loss (and its min and max) and the mean tokens/s, at most ``max_points``."""
     job = _job(db, principal, job_id)
     total = db.scalar(sa.select(sa.func.count()).select_from(Metric).where(Metric.job_id == job.id)) or 0
     if total <= max_points:
-        rows = db.execute(sa.select(Metric.step, Metric.attempt, Metric.loss, Metric.tokens_per_s)
-                          .where(Metric.job_id == job.id).order_by(Metric.step, Metric.attempt)).all()
-        points = [{"step": s, "attempt": a, "loss": lo, "loss_min": lo, "loss_max": lo, "tokens_per_s": t}
-                  for s, a, lo, t in rows]
+        rows = db.execute(sa.select(Metric.step, Metric.epoch, Metric.loss, Metric.tokens_per_s)
+                          .where(Metric.job_id == job.id).order_by(Metric.step, Metric.epoch)).all()
+        points = [{"step": s, "epoch": e, "loss": lo, "loss_min": lo, "loss_max": lo, "tokens_per_s": t}
+                  for s, e, lo, t in rows]
         width = 1
     else:
         width = math.ceil(total / max_points)
         points = _buckets(db, job.id, width)
-        while len(points) > max_points:  # bucket edges of several attempts: widen until it fits
+        while len(points) > max_points:  # bucket edges of several epochs: widen until it fits
             width *= 2
             points = _buckets(db, job.id, width)
     return {"total_points": total, "width": width, "points": points, "val_loss": None}

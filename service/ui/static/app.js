@@ -277,20 +277,20 @@ function fillJobPage(b, d, curve) {
   b.progress.dataset.step = d.step;
   b.live.textContent = TERMINAL.has(j.state) ? "" : "live";
   b.cancel.hidden = session.role() === "admin" || TERMINAL.has(j.state);
-  // curves: one loss line per attempt (a step re-run after a recovery shows as its own line)
-  const byAttempt = new Map();
+  // curves: one loss line per epoch (a step re-run by a later attempt shows as its own line)
+  const byEpoch = new Map();
   for (const p of curve.points) {
-    if (!byAttempt.has(p.attempt)) byAttempt.set(p.attempt, []);
-    byAttempt.get(p.attempt).push(p);
+    if (!byEpoch.has(p.epoch)) byEpoch.set(p.epoch, []);
+    byEpoch.get(p.epoch).push(p);
   }
-  const lossSeries = [...byAttempt].map(([a, pts], i) => ({ name: `loss, attempt ${a}`, cls: `s${i % 6}`, points: pts.map((p) => [p.step, p.loss]) }));
+  const lossSeries = [...byEpoch].map(([a, pts], i) => ({ name: `loss, epoch ${a}`, cls: `s${i % 6}`, points: pts.map((p) => [p.step, p.loss]) }));
   if (curve.val_loss) lossSeries.push({ name: "val_loss", cls: "val", points: curve.val_loss.map((p) => [p.step, p.loss]) });
   const drawn = curve.points.filter((p) => p.loss !== null).length;
   const markers = d.markers.map((m) => ({ x: m.step, kind: m.kind, label: m.label }));
   const loss = lineChart({ title: `Loss by step (${drawn} points${curve.width > 1 ? `, buckets of ${curve.width} steps` : ""})`,
     series: lossSeries, markers, testid: "loss-chart", attrs: { "data-points": drawn, "data-total-points": curve.total_points } });
   const tput = lineChart({ title: "Tokens/s by step", testid: "throughput-chart",
-    series: [...byAttempt].map(([a, pts], i) => ({ name: `tokens/s, attempt ${a}`, cls: `s${i % 6}`, points: pts.map((p) => [p.step, p.tokens_per_s]) })),
+    series: [...byEpoch].map(([a, pts], i) => ({ name: `tokens/s, epoch ${a}`, cls: `s${i % 6}`, points: pts.map((p) => [p.step, p.tokens_per_s]) })),
     markers });
   b.charts.replaceChildren(h("figure", {}, loss, h("figcaption", {}, "Loss; vertical marks: plan changes (blue) and recoveries (red)")),
     h("figure", {}, tput, h("figcaption", {}, "Throughput (tokens/s)")));
