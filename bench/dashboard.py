@@ -113,12 +113,13 @@ def _render(base: str, token: str, ids: dict[str, Any], repeats: int) -> dict[st
 
         def jobs() -> None:
             page.goto(f"{base}/ui/")
-            page.wait_for_function("document.querySelectorAll('[data-testid=job-row]').length >= 50")
+            # a function, not an expression: the page's CSP refuses eval
+            page.wait_for_function("() => document.querySelectorAll('[data-testid=job-row]').length >= 50")
 
         def job(job_id: int) -> Any:
             def go() -> None:
                 page.goto(f"{base}/ui/jobs/{job_id}")
-                page.wait_for_function("document.querySelector('[data-testid=loss-chart]')"
+                page.wait_for_function("() => document.querySelector('[data-testid=loss-chart]')"
                                        " && Number(document.querySelector('[data-testid=loss-chart]').dataset.points) > 0")
             return go
 
