@@ -114,13 +114,14 @@ def rank_grid(events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def markers(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Plan changes and recoveries as ``{step, kind, label}`` for the curve's step axis."""
+    """Plan changes and recoveries as ``{step, kind, label}`` for the curve's step axis: both at the
+    step the failure (or the switch) happened."""
     out: list[dict[str, Any]] = []
     last_step: int | None = None
     for ev in events:
         t, p = ev.get("type"), ev.get("payload") or {}
-        step = p.get("step", p.get("from_step"))
-        if isinstance(step, int):
+        step = p.get("step")
+        if t in FAILURES and isinstance(step, int):
             last_step = step
         if t == "replan" and p.get("decision") != "keep":
             out.append({"step": last_step or 0, "kind": "plan",

@@ -66,5 +66,5 @@ def test_grid_before_placement_and_with_a_broken_layout() -> None:
 
 def test_markers_put_plan_changes_and_recoveries_on_the_step_axis() -> None:
     ms = markers(EVENTS)
-    assert [(m["kind"], m["step"]) for m in ms] == [("plan", 10), ("recovery", 8)]
+    assert [(m["kind"], m["step"]) for m in ms] == [("plan", 10), ("recovery", 10)]
     assert "→" in ms[0]["label"]

@@ -43,11 +43,11 @@ export function lineChart({ title, series, markers = [], xlabel = "step", testid
   }
   axes.append(s("text", { x: W - PAD.r, y: H - 2, "text-anchor": "end", class: "axis-label" }, xlabel));
   svg.append(axes);
-  for (const m of markers) {
-    if (m.x < x0 || m.x > x1) continue;
+  for (const m0 of markers) {
+    const m = { ...m0, x: Math.min(x1, Math.max(x0, m0.x)) }; // on the axis even when before the first point
     svg.append(s("g", { class: `marker marker-${m.kind}`, "data-testid": "chart-marker", "data-kind": m.kind },
       s("line", { x1: X(m.x), x2: X(m.x), y1: PAD.t, y2: H - PAD.b }),
-      s("title", {}, `step ${m.x}: ${m.label}`)));
+      s("title", {}, `step ${m0.x}: ${m.label}`)));
   }
   for (const se of series) {
     const pts = se.points.filter((p) => p[1] !== null && Number.isFinite(p[1]));
