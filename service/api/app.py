@@ -12,10 +12,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from service.api.attempts import AttemptLog
 from service.api.config import ApiSettings
 from service.api.errors import AllowHeader, BodyLimit, install_handlers
 from service.api.metrics import LatencyMiddleware, make_registry
-from service.api.routes import admin, dashboard, jobs, system
+from service.api.repo import RATE_WINDOW_S
+from service.api.routes import admin, dashboard, data, jobs, system
+from service.api.sse import StreamSlots
 from service.db.session import make_engine, make_sessionmaker
 from service.settings import Settings, get_settings
 from service.ui import mount as mount_ui
@@ -51,15 +54,19 @@ def create_app(settings: Settings | None = None, api_settings: ApiSettings | Non
     app.state.api = api
     app.state.engine = engine
     app.state.sessions = sessions
-    registry, latency = make_registry(sessions, api.metrics_cache_s)
+    app.state.streams = StreamSlots(api.sse_max_per_tenant)
+    app.state.attempts = AttemptLog(RATE_WINDOW_S)
+    registry, tenant_registry, latency = make_registry(sessions, api.metrics_cache_s)
     app.state.registry = registry
+    app.state.tenant_registry = tenant_registry
     install_handlers(app)
     app.include_router(jobs.router)
     app.include_router(admin.router)
+    app.include_router(data.router)
     app.include_router(system.router)
     app.include_router(dashboard.router)
     mount_ui(app)
     app.add_middleware(AllowHeader, router_app=app)
-    app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes, exempt=("/v1/data/",))
     app.add_middleware(LatencyMiddleware, histogram=latency)
     return app

@@ -11,8 +11,18 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    field_validator,
+)
 
+from service.api.scrub import scrub, scrub_text
 from workers.states import JobState
 
 #: a job state's name, as the API accepts and returns it (derived from ``workers.states.JobState``)
@@ -72,8 +82,9 @@ class ModelShape(_In):
 
 
 class DataSpec(_In):
-    """Where the tokens come from: the built-in corpus, text files or token memmaps (paths on the
-    cluster's shared storage or ``s3://`` / ``gs://`` objects; no other URL schemes)."""
+    """Where the tokens come from: the built-in corpus, text files or token memmaps. ``paths`` are
+    relative to the tenant's data area (files, directories or globs) or ``shared:<root>/<path>``
+    for an admin-declared read-only root; anything outside is refused (``s3://``/``gs://`` too)."""
 
     kind: Literal["builtin", "text", "tokens"] = "builtin"
     paths: list[PathStr] = Field(default_factory=list, max_length=64)
@@ -163,6 +174,11 @@ class JobPublic(_Out):
     final_loss: float | None = None
     final_step: int | None = None
 
+    @field_validator("reason", mode="after")
+    @classmethod
+    def _scrub_reason(cls, v: str) -> str:
+        return scrub_text(v)
+
 
 class JobList(BaseModel):
     items: list[JobPublic] = Field(max_length=100)
@@ -176,8 +192,13 @@ class EventPublic(_Out):
     epoch: int | None = Field(default=None, description="fencing epoch of the attempt that produced it; "
                                                         "null for control-plane events outside an attempt")
     type: str
-    payload: dict[str, Any]
+    payload: dict[str, Any] = Field(description="absolute paths and Ray node ids are replaced by names")
     ts: dt.datetime
+
+    @field_validator("payload", mode="after")
+    @classmethod
+    def _scrub_payload(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return scrub(v)
 
 
 class MetricPublic(_Out):

@@ -1,4 +1,4 @@
-"""``orthoplex submit|status|events|cancel``: the REST API from the command line.
+"""``orthoplex submit|status|events|cancel|data``: the REST API from the command line.
 
 They talk to ``ORTHOPLEX_API_URL`` with ``ORTHOPLEX_API_TOKEN`` (or ``--url`` / ``--token``).
 ``submit`` sends an ``Idempotency-Key`` (random per invocation, or ``--key``) so its retries after a
@@ -346,3 +346,93 @@ def register(app: typer.Typer) -> None:
     app.command("status")(status)
     app.command("events")(events)
     app.command("cancel")(cancel)
+    app.add_typer(data_app, name="data")
+
+
+data_app = typer.Typer(help="Your data area: upload files for jobs' data.paths, list, download, remove.",
+                       no_args_is_help=True)
+
+
+@data_app.command("upload")
+def data_upload(
+    file: Path = typer.Argument(..., help="Local file to upload."),
+    dest: str | None = typer.Argument(None, help="Path inside your data area (default: the file's name)."),
+    url: str | None = UrlOpt, token: str | None = TokenOpt,
+) -> None:
+    """Upload a file (streamed, with a progress bar) into your data area."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    from workers.data_area import DataArea, DataPathError, split_path
+
+    if not file.is_file():
+        _fail(f"{file}: not a file", 2)
+    target = dest or file.name
+    try:  # the server's rule, checked here too: a URL would lose its '..' before reaching it
+        split_path(target, DataArea(root=Path(".")))
+    except DataPathError as exc:
+        _fail(f"dest: {exc.msg}", 2)
+    size = file.stat().st_size
+
+    def go() -> None:
+        with _client(url, token) as c, Progress("[progress.description]{task.description}", BarColumn(),
+                                                DownloadColumn(), TransferSpeedColumn(), transient=True) as bar:
+            task = bar.add_task(target, total=size)
+
+            def chunks() -> Any:
+                with open(file, "rb") as f:
+                    while chunk := f.read(1 << 20):
+                        bar.advance(task, len(chunk))
+                        yield chunk
+
+            out = _request(c, "PUT", f"/v1/data/{target}", retry=False, content=chunks(),
+                           headers={"Content-Length": str(size)}).json()
+        typer.echo(f"uploaded {out['path']} ({out['bytes']} bytes)")
+
+    _run(go)
+
+
+@data_app.command("list")
+def data_list(as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt) -> None:
+    """List the files of your data area."""
+
+    def go() -> None:
+        with _client(url, token) as c:
+            data = _request(c, "GET", "/v1/data").json()
+        if as_json:
+            typer.echo(json.dumps(data, indent=2))
+            return
+        for f in data["items"]:
+            typer.echo(f"{f['bytes']:>14,}  {f['path']}")
+        typer.echo(f"{data['used_bytes']:,} of {data['quota_bytes']:,} bytes used")
+
+    _run(go)
+
+
+@data_app.command("download")
+def data_download(
+    path: str = typer.Argument(..., help="Path inside your data area."),
+    out: Path = typer.Argument(..., help="Local file to write."),
+    url: str | None = UrlOpt, token: str | None = TokenOpt,
+) -> None:
+    """Download a file of your data area (e.g. a job's exported results)."""
+
+    def go() -> None:
+        with _client(url, token) as c:
+            data = _request(c, "GET", f"/v1/data/{path}").content
+        out.write_bytes(data)
+        typer.echo(f"wrote {out} ({len(data)} bytes)")
+
+    _run(go)
+
+
+@data_app.command("rm")
+def data_rm(path: str = typer.Argument(..., help="Path inside your data area."),
+            url: str | None = UrlOpt, token: str | None = TokenOpt) -> None:
+    """Remove a file from your data area."""
+
+    def go() -> None:
+        with _client(url, token) as c:
+            _request(c, "DELETE", f"/v1/data/{path}")
+        typer.echo(f"removed {path}")
+
+    _run(go)

@@ -37,6 +37,7 @@ from service.db import transitions as tx
 from service.db.models import Event
 from service.log import get_logger
 from service.scheduler.types import Admit, Decision, Grow, Preempt, Shrink, Wait
+from workers.data_area import DataArea, tenant_area
 
 log = get_logger("service.controller.apply")
 
@@ -81,6 +82,13 @@ def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int) -> dict[str, Any]:
     attempt shares so that a new attempt resumes from the newest verified checkpoint."""
     spec = {k: job.spec[k] for k in RUNTIME_KEYS if k in job.spec}
     spec["checkpoint_dir"] = str(ctx.job_storage(job.id) / "checkpoints")
+    data = spec.get("data")
+    if isinstance(data, dict) and data.get("kind", "builtin") != "builtin":
+        # the engine resolves the tenant's relative paths inside the tenant's area only
+        cfg = ctx.config
+        area = DataArea(root=tenant_area(cfg.storage_path, job.tenant_id), shared=dict(cfg.shared_data_roots),
+                        max_files=cfg.data_max_files, max_bytes=cfg.data_max_bytes)
+        spec["data"] = {**data, "area": area.to_dict()}
     # the runtime plans on the cluster's GPU profile, the one submissions were fit-checked against
     spec["gpu_type"] = ctx.gpu_type
     spec["min_gpus"] = max(1, min(job.min_gpus, gpus))

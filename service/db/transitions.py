@@ -15,6 +15,8 @@ writer holding an older epoch writes nothing. The names are a contract with the 
     epoch=:epoch]`` plus a ``transition`` event (source ``control``) in the same transaction.
     Returns False (and writes nothing) when the job is missing, in another state, or fenced off.
     Raises :class:`IllegalTransition` when some state in ``expected`` may not go to ``new``.
+    A job with ``cancel_requested`` never goes back to PENDING (a preemption or a requeue racing a
+    cancel): it becomes CANCELLED instead, and the call returns True.
     ``fields`` may set ``gpus_allocated``, ``final_loss``, ``final_step``, ``cancel_requested``.
     Timestamps are kept: ``admitted_at`` (→ADMITTED), ``started_at`` (first →RUNNING),
     ``finished_at`` (→terminal); ``gpus_allocated`` drops to 0 on →PENDING and →terminal.
@@ -184,11 +186,14 @@ def transition(
 ) -> bool:
     """Compare-and-set the job's state (see the module docstring); True when it moved."""
     exp = _check_legal(expected, new)
-    values = _transition_values(new, fields)
     row = _lock_job(session, job_id)
     if row is None or row.state not in exp or (epoch is not None and row.epoch != epoch):
         _finish(session, commit)
         return False
+    if new == "PENDING" and row.cancel_requested:
+        # the cancel wins a race with a preemption or a requeue: the job never goes back to the queue
+        new, reason = "CANCELLED", f"cancelled by user (requested before: {reason})"
+    values = _transition_values(new, fields)
     where = [_jobs.c.state == row.state]
     if epoch is not None:
         where.append(_jobs.c.epoch == epoch)

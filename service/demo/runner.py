@@ -218,7 +218,7 @@ class Demo:
         env["ORTHOPLEX_PORT"] = str(self.port)
         env["ORTHOPLEX_LOG_FORMAT"] = "json"
         env["ORTHOPLEX_GPUS_PER_NODE"] = str(self.cfg.gpus_per_node)
-        env["RAY_AUTH_MODE"] = "disabled"
+        env.setdefault("RAY_AUTH_MODE", "disabled")  # the demo's cluster listens on 127.0.0.1 only
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
