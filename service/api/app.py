@@ -17,10 +17,11 @@ from service.api.config import ApiSettings
 from service.api.errors import AllowHeader, BodyLimit, install_handlers
 from service.api.metrics import LatencyMiddleware, make_registry
 from service.api.repo import RATE_WINDOW_S
-from service.api.routes import admin, data, jobs, system
+from service.api.routes import admin, dashboard, data, jobs, system
 from service.api.sse import StreamSlots
 from service.db.session import make_engine, make_sessionmaker
 from service.settings import Settings, get_settings
+from service.ui import mount as mount_ui
 
 DESCRIPTION = """\
 Orthoplex control plane: submit declarative training jobs, follow them, cancel them.
@@ -47,7 +48,8 @@ def create_app(settings: Settings | None = None, api_settings: ApiSettings | Non
     app = FastAPI(title="Orthoplex", version="1.0.0", description=DESCRIPTION, lifespan=lifespan,
                   openapi_tags=[{"name": "jobs", "description": "a tenant's jobs"},
                                 {"name": "admin", "description": "tenants and tokens (admin token)"},
-                                {"name": "system", "description": "health, metrics, planning, cluster"}])
+                                {"name": "system", "description": "health, metrics, planning, cluster"},
+                                {"name": "dashboard", "description": "views of the web dashboard (/ui/)"}])
     app.state.settings = settings
     app.state.api = api
     app.state.engine = engine
@@ -62,6 +64,8 @@ def create_app(settings: Settings | None = None, api_settings: ApiSettings | Non
     app.include_router(admin.router)
     app.include_router(data.router)
     app.include_router(system.router)
+    app.include_router(dashboard.router)
+    mount_ui(app)
     app.add_middleware(AllowHeader, router_app=app)
     app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes, exempt=("/v1/data/",))
     app.add_middleware(LatencyMiddleware, histogram=latency)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-BENCHES = ("planner", "scheduler", "engine", "checkpoint", "api", "recovery", "simulate", "data", "netchaos")
+BENCHES = ("planner", "scheduler", "engine", "checkpoint", "api", "recovery", "simulate", "data", "dashboard",
+           "netchaos")
 EXPLICIT_ONLY = ("netchaos",)  # root and 10+ minutes: never part of "all"
 
 

@@ -18,6 +18,8 @@ def register(app: typer.Typer) -> None:
         kill_at_step: int = typer.Option(10, min=1, help="Kill a node once the big job has done this many steps."),
         global_batch: int = typer.Option(8, min=1, help="Global batch (sequences) per step."),
         keep: bool = typer.Option(False, "--keep", help="Leave the service and cluster up afterwards (Ctrl-C stops)."),
+        json_out: Path = typer.Option(None, "--json-out", help="Once the jobs have ended, write the API and dashboard "
+                                      "URLs, the admin token and each tenant's token and job ids to this JSON file."),
         workdir: Path = typer.Option(None, help="Where the database, checkpoints, logs and the loss PNG go."),
         timeout_s: float = typer.Option(900.0, min=30, help="Give up when the jobs have not finished by then."),
     ) -> None:
@@ -31,7 +33,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         console = Console()
         cfg = DemoConfig(nodes=nodes, gpus_per_node=gpus_per_node, steps=steps, kill_at_step=kill_at_step,
-                         global_batch=global_batch, keep=keep, workdir=workdir, timeout_s=timeout_s)
+                         global_batch=global_batch, keep=keep, json_out=json_out, workdir=workdir, timeout_s=timeout_s)
         runner = Demo(cfg, console)
         try:
             code = runner.run()

@@ -16,6 +16,7 @@ Every process the demo starts is stopped at the end, also on Ctrl-C, unless ``--
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -55,6 +56,7 @@ class DemoConfig:
     global_batch: int = 8
     kill_at_step: int = 10
     keep: bool = False
+    json_out: Path | None = None
     workdir: Path | None = None
     timeout_s: float = 900.0
 
@@ -107,6 +109,8 @@ class Demo:
             self._create_tenants_and_submit()
             self._watch()
             code = self._summary(time.monotonic() - t0)
+            if self.cfg.json_out is not None:
+                self._write_json(self.cfg.json_out)
             if self.cfg.keep:
                 self._keep()
             return code
@@ -147,9 +151,30 @@ class Demo:
                 if handle is not None:
                     ray.kill(handle, no_restart=True)
 
+    def connection_info(self) -> dict[str, Any]:
+        """What ``--json-out`` writes: the API and dashboard URLs, the admin token, each tenant's token
+        and job ids."""
+        tenants: dict[str, dict[str, Any]] = {}
+        for tj in self.jobs:
+            t = tenants.setdefault(tj.tenant, {"name": tj.tenant, "token": tj.token, "job_ids": []})
+            if tj.job.get("id") is not None:
+                t["job_ids"].append(int(tj.job["id"]))
+        return {"api_url": self.base, "dashboard_url": f"{self.base}/ui/", "admin_token": self.admin_token,
+                "tenants": list(tenants.values())}
+
+    def _write_json(self, path: Path) -> None:
+        """Write :meth:`connection_info` to ``path`` atomically (a reader never sees half a file)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.connection_info(), indent=2))
+        os.chmod(tmp, 0o600)  # it holds tokens
+        tmp.replace(path)
+        self.console.print(f"[green]✓[/] connection details written to {path}")
+
     def _keep(self) -> None:
         c = self.console
         c.rule("[bold]--keep: the service and cluster stay up")
+        c.print(f"dashboard:    [bold]{self.base}/ui/[/]   (sign in with a token below)")
         c.print(f"API:          {self.base}   (OpenAPI at {self.base}/docs)")
         c.print(f"admin token:  {self.admin_token}")
         for tj in self.jobs:
