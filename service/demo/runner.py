@@ -37,6 +37,7 @@ from rich.table import Table
 from rich.text import Text
 
 from service.api.process import free_port
+from service.api.scrub import scrub_text
 from service.demo.report import JobReport, save_loss_png, terminal_loss_chart
 from workers.states import TERMINAL
 
@@ -409,12 +410,14 @@ class Demo:
             return
         nodes = Counter(_payload(placed[-1]).get("bundle_nodes") or [])
         alive = set(self.cluster.worker_node_ids())
-        candidates = [n for n, _ in nodes.most_common() if n in alive]
+        # a tenant's events name nodes by an opaque name (service.api.scrub): map them back to Ray's ids
+        real = {scrub_text(n): n for n in alive} | {n: n for n in alive}
+        candidates = [real[n] for n, _ in nodes.most_common() if n in real]
         if not candidates:
             return
         victim = candidates[0]
         progress.console.print(
-            f"{time.strftime('%H:%M:%S')} [bold red]✗ killing node {victim[:12]}[/] (holds {nodes[victim]} of "
+            f"{time.strftime('%H:%M:%S')} [bold red]✗ killing node {victim[:12]}[/] (holds {nodes[scrub_text(victim)] or nodes[victim]} of "
             f"job {big.job['id']}'s ranks) after step {steps_done} — a crash, no graceful drain"
         )
         self.cluster.kill_node(victim)
