@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workers.runtime.reference import reference_losses
+
 GLOBAL_BATCH = 8
 
 
@@ -36,24 +38,8 @@ def _spec(ckpt: str, steps: int) -> dict[str, Any]:
 
 
 def _reference_losses(steps: int, ckpt: str) -> list[float]:
-    from workers.engine.launch import run_ranks
-
     cfg = {"model": "tiny", "steps": steps, "global_batch": GLOBAL_BATCH, "checkpoint_dir": ckpt}
-    return run_ranks(_ref_rank, 1, cfg, timeout_s=1200)[0]
-
-
-def _ref_rank(rank: int, world_size: int, spec: dict[str, Any]) -> list[float]:
-    from planner.layout import Layout
-    from workers.engine.config import TrainConfig
-    from workers.engine.trainer import RankTrainer
-    from workers.runtime.jobspec import parse_job
-
-    cfg = TrainConfig.from_dict(parse_job(spec).train)
-    trainer = RankTrainer(cfg, Layout(), rank, world_size)
-    try:
-        return [trainer.step().loss for _ in range(cfg.steps)]
-    finally:
-        trainer.close()
+    return reference_losses(cfg, timeout_s=1200)
 
 
 def _run_job(job_id: str, spec: dict[str, Any], during: Any = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from workers.runtime.reference import reference_losses
+
 pytestmark = pytest.mark.cluster
 
 STEPS = 14
@@ -28,24 +30,8 @@ HINT = "tp=2,pp=2,dp=3,vpp=1"
 
 def _reference_losses(checkpoint_dir: str, steps: int) -> list[float]:
     """The engine's single-process run of the same config (no Ray): the no-failure baseline."""
-    from workers.engine.launch import run_ranks
-
     cfg = {"model": "tiny", "steps": steps, "global_batch": GLOBAL_BATCH, "checkpoint_dir": checkpoint_dir}
-    return run_ranks(_ref_rank, 1, cfg, timeout_s=300)[0]
-
-
-def _ref_rank(rank: int, world_size: int, spec: dict[str, Any]) -> list[float]:
-    from planner.layout import Layout
-    from workers.engine.config import TrainConfig
-    from workers.engine.trainer import RankTrainer
-    from workers.runtime.jobspec import parse_job
-
-    cfg = TrainConfig.from_dict(parse_job(spec).train)
-    trainer = RankTrainer(cfg, Layout(), rank, world_size)
-    try:
-        return [trainer.step().loss for _ in range(cfg.steps)]
-    finally:
-        trainer.close()
+    return reference_losses(cfg, timeout_s=300)
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
