@@ -17,8 +17,7 @@ so even a zombie could write nothing.
 
 Preempt asks the supervisor to checkpoint and stop (``preempt()``); the ``preempted`` event it then
 reports moves the job ``RUNNING → PREEMPTED → PENDING`` (see ``events_pull``). Shrink/Grow ask the
-supervisor to re-plan onto the new GPU count at its next checkpoint boundary (``resize(gpus)``)
-when the runtime has that method; otherwise the decision is logged and left alone.
+supervisor to re-plan onto the new GPU count at its next step boundary (``resize(gpus)``).
 """
 
 from __future__ import annotations
@@ -210,13 +209,10 @@ def preempt(ctx: Ctx, job: JobRow, decision: Preempt) -> str:
 
 
 def resize(ctx: Ctx, job: JobRow, decision: Shrink | Grow) -> str:
-    """Ask the supervisor to re-plan onto ``decision.gpus`` at a checkpoint boundary, if it can."""
+    """Ask the supervisor to re-plan onto ``decision.gpus`` at its next step boundary."""
     key = AttemptKey(job.id, job.attempt)
-    handle = ctx.sups.find(key)
-    if handle is None:
+    if ctx.sups.find(key) is None:
         return "supervisor_gone"
-    if not hasattr(handle, "resize"):
-        return "unsupported"  # recorded as a decision event with this outcome
     try:
         ctx.sups.call(key, "resize", decision.gpus)
     except (SupervisorGone, SupervisorUnreachable) as exc:

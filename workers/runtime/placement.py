@@ -95,10 +95,19 @@ class Reservation:
     bundle_nodes: list[str]
     seconds: float
     strategy: str
+    name: str = ""  # the placement group's name
 
     @property
     def size(self) -> int:
         return len(self.bundle_nodes)
+
+    @property
+    def gpus_per_node(self) -> dict[str, int]:
+        """GPUs (bundles) this reservation holds on each node."""
+        out: dict[str, int] = {}
+        for n in self.bundle_nodes:
+            out[n] = out.get(n, 0) + 1
+        return out
 
 
 def bundle_nodes_of(pg: Any) -> list[str]:
@@ -134,7 +143,7 @@ def reserve(
     if not ready:
         remove_placement_group(pg)
         return None
-    return Reservation(pg, bundle_nodes_of(pg), time.monotonic() - t0, strategy)
+    return Reservation(pg, bundle_nodes_of(pg), time.monotonic() - t0, strategy, name)
 
 
 def release(reservation: Reservation | None) -> None:

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from workers.runtime import events as ev
 from workers.runtime import placement, planning
 from workers.runtime.gang import Gang
 from workers.runtime.straggler import StragglerScorer
@@ -83,8 +84,8 @@ class Replanning:
                     raise JobFailed(f"no GPUs for {self.settings.placement_give_up_s:.0f}s: {exc}") from exc
                 if not waiting:
                     waiting = True
-                    self.log.emit("waiting_for_gpus", f"waiting for GPUs: {exc}", step=self._next_step,
-                                  max_gpus=self._cap, min_gpus=self.job.min_gpus)
+                    self.log.emit(ev.WaitingForGpus(reason=f"waiting for GPUs: {exc}", step=self._next_step,
+                                                    max_gpus=self._cap, min_gpus=self.job.min_gpus))
             self._released = {}  # the GCS has caught up with our own release by now
             deadline = time.monotonic() + self.settings.placement_retry_s
             while time.monotonic() < deadline:
@@ -123,9 +124,9 @@ class Replanning:
                       step: int) -> Switch | None:
         speeds = {f.node: max(0.05, f.score) for f in findings}
         for f in findings:
-            self.log.emit("straggler", f"node {f.node[:8]} at {f.score:.2f}x the median over window "
-                          f"{f.window} (threshold {self.settings.straggler_threshold})",
-                          step=step, **f.to_dict())
+            self.log.emit(ev.StragglerFound(reason=f"node {f.node[:8]} at {f.score:.2f}x the median over window "
+                                            f"{f.window} (threshold {self.settings.straggler_threshold})",
+                                            step=step, **f.to_dict()))
         prev = self._plans[-1]["plan"]
         change = planning.ClusterChange(slow_nodes=speeds, reason="straggler")
         t0 = time.monotonic()
@@ -140,10 +141,8 @@ class Replanning:
         failed = self._save(gang, step) if self._last_ckpt_step != step else None
         if failed is not None:
             return failed
-        slow_since = min((e["ts"] for e in self.log.of_type("fault_injected")
-                          if e.get("node") in speeds), default=None)
-        if slow_since is None:  # no injected fault: from the start of the window that flagged it
-            slow_since = min((self._step_ts.get(f.first_step, time.time()) for f in findings), default=None)
+        # detected over a window of steps: the slowdown is dated to the launch of the window's first step
+        slow_since = min((self._step_ts.get(f.first_step, time.time()) for f in findings), default=None)
         return Switch("straggler", change=change, replan=rp, plan_s=plan_s,
                       detect_s=max(0.0, time.time() - slow_since) if slow_since else 0.0)
 
@@ -160,8 +159,8 @@ class Replanning:
         try:
             rp = self._replan(change, self._nodes(held=held_gpus(gang)))
         except planning.PlanningError as exc:
-            self.log.emit("resize_refused", f"no plan for {target} GPUs: {exc}", gpus=target,
-                          world_size=gang.world_size, step=step)
+            self.log.emit(ev.ResizeRefused(reason=f"no plan for {target} GPUs: {exc}", gpus=target,
+                                           world_size=gang.world_size, step=step))
             self._resize_tried = (target, time.time())
             return None
         self._event_replan(prev, rp, change)
@@ -198,18 +197,19 @@ class Replanning:
     def _event_plan(self, plan: Any, reason: str) -> None:
         self._plans.append({"plan": plan, "ts": time.time()})
         est = plan.estimate
-        self.log.emit("plan", reason, layout=plan.layout.to_dict(), short=plan.layout.short(),
-                      num_gpus=plan.num_gpus, nodes=planning.nodes_used(plan),
-                      predicted_tokens_per_s=round(est.tokens_per_s, 2),
-                      predicted_step_time_s=round(est.step_time_s, 6))
+        self.log.emit(ev.PlanChosen(reason=reason, layout=plan.layout.to_dict(), short=plan.layout.short(),
+                                    num_gpus=plan.num_gpus, nodes=planning.nodes_used(plan),
+                                    predicted_tokens_per_s=round(est.tokens_per_s, 2),
+                                    predicted_step_time_s=round(est.step_time_s, 6)))
 
     def _event_replan(self, prev: Any, rp: Any, change: planning.ClusterChange) -> None:
         if rp.decision != "keep":
             self._plans.append({"plan": rp.plan, "ts": time.time()})
-        self.log.emit("replan", rp.reason or change.reason, decision=rp.decision,
-                      old=prev.layout.to_dict(), new=rp.plan.layout.to_dict(),
-                      old_short=prev.layout.short(), new_short=rp.plan.layout.short(),
-                      old_tokens_per_s=round(rp.old_tokens_per_s, 2), new_tokens_per_s=round(rp.new_tokens_per_s, 2),
-                      switch_cost_s=round(rp.switch_cost_s, 3), change=change.to_dict(),
-                      nodes=planning.nodes_used(rp.plan))
+        self.log.emit(ev.Replanned(reason=rp.reason or change.reason, decision=rp.decision,
+                                   old=prev.layout.to_dict(), new=rp.plan.layout.to_dict(),
+                                   old_short=prev.layout.short(), new_short=rp.plan.layout.short(),
+                                   old_tokens_per_s=round(rp.old_tokens_per_s, 2),
+                                   new_tokens_per_s=round(rp.new_tokens_per_s, 2),
+                                   switch_cost_s=round(rp.switch_cost_s, 3), change=change.to_dict(),
+                                   nodes=planning.nodes_used(rp.plan)))
 

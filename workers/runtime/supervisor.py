@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workers.runtime import events as ev
 from workers.runtime import placement, planning
 from workers.runtime.cadence import CheckpointCadence
-from workers.runtime.events import RECOVERY_PHASES, EventLog, recovery_event_fields
+from workers.runtime.events import RECOVERY_PHASES, EventLog
 from workers.runtime.faults import FaultPlan, parse_faults
 from workers.runtime.gang import Gang, StartFailed, start_gang, teardown
 from workers.runtime.jobspec import JobSpec, parse_job
@@ -130,8 +131,8 @@ class JobSupervisor(Replanning):
             if armed:
                 self._resize_to = gpus
         if changed:
-            self.log.emit("resize_requested", f"resize to {gpus} GPUs requested (running {world})",
-                          gpus=gpus, world_size=world)
+            self.log.emit(ev.ResizeRequested(reason=f"resize to {gpus} GPUs requested (running {world})",
+                                             gpus=gpus, world_size=world))
         return {"gpus": gpus, "armed": armed, "world_size": world}
 
     # ------------------------------------------------------------------ the loop
@@ -192,30 +193,30 @@ class JobSupervisor(Replanning):
         except (JobFailed, planning.PlanningError) as exc:
             teardown(self._take_gang())
             self._set_state("FAILED")
-            self.log.emit("failed", str(exc), step=self._next_step)
+            self.log.emit(ev.Failed(reason=str(exc), step=self._next_step))
             return self._final("FAILED", str(exc))
         except Exception as exc:  # anything unexpected: never leak actors or placement groups
             teardown(self._take_gang())
             self._set_state("FAILED")
-            self.log.emit("failed", f"supervisor error: {type(exc).__name__}: {exc}", step=self._next_step)
+            self.log.emit(ev.Failed(reason=f"supervisor error: {type(exc).__name__}: {exc}", step=self._next_step))
             return self._final("FAILED", f"{type(exc).__name__}: {exc}")
         assert switch is not None
         if switch.kind == "finished":
             teardown(self._take_gang(), graceful=True)
             self._set_state("SUCCEEDED")
-            self.log.emit("finished", f"all {self.job.steps} steps done", step=self.job.steps,
-                          loss=self._last_loss, failures=len(self._failures),
-                          recoveries=len(self._recoveries))
+            self.log.emit(ev.Finished(reason=f"all {self.job.steps} steps done", final_step=self.job.steps,
+                                      final_loss=self._last_loss, failures=len(self._failures),
+                                      recoveries=len(self._recoveries)))
             return self._final("SUCCEEDED", "")
         if switch.kind == "preempted":
             teardown(self._take_gang(), graceful=True)
             self._set_state("PREEMPTED")
-            self.log.emit("preempted", "preempted: checkpoint saved, gang released",
-                          checkpoint_step=self._last_ckpt_step)
+            self.log.emit(ev.Preempted(reason="preempted: checkpoint saved, gang released",
+                                       checkpoint_step=self._last_ckpt_step))
             return self._final("PREEMPTED", "")
         teardown(self._take_gang())
         self._set_state("CANCELLED")
-        self.log.emit("cancelled", "cancelled by request", step=self._next_step)
+        self.log.emit(ev.Cancelled(reason="cancelled by request", step=self._next_step))
         return self._final("CANCELLED", "")
 
     def _check_failure_budget(self) -> None:
@@ -255,13 +256,14 @@ class JobSupervisor(Replanning):
                                     timeout_s=self.settings.placement_timeout_s, strategy=self.settings.strategy,
                                     name=f"orthoplex-{self.job_id}-a{self.attempt}")
             if res is not None:
-                self.log.emit("placed", f"gang of {res.size} GPU bundles ready in {res.seconds:.2f}s",
-                              gpus=res.size, bundle_nodes=res.bundle_nodes, seconds=round(res.seconds, 4),
-                              strategy=res.strategy)
+                self.log.emit(ev.Placed(reason=f"gang of {res.size} GPU bundles ready in {res.seconds:.2f}s",
+                                        gpus=res.size, placement_group=res.name, gpus_per_node=res.gpus_per_node,
+                                        bundle_nodes=list(res.bundle_nodes), seconds=round(res.seconds, 4),
+                                        strategy=res.strategy))
                 return plan, res
             smaller = plan.layout.world_size - 1
-            self.log.emit("placement_timeout", f"{plan.layout.world_size} GPUs not ready within "
-                          f"{self.settings.placement_timeout_s}s", gpus=plan.layout.world_size)
+            self.log.emit(ev.PlacementTimeout(reason=f"{plan.layout.world_size} GPUs not ready within "
+                                              f"{self.settings.placement_timeout_s}s", gpus=plan.layout.world_size))
             nodes = self._nodes()
             if smaller < self.job.min_gpus:
                 if time.monotonic() > give_up:
@@ -282,11 +284,12 @@ class JobSupervisor(Replanning):
             if self._gang is None or self._gang.reservation is not res:
                 placement.release(res)  # failed before the gang existed: nobody else owns the group
             raise
-        self.log.emit("ranks_mapped", f"ranks mapped onto bundles ({gang.rank_map.method})",
-                      layout=gang.layout.to_dict(), **gang.rank_map.to_dict())
-        self.log.emit("started", f"{gang.world_size} rank actors up, process group joined",
-                      actors_s=round(gang.timings["actors_s"], 4), setup_s=round(gang.timings["setup_s"], 4),
-                      backend=gang.timings["rendezvous"]["backend"])
+        self.log.emit(ev.RanksMapped(reason=f"ranks mapped onto bundles ({gang.rank_map.method})",
+                                     layout=gang.layout.to_dict(), **gang.rank_map.to_dict()))
+        self.log.emit(ev.Started(reason=f"{gang.world_size} rank actors up, process group joined",
+                                 actors_s=round(gang.timings["actors_s"], 4),
+                                 setup_s=round(gang.timings["setup_s"], 4),
+                                 backend=gang.timings["rendezvous"]["backend"]))
         for node, (kind, value) in self._node_faults.items():  # test hook: node properties persist
             for r in gang.rank_map.ranks_on(node):
                 gang.workers[r].inject.remote(kind, factor=value, amplitude=value)
@@ -341,9 +344,9 @@ class JobSupervisor(Replanning):
                 self._next_step = step + 1
             self.cadence.observe_step(wall)
             busy = {r: float(o["busy_s"]) for r, o in out.items()}
-            self.log.emit("step", "", step=step, loss=round(loss, 6), wall_s=round(wall, 4),
-                          busy_max_s=round(max(busy.values()), 4), world_size=gang.world_size,
-                          tokens_per_s=round(out[0]["tokens"] / max(wall, 1e-9), 1))
+            self.log.emit(ev.StepDone(step=step, loss=round(loss, 6), wall_s=round(wall, 4),
+                                      busy_max_s=round(max(busy.values()), 4), world_size=gang.world_size,
+                                      tokens_per_s=round(out[0]["tokens"] / max(wall, 1e-9), 1)))
             self._metrics(step, out, gang)
             if recovery is not None:
                 self._event_recovery(recovery, time.time() - recovery["t0"])
@@ -385,9 +388,10 @@ class JobSupervisor(Replanning):
         info = res.results[0]
         self.cadence.observe_save(float(info["seconds"]))
         self._last_ckpt_step = int(info["step"])
-        self.log.emit("checkpoint", "checkpoint committed", step=int(info["step"]), path=info["path"],
-                      seconds=round(float(info["seconds"]), 4), bytes=int(info["bytes"]),
-                      next_interval_steps=self.cadence.interval_steps(), cadence=self.cadence.to_dict())
+        self.log.emit(ev.CheckpointSaved(reason="checkpoint committed", step=int(info["step"]),
+                                         path=str(info["path"]), seconds=round(float(info["seconds"]), 4),
+                                         bytes=int(info["bytes"]), next_interval_steps=self.cadence.interval_steps(),
+                                         cadence=self.cadence.to_dict()))
         return None
 
     def _metrics(self, step: int, out: dict[int, dict[str, Any]], gang: Gang) -> None:
@@ -425,8 +429,9 @@ class JobSupervisor(Replanning):
                 targets = gang.rank_map.ranks_on(node)
                 ray.get([gang.workers[r].inject.remote(kind, factor=value, amplitude=value) for r in targets])
             fired_at = fired_at or time.time()
-            self.log.emit("fault_injected", f"test hook: {f.kind} before step {step}", step=step,
-                          node=node, ranks=targets, **{k: v for k, v in f.to_dict().items() if k != "rank"})
+            self.log.emit(ev.FaultInjected(reason=f"test hook: {f.kind} before step {step}", step=step, node=node,
+                                           ranks=targets, kind=f.kind, at_step=f.at_step, factor=f.factor,
+                                           amplitude=f.amplitude))
             if f.kind == "kill_node":
                 time.sleep(0.2)  # let the node die before the step is launched onto it
         return fired_at
@@ -446,20 +451,21 @@ class JobSupervisor(Replanning):
         if failure.kind == "node_lost":
             self._excluded.update(failure.nodes)
             change.lost_nodes = list(failure.nodes)
-            self.log.emit("node_lost", failure.reason, nodes=list(failure.nodes), ranks=list(failure.ranks),
-                          step=self._next_step)
+            self.log.emit(ev.NodeLost(reason=failure.reason, nodes=list(failure.nodes), ranks=list(failure.ranks),
+                                      step=self._next_step))
         elif failure.kind == "hang":
-            self.log.emit("hang", failure.reason, ranks=list(failure.ranks), step=self._next_step)
+            self.log.emit(ev.Hang(reason=failure.reason, ranks=list(failure.ranks), step=self._next_step))
         else:
-            self.log.emit("rank_failed", failure.reason, ranks=list(failure.ranks), nodes=list(failure.nodes),
-                          step=self._next_step)
+            self.log.emit(ev.RankFailed(reason=failure.reason, ranks=list(failure.ranks), nodes=list(failure.nodes),
+                                        step=self._next_step))
             suspect = self._deaths.record(failure)
             if suspect is not None:  # re-planned as if the node were lost
                 self._excluded.add(suspect)
                 change.lost_nodes = [suspect]
-                self.log.emit("node_excluded", f"rank processes died {self._deaths.deaths[suspect]} times on "
-                              f"node {suspect[:8]} while it stayed up: kept out of this job's plans",
-                              node=suspect, deaths=self._deaths.deaths[suspect], step=self._next_step)
+                self.log.emit(ev.NodeExcluded(
+                    reason=f"rank processes died {self._deaths.deaths[suspect]} times on node {suspect[:8]} "
+                    "while it stayed up: kept out of this job's plans",
+                    node=suspect, deaths=self._deaths.deaths[suspect], step=self._next_step))
         self._failures.append({**failure.to_dict(), "step": self._next_step, "ts": detected})
         return Switch("failure", failure=failure, fault_ts=fault_ts, change=change,
                       detect_s=max(0.0, detected - fault_ts))
@@ -467,19 +473,18 @@ class JobSupervisor(Replanning):
     # ------------------------------------------------------------------ events
     def _event_resumed(self, switch: Switch, replan: Any, start: int, gang: Gang) -> None:
         cause = switch.failure.kind if switch.failure else switch.kind
-        self.log.emit("resumed", f"resumed from the checkpoint of step {start} after {cause}",
-                      from_step=start, cause=cause, layout=gang.layout.to_dict(), short=gang.layout.short(),
-                      world_size=gang.world_size, steps_redone=max(0, self._next_step - start))
+        self.log.emit(ev.Resumed(reason=f"resumed from the checkpoint of step {start} after {cause}",
+                                 from_step=start, cause=cause, layout=gang.layout.to_dict(), short=gang.layout.short(),
+                                 world_size=gang.world_size, steps_redone=max(0, self._next_step - start)))
 
     def _event_recovery(self, recovery: dict[str, Any], first_step_s: float) -> None:
         sw: Switch = recovery["switch"]
         phases = {**recovery["phases"], "first_step": first_step_s}
         phases = {p: phases[p] for p in RECOVERY_PHASES}
-        body = recovery_event_fields(phases, sw.failure.kind if sw.failure else sw.kind)
+        event = ev.Recovered.of(phases, sw.failure.kind if sw.failure else sw.kind, recovery["teardown_s"])
         self._restart_s = phases["start"] + phases["load"] + phases["first_step"]
-        self._recoveries.append(body)
-        self.log.emit("recovery", f"recovered from {body['cause']} in {body['total_s']:.2f}s", **body,
-                      teardown_s=round(recovery["teardown_s"], 4))
+        self._recoveries.append({"cause": event.cause, "phases": event.phases, "total_s": event.total_s})
+        self.log.emit(event)
 
 
 
