@@ -24,6 +24,7 @@ from typing import Any
 from service.api.config import ApiSettings
 from service.api.schemas import JobSpec, PlanOut
 from service.log import get_logger
+from service.settings import get_settings
 
 log = get_logger("service.api.planning")
 
@@ -80,8 +81,9 @@ def planner_spec(spec: JobSpec, api: ApiSettings, gpus: int | None = None) -> di
     """The planner's input for ``spec`` on the configured cluster profile: ``gpus`` exactly, or any
     count in ``min_gpus..max_gpus`` when ``gpus`` is None."""
     top = gpus or spec.max_gpus
-    cluster: dict[str, Any] = {"gpu_type": api.gpu_type, "num_gpus": top,
-                               "gpus_per_node": min(api.gpus_per_node, top)}
+    profile = get_settings()
+    cluster: dict[str, Any] = {"gpu_type": profile.gpu_type, "num_gpus": top,
+                               "gpus_per_node": min(profile.gpus_per_node, top)}
     if gpus is None and spec.min_gpus < spec.max_gpus:
         cluster["min_gpus"] = spec.min_gpus
     parallel: dict[str, Any] = {"global_batch": spec.global_batch}
@@ -110,7 +112,7 @@ def _summary(result: Any, spec: JobSpec, api: ApiSettings) -> str:
     where = f"{spec.min_gpus}..{spec.max_gpus}" if spec.min_gpus < spec.max_gpus else str(spec.max_gpus)
     detail = f"; e.g. {reasons[0]}" if reasons else ""
     kinds = f" ({', '.join(f'{k}: {v}' for k, v in list(counts.items())[:3])})" if counts else ""
-    return (f"no parallel layout fits on {where} {api.gpu_type} GPU(s): {result.searched} candidates "
+    return (f"no parallel layout fits on {where} {get_settings().gpu_type} GPU(s): {result.searched} candidates "
             f"rejected{kinds}{detail}")
 
 

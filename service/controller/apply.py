@@ -74,16 +74,19 @@ RUNTIME_KEYS = (
 )
 
 
-def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int) -> dict[str, Any]:
+def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int, placement: dict[str, int] | None = None) -> dict[str, Any]:
     """The runtime spec of an attempt: the job's declarative spec, the GPUs the scheduler granted
-    (the runtime plans within ``min_gpus..gpus``) and the job's checkpoint directory, which every
-    attempt shares so that a new attempt resumes from the newest verified checkpoint."""
+    (the runtime plans within ``min_gpus..gpus``, on ``placement``'s nodes when given) and the job's
+    checkpoint directory, which every attempt shares so that a new attempt resumes from the newest
+    verified checkpoint."""
     spec = {k: job.spec[k] for k in RUNTIME_KEYS if k in job.spec}
     spec["checkpoint_dir"] = str(ctx.job_storage(job.id) / "checkpoints")
     # the runtime plans on the cluster's GPU profile, the one submissions were fit-checked against
     spec["gpu_type"] = ctx.gpu_type
     spec["min_gpus"] = max(1, min(job.min_gpus, gpus))
     spec["max_gpus"] = gpus
+    if placement:
+        spec["placement"] = {str(n): int(g) for n, g in placement.items()}
     # capacity belongs to the scheduler: the runtime must not grow onto returning nodes by itself
     spec["runtime"] = {**dict(spec.get("runtime") or {}), "grow": False}
     for key, value in ctx.config.spec_overrides.items():
@@ -94,10 +97,10 @@ def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int) -> dict[str, Any]:
     return spec
 
 
-def launch_attempt(ctx: Ctx, job: JobRow, epoch: int, gpus: int) -> str:
+def launch_attempt(ctx: Ctx, job: JobRow, epoch: int, gpus: int, placement: dict[str, int] | None = None) -> str:
     """Steps 2 and 3 above for the job's attempt ``job.attempt`` (already persisted)."""
     key = AttemptKey(job.id, job.attempt)
-    spec = supervisor_spec(ctx, job, gpus)
+    spec = supervisor_spec(ctx, job, gpus, placement)
     crash_point("admit:persisted")
     try:
         ctx.sups.start(key, spec)
@@ -150,16 +153,16 @@ def admit(ctx: Ctx, job: JobRow, decision: Admit) -> str:
             new="ADMITTED",
             expected_epoch=job.epoch,
             reason=f"admitted with {decision.gpus} GPUs: {decision.reason}"[:1000],
-            plan={"placement": dict(decision.placement)},
             gpus=decision.gpus,
+            placement=dict(decision.placement),
             supervisor=key.actor_name,
             commit=False,
         )
     if epoch is None:
         return "lost_race"
-    ctx.placements[(job.id, number)] = dict(decision.placement)
     job.attempt, job.epoch, job.state, job.gpus_allocated = number, epoch, "ADMITTED", decision.gpus
-    return launch_attempt(ctx, job, epoch, decision.gpus)
+    job.placement = dict(decision.placement)
+    return launch_attempt(ctx, job, epoch, decision.gpus, job.placement)
 
 
 def retry_attempt(ctx: Ctx, job: JobRow, reason: str) -> str:
@@ -182,6 +185,7 @@ def retry_attempt(ctx: Ctx, job: JobRow, reason: str) -> str:
             expected_epoch=job.epoch,
             reason=f"new attempt {job.attempt + 1}: {reason}"[:1000],
             gpus=gpus,
+            placement=job.placement,  # where the GPUs are until the new gang reports its own placement
             supervisor=AttemptKey(job.id, job.attempt + 1).actor_name,
             commit=False,
         )
@@ -214,7 +218,7 @@ def resize(ctx: Ctx, job: JobRow, decision: Shrink | Grow) -> str:
     if ctx.sups.find(key) is None:
         return "supervisor_gone"
     try:
-        ctx.sups.call(key, "resize", decision.gpus)
+        ctx.sups.call(key, "resize", decision.gpus, dict(decision.placement))
     except (SupervisorGone, SupervisorUnreachable) as exc:
         return f"error: {exc}"
     return "requested"

@@ -8,18 +8,17 @@ simply admits nothing that round.
 Ray 2.60 here runs without a dashboard, so ``ray.util.state`` is not available; everything comes from
 ``ray.nodes()`` (static resources and liveness) and ``ray.util.placement_group_table()`` (which
 bundle of which placement group sits on which node). A GPU is *used* when a bundle of a placement
-group that is not removed reserves it; the job that holds it is read from the group's name
-(``orthoplex-{job_id}-a{attempt}``, the runtime's naming; ``orthoplex-job-...`` too).
+group that is not removed reserves it. Which job holds which GPUs is not read from here: the
+database records it on each attempt row (``attempts.placement``, from the runtime's ``placed``
+event), see ``snapshot``.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-_PG_NAME = re.compile(r"^orthoplex-(?:job-)?(?P<job>.+?)-a(?P<attempt>\d+)(?:$|[-_.])")
 _HOLDING_STATES = {"CREATED", "RESCHEDULING"}
 
 
@@ -30,8 +29,6 @@ class Allocation:
     placement_group_id: str
     name: str
     gpus: int
-    job_id: str | None = None
-    attempt: int | None = None
 
 
 @dataclass(frozen=True)
@@ -77,15 +74,6 @@ class ClusterView:
     def free_gpus(self) -> int:
         return sum(n.gpus_free for n in self.alive_nodes)
 
-    def gpus_by_job(self) -> dict[str, int]:
-        """GPUs held per job id (alive nodes only), from the placement groups' names."""
-        out: dict[str, int] = {}
-        for node in self.alive_nodes:
-            for alloc in node.allocations:
-                if alloc.job_id is not None:
-                    out[alloc.job_id] = out.get(alloc.job_id, 0) + alloc.gpus
-        return out
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (nodes with their free GPUs and allocations, plus totals)."""
         nodes = []
@@ -110,13 +98,6 @@ def unavailable(reason: str) -> ClusterView:
     return ClusterView(available=False, reason=reason)
 
 
-def _parse_pg_name(name: str) -> tuple[str | None, int | None]:
-    m = _PG_NAME.match(name or "")
-    if not m:
-        return None, None
-    return m.group("job"), int(m.group("attempt"))
-
-
 def _allocations(pg_table: dict[str, Any]) -> dict[str, list[Allocation]]:
     """Per node id, the GPUs each live placement group reserves there."""
     per_node: dict[str, dict[str, int]] = {}
@@ -136,8 +117,7 @@ def _allocations(pg_table: dict[str, Any]) -> dict[str, list[Allocation]]:
     out: dict[str, list[Allocation]] = {}
     for node, by_pg in per_node.items():
         for pg_id, gpus in sorted(by_pg.items()):
-            job, attempt = _parse_pg_name(names[pg_id])
-            out.setdefault(node, []).append(Allocation(pg_id, names[pg_id], gpus, job, attempt))
+            out.setdefault(node, []).append(Allocation(pg_id, names[pg_id], gpus))
     return out
 
 

@@ -6,7 +6,7 @@ linearly, so two elastic jobs would be told apart by quota and priority only. He
 (``min_gpus < max_gpus``) gets the best plan's tokens/s at a handful of sizes in its range: its
 minimum and maximum, powers of two, and whole nodes (``gpus_per_node`` multiples), at most
 ``MAX_POINTS``. A size with no plan is left out (the job cannot run there). The cluster profile is
-the API's (``ORTHOPLEX_API_GPU_TYPE``, ``ORTHOPLEX_API_GPUS_PER_NODE``), the one submissions were
+the service's (``ORTHOPLEX_GPU_TYPE``, ``ORTHOPLEX_GPUS_PER_NODE``), the one submissions were
 checked against. Curves are computed once per job (specs never change) and cached by the caller; a
 planner error gives no curve (linear scaling), never a failed round.
 """

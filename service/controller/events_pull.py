@@ -15,7 +15,8 @@ where the database says, not where its memory said). Then, in **one** lease-guar
       failed                               → FAILED
       cancelled                            → CANCELLED
       preempted                            RUNNING → PREEMPTED → PENDING
-      placed (any state holding GPUs)      gpus_allocated = the new gang's size (re-plan, resize)
+      placed (any state holding GPUs)      gpus_allocated = the new gang's size, and the attempt row's
+                                           placement (GPUs per node) and placement group
 
 Events and the transitions they cause commit together, so a crash between them cannot leave an
 event stored whose transition is lost. Every write is fenced on the attempt's epoch: once a newer
@@ -116,8 +117,10 @@ def apply_event(s: Session, job: JobRef, event: ev.Event) -> str | None:
     elif isinstance(event, ev.ENDINGS):
         return _finalize(s, job, event)
     # "placed": the gang's size after a start, a re-plan or a resize is what the job holds from now on
-    placed = isinstance(event, ev.Placed) and event.gpus > 0
-    if placed and tx.set_allocation(s, job.id, epoch=job.epoch, gpus=event.gpus, commit=False):
+    if isinstance(event, ev.Placed) and event.gpus > 0 and tx.set_allocation(
+        s, job.id, epoch=job.epoch, gpus=event.gpus, placement=event.gpus_per_node,
+        placement_group=event.placement_group, commit=False,
+    ):
         job.gpus_allocated = event.gpus
     return None
 

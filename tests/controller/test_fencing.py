@@ -66,12 +66,16 @@ def test_stale_attempt_and_ex_leader_write_nothing(migrated_db_url: str, tmp_pat
     cur = JobRef(job_id, "RECOVERING", attempt=2, epoch=2)
     plan = ev.PlanChosen(seq=1, ts=time.time(), layout={"tp": 1, "dp": 2}, short="dp2", num_gpus=2, nodes=["n1"],
                          predicted_tokens_per_s=10.0, predicted_step_time_s=0.1).to_dict()
-    batch = [plan, _step(2, 4.0)]
+    placed = ev.Placed(seq=2, ts=time.time(), gpus=2, placement_group="orthoplex-1-a2", gpus_per_node={"n1": 2},
+                       bundle_nodes=["n1", "n1"], seconds=0.1, strategy="PACK").to_dict()
+    batch = [plan, placed, _step(3, 4.0)]
     assert leader.heartbeat()
-    assert store_events(leader.ctx, cur, batch).stored == 2
+    assert store_events(leader.ctx, cur, batch).stored == 3
     assert h.state(engine, job_id) == "RUNNING"  # a step of the new attempt ends the recovery
     last = h.attempts(engine, job_id)[-1]
     assert (last.epoch, last.state, last.plan["short"]) == (2, "RUNNING", "dp2")
+    # where the GPUs are is on the attempt row (what the scheduler's snapshot reads)
+    assert (last.placement, last.placement_group, last.gpus) == ({"n1": 2}, "orthoplex-1-a2", 2)
     leader.ctx.cursors.clear()
     assert leader.heartbeat()
     assert store_events(leader.ctx, cur, batch).stored == 0
@@ -83,7 +87,7 @@ def test_stale_attempt_and_ex_leader_write_nothing(migrated_db_url: str, tmp_pat
     leader.lease.epoch, leader.lease._deadline = held, time.monotonic() + 60
     before = len(h.events(engine, job_id))
     with pytest.raises(LeaseLost):
-        store_events(leader.ctx, cur, [_finished(2)])
+        store_events(leader.ctx, cur, [_finished(4)])
     assert len(h.events(engine, job_id)) == before and h.state(engine, job_id) == "RUNNING"
     assert leader.tick().leader is False  # the lease check demoted it
     engine.dispose()

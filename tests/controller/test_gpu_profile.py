@@ -1,4 +1,4 @@
-"""The cluster's GPU profile (``ORTHOPLEX_API_GPU_TYPE``) reaches the runtime's planner: the controller
+"""The cluster's GPU profile (``ORTHOPLEX_GPU_TYPE``, a service setting) reaches the runtime's planner: the controller
 reads it, every attempt's spec carries it, and the supervisor's first plan is priced on it."""
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ def _ctx(gpu_type: str) -> types.SimpleNamespace:
     return types.SimpleNamespace(gpu_type=gpu_type, config=config, job_storage=lambda job_id: Path("/jobs") / str(job_id))
 
 
-def test_controller_takes_the_api_gpu_profile(monkeypatch) -> None:
-    monkeypatch.setenv("ORTHOPLEX_API_GPU_TYPE", "H100")
-    monkeypatch.setenv("ORTHOPLEX_API_GPUS_PER_NODE", "8")
+def test_controller_takes_the_service_gpu_profile(monkeypatch) -> None:
+    monkeypatch.setenv("ORTHOPLEX_GPU_TYPE", "H100")
+    monkeypatch.setenv("ORTHOPLEX_GPUS_PER_NODE", "8")
     ctl = Controller(sa.create_engine("sqlite://"))
     assert (ctl.ctx.gpu_type, ctl.ctx.gpus_per_node) == ("H100", 8)
 

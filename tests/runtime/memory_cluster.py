@@ -96,8 +96,16 @@ class MemoryCluster:
             out.append(NodeView(n.id, n.gpus, free, 8.0, False))
         return out
 
-    def reserve(self, gpus: int, *, nodes: Sequence[str], name: str) -> Reservation | None:
-        return self.hold(gpus, nodes, name)
+    def reserve(self, gpus: int, *, nodes: Sequence[str], name: str,
+                per_node: Mapping[str, int] | None = None) -> Reservation | None:
+        if not per_node:
+            return self.hold(gpus, nodes, name)
+        if any(not self.machines[n].alive or self.free(n) < k for n, k in per_node.items()):
+            return None
+        bundles = [n for n, k in sorted(per_node.items()) for _ in range(k)]
+        res = Reservation(pg=next(self._ids), bundle_nodes=bundles, seconds=0.0, strategy="PACK", name=name)
+        self.held[res.pg] = res
+        return res
 
     def release(self, reservation: Reservation) -> None:
         self.held.pop(reservation.pg, None)

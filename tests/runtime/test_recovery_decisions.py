@@ -27,7 +27,7 @@ E = TypeVar("E", bound=ev.Event)
 
 def machine(cluster: MemoryCluster, *, steps: int = 8, faults: list[dict[str, Any]] | None = None,
             min_gpus: int = 1, max_gpus: int | None = None, hint: str | None = None,
-            **runtime: Any) -> AttemptMachine:
+            placement: dict[str, int] | None = None, **runtime: Any) -> AttemptMachine:
     spec: dict[str, Any] = {
         "model": "tiny", "steps": steps, "global_batch": 12, "checkpoint_dir": "/nowhere", "min_gpus": min_gpus,
         "checkpoint": {"min_every_steps": 1, "max_every_steps": 2},
@@ -39,6 +39,8 @@ def machine(cluster: MemoryCluster, *, steps: int = 8, faults: list[dict[str, An
         spec["max_gpus"] = max_gpus
     if hint:
         spec["layout_hint"] = hint
+    if placement:
+        spec["placement"] = placement
     job = parse_job(spec)
     log = EventLog()
     port = FaultInjector(cluster, FaultPlan(parse_faults(job.faults), enabled=True), log, settle_s=0.0)
@@ -213,6 +215,19 @@ def test_cancel_and_preempt_end_a_wait(request_: str) -> None:
         end = events[-1]
         assert isinstance(end, ev.Preempted) and end.checkpoint_step == c.checkpoint_step >= 2
     assert c.held == {} and m.gang is None
+
+
+def test_the_first_plan_and_a_resize_stay_within_the_scheduler_placement() -> None:
+    c = MemoryCluster.of(4, 4, 4)
+    m = machine(c, steps=10, placement={"node1": 2, "node2": 2})
+    step_until(m, lambda: m.next_step >= 2)
+    placed = of(typed(m), ev.Placed)[0]
+    assert placed.gpus_per_node == {"node1": 2, "node2": 2} and placed.placement_group == "orthoplex-t-a1"
+    m.request_resize(8, {"node0": 4, "node2": 4})
+    events = finished_cleanly(m, c)
+    resized = of(events, ev.Placed)[-1]
+    assert of(events, ev.Resumed)[0].cause == "resize"
+    assert set(resized.gpus_per_node) <= {"node0", "node2"} and resized.gpus == 8
 
 
 def test_a_spec_no_cluster_can_run_fails_at_the_first_plan() -> None:

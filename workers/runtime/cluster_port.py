@@ -27,8 +27,10 @@ class ClusterPort(Protocol):
         """Alive nodes with GPUs, minus ``exclude``; ``held`` GPUs per node count as free."""
         ...
 
-    def reserve(self, gpus: int, *, nodes: Sequence[str], name: str) -> placement.Reservation | None:
-        """All-or-nothing reservation of ``gpus`` GPUs on ``nodes``; ``None`` when not ready in time."""
+    def reserve(self, gpus: int, *, nodes: Sequence[str], name: str,
+                per_node: Mapping[str, int] | None = None) -> placement.Reservation | None:
+        """All-or-nothing reservation of ``gpus`` GPUs on ``nodes`` (exactly ``per_node`` GPUs on each
+        node when given); ``None`` when not ready in time."""
         ...
 
     def release(self, reservation: placement.Reservation) -> None:
@@ -65,10 +67,11 @@ class RayCluster:
     def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[placement.NodeView]:
         return placement.cluster_nodes(exclude=exclude, held=held)
 
-    def reserve(self, gpus: int, *, nodes: Sequence[str], name: str) -> placement.Reservation | None:
+    def reserve(self, gpus: int, *, nodes: Sequence[str], name: str,
+                per_node: Mapping[str, int] | None = None) -> placement.Reservation | None:
         s = self.settings
         return placement.reserve(gpus, nodes=nodes, cpu_per_bundle=s.cpu_per_bundle, timeout_s=s.placement_timeout_s,
-                                 strategy=s.strategy, name=name)
+                                 strategy=s.strategy, name=name, per_node=per_node)
 
     def release(self, reservation: placement.Reservation) -> None:
         placement.release(reservation)

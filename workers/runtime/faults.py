@@ -118,8 +118,9 @@ class FaultInjector:
     def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[NodeView]:
         return self.inner.nodes(exclude=exclude, held=held)
 
-    def reserve(self, gpus: int, *, nodes: Sequence[str], name: str) -> Reservation | None:
-        return self.inner.reserve(gpus, nodes=nodes, name=name)
+    def reserve(self, gpus: int, *, nodes: Sequence[str], name: str,
+                per_node: Mapping[str, int] | None = None) -> Reservation | None:
+        return self.inner.reserve(gpus, nodes=nodes, name=name, per_node=per_node)
 
     def release(self, reservation: Reservation) -> None:
         self.inner.release(reservation)

@@ -1,8 +1,11 @@
 """The plans one job attempt runs on, and the decisions to change them: :class:`Replanner`.
 
 The replanner owns what the decisions need and nothing else: the plans in force (newest last), the
-nodes kept out of plans (lost, suspect, slow), the last view of every node seen, the GPU cap (the
-scheduler's grant, changed by ``resize``) and the measured cost of a switch. It reads the cluster
+nodes kept out of plans (lost, suspect, slow), the last view of every node seen, the GPU cap and
+per-node placement (the scheduler's grant, changed by ``resize``) and the measured cost of a switch.
+A plan made from a grant (the first plan, a resize) stays within the granted GPUs of each node; a
+re-plan after a failure may use any node left (the grant's nodes may be gone), capped at the GPU
+count; the ``placed`` event tells the control plane where the gang went. It reads the cluster
 through the :class:`~workers.runtime.cluster_port.ClusterPort` and asks ``planning`` (the bridge to
 ``planner``) for plans; it returns typed decisions (:class:`Keep`, :class:`SwitchTo`) and records
 every plan and re-plan as an event. It never touches a gang: the state machine
@@ -69,6 +72,7 @@ class Replanner:
         self.restart_s = 30.0  # measured cost of a gang switch (start + load + first step)
         self._lock = threading.Lock()
         self._cap: int | None = job.max_gpus  # the most GPUs the job may use (the scheduler's grant)
+        self._grant: dict[str, int] = dict(job.placement)  # node id -> GPUs granted ({}: any node)
         self._resize_tried: tuple[int, float] = (0, 0.0)  # (target, when) of the last resize that kept
 
     # ---------------------------------------------------------------- the grant
@@ -77,28 +81,47 @@ class Replanner:
         with self._lock:
             return self._cap
 
-    def set_cap(self, gpus: int, world_size: int, retry_s: float) -> tuple[bool, bool]:
-        """A new grant; returns (changed, armed): whether the cap changed and whether a re-plan at
-        the next step boundary is due (a repeat arms nothing, except a grow that found no free GPU,
-        tried again after ``retry_s``)."""
+    def set_cap(self, gpus: int, world_size: int, retry_s: float,
+                placement: Mapping[str, int] | None = None) -> tuple[bool, bool]:
+        """A new grant (``placement``: where, when the scheduler says); returns (changed, armed):
+        whether the cap changed and whether a re-plan at the next step boundary is due (a repeat arms
+        nothing, except a grow that found no free GPU, tried again after ``retry_s``)."""
         with self._lock:
             last, when = self._resize_tried
             retry = gpus > world_size and (last != gpus or time.time() - when >= retry_s)
             changed = gpus != self._cap
             self._cap = gpus
+            if placement is not None:
+                self._grant = {str(n): int(g) for n, g in placement.items()}
             return changed, (changed or retry) and gpus != world_size
+
+    def pinned(self, plan: Any) -> dict[str, int] | None:
+        """GPUs per node ``plan`` must be placed with, while the scheduler's placement is in force
+        (a plan made from it stays on those GPUs); ``None``: any of the plan's nodes will do."""
+        with self._lock:
+            grant = dict(self._grant)
+        where = planning.plan_nodes(plan)
+        if not grant or where is None:
+            return None
+        per_node = held_gpus(where)
+        return per_node if all(per_node[n] <= grant.get(n, 0) for n in per_node) else None
 
     @property
     def in_force(self) -> Any:
         return self.plans[-1][0]
 
     # ---------------------------------------------------------------- cluster view
-    def nodes(self, held: Mapping[str, int] | None = None) -> list[NodeView]:
+    def nodes(self, held: Mapping[str, int] | None = None, *, granted: bool = False) -> list[NodeView]:
         """The cluster view for planning; GPUs our torn-down gang held count as free (the cluster
-        may not have caught up with the release yet)."""
+        may not have caught up with the release yet). ``granted``: only the granted GPUs of the
+        granted nodes (when the scheduler named them)."""
         views = self.port.nodes(exclude=self.excluded, held=held if held is not None else self.released)
         for v in views:
             self.views[v.id] = v
+        with self._lock:
+            grant = dict(self._grant)
+        if granted and grant:
+            views = [dataclasses.replace(v, free_gpus=min(v.free_gpus, grant[v.id])) for v in views if v.id in grant]
         return views
 
     def exclude(self, nodes: Sequence[str]) -> None:
@@ -111,7 +134,7 @@ class Replanner:
     # ---------------------------------------------------------------- decisions
     def first(self, reason: str = "initial plan over the GPUs the cluster has", max_gpus: int | None = None) -> Any:
         """The first plan (or a smaller one after a placement timeout); raises ``PlanningError``."""
-        plan = planning.first_plan(self.job, self.nodes(), max_gpus=max_gpus or self.cap)
+        plan = planning.first_plan(self.job, self.nodes(granted=True), max_gpus=max_gpus or self.cap)
         self._record_plan(plan, reason)
         return plan
 
@@ -151,7 +174,7 @@ class Replanner:
         change = planning.ClusterChange(max_gpus=target, reason=f"resize to {target} GPUs")
         prev = self.in_force
         try:
-            rp = self._replan(change, self.nodes(held=held_gpus(rank_nodes)))
+            rp = self._replan(change, self.nodes(held=held_gpus(rank_nodes), granted=True))
         except planning.PlanningError as exc:
             self.log.emit(ev.ResizeRefused(reason=f"no plan for {target} GPUs: {exc}", gpus=target,
                                            world_size=world, step=step))

@@ -7,6 +7,7 @@ A plain dict (JSON), so the control plane can store it with the attempt::
      "train": {...},                     # optional extra TrainConfig fields (data, keep_checkpoints, ...)
      "checkpoint_dir": "/data/job-7",    # where the engine's layout-independent checkpoints live
      "min_gpus": 4, "max_gpus": 12,      # elastic range (max defaults to every GPU Ray has)
+     "placement": {"<node id>": 4, ...}, # the scheduler's grant per node: the first plan stays within it
      "layout_hint": "tp=2,pp=2",         # fixes these fields of the first plan (re-plans are free)
      "checkpoint": {"min_every_steps": 1, "max_every_steps": 50, "mtbf_s": 3600},
      "runtime": {...RuntimeSettings fields...},
@@ -61,6 +62,7 @@ class JobSpec:
     train: dict[str, Any]  # TrainConfig.to_dict() shape
     min_gpus: int = 1
     max_gpus: int | None = None
+    placement: dict[str, int] = field(default_factory=dict)  # node id -> GPUs granted (empty: any node)
     layout_hint: dict[str, Any] = field(default_factory=dict)
     min_every_steps: int = 1
     max_every_steps: int = 50
@@ -100,6 +102,14 @@ def parse_hint(hint: str | dict[str, Any] | None) -> dict[str, Any]:
     return dict(hint)
 
 
+def _placement(raw: Any) -> dict[str, int]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(g, int) and g > 0 for g in raw.values()):
+        raise ValueError("placement: must map node ids to positive GPU counts")
+    return {str(n): int(g) for n, g in raw.items()}
+
+
 def parse_job(spec: dict[str, Any]) -> JobSpec:
     """Validate a job spec dict; raises ``ValueError`` naming the field."""
     from workers.engine.config import ModelConfig, TrainConfig
@@ -122,6 +132,7 @@ def parse_job(spec: dict[str, Any]) -> JobSpec:
         train=cfg.to_dict(),
         min_gpus=int(spec.get("min_gpus", 1)),
         max_gpus=int(spec["max_gpus"]) if spec.get("max_gpus") else None,
+        placement=_placement(spec.get("placement")),
         layout_hint=parse_hint(spec.get("layout_hint")),
         min_every_steps=int(ck.get("min_every_steps", 1)),
         max_every_steps=int(ck.get("max_every_steps", 50)),

@@ -149,8 +149,9 @@ class AttemptMachine:
         self._run: _Run | None = None
 
     # ------------------------------------------------------------------ requests (from other threads)
-    def request_resize(self, gpus: int) -> dict[str, Any]:
-        """Re-plan onto at most ``gpus`` GPUs at the next step boundary (the scheduler's Shrink/Grow).
+    def request_resize(self, gpus: int, placement: dict[str, int] | None = None) -> dict[str, Any]:
+        """Re-plan onto at most ``gpus`` GPUs (on ``placement``'s nodes, when given) at the next step
+        boundary (the scheduler's Shrink/Grow).
 
         Idempotent: the control plane repeats its decision every round; a repeat arms nothing new,
         except a grow that found no free GPUs, which is tried again after ``resize_retry_s``."""
@@ -158,7 +159,7 @@ class AttemptMachine:
             raise ValueError(f"resize: gpus must be >= 1, got {gpus}")
         with self.lock:
             world = self.gang.world_size if self.gang is not None else 0
-        changed, armed = self.replanner.set_cap(gpus, world, self.settings.resize_retry_s)
+        changed, armed = self.replanner.set_cap(gpus, world, self.settings.resize_retry_s, placement)
         if armed:
             with self.lock:
                 self.resize_to = gpus
@@ -243,7 +244,8 @@ class AttemptMachine:
         if cycle.place_give_up is None:
             cycle.place_give_up = time.monotonic() + self.settings.placement_give_up_s
         plan = cycle.plan
-        res = self.port.reserve(plan.layout.world_size, nodes=planning.nodes_used(plan), name=self.name)
+        res = self.port.reserve(plan.layout.world_size, nodes=planning.nodes_used(plan), name=self.name,
+                                per_node=self.replanner.pinned(plan))
         if res is not None:
             cycle.reservation = res
             self.log.emit(ev.Placed(reason=f"gang of {res.size} GPU bundles ready in {res.seconds:.2f}s",

@@ -127,14 +127,23 @@ def reserve(
     timeout_s: float = 30.0,
     strategy: str = "PACK",
     name: str = "",
+    per_node: Mapping[str, int] | None = None,
 ) -> Reservation | None:
-    """Reserve ``num_gpus`` bundles (gang); ``None`` (and nothing left behind) when not ready in time."""
+    """Reserve ``num_gpus`` bundles (gang); ``None`` (and nothing left behind) when not ready in time.
+
+    ``nodes``: the bundles may land on any of these; ``per_node`` (node id -> bundles, summing to
+    ``num_gpus``): exactly that many bundles on each node (a scheduler's placement)."""
     import ray
     from ray.util import placement_group, remove_placement_group
 
     bundles = [{"GPU": 1.0, "CPU": float(cpu_per_bundle)} for _ in range(num_gpus)]
     kwargs: dict[str, Any] = {}
-    if nodes:
+    if per_node:
+        pinned = [n for n, k in sorted(per_node.items()) for _ in range(int(k))]
+        if len(pinned) != num_gpus:
+            raise ValueError(f"per_node places {len(pinned)} bundles, the gang has {num_gpus}")
+        kwargs["bundle_label_selector"] = [{NODE_ID_LABEL: f"in({n})"} for n in pinned]
+    elif nodes:
         selector = {NODE_ID_LABEL: f"in({','.join(sorted(nodes))})"}
         kwargs["bundle_label_selector"] = [dict(selector) for _ in bundles]
     t0 = time.monotonic()

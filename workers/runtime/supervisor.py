@@ -84,9 +84,10 @@ class JobSupervisor:
         self.machine.preempt_requested = True
         return True
 
-    def resize(self, gpus: int) -> dict[str, Any]:
-        """Re-plan onto at most ``gpus`` GPUs at the next step boundary (``AttemptMachine.request_resize``)."""
-        return self.machine.request_resize(int(gpus))
+    def resize(self, gpus: int, placement: dict[str, int] | None = None) -> dict[str, Any]:
+        """Re-plan onto at most ``gpus`` GPUs (on ``placement``: node id -> GPUs, when given) at the next
+        step boundary (``AttemptMachine.request_resize``)."""
+        return self.machine.request_resize(int(gpus), placement)
 
     # ------------------------------------------------------------------ summary
     def _final(self) -> dict[str, Any]:
