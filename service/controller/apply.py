@@ -36,6 +36,7 @@ from service.db import transitions as tx
 from service.db.models import Event
 from service.log import get_logger
 from service.scheduler.types import Admit, Decision, Grow, Preempt, Shrink, Wait
+from workers.runtime.jobspec import SPEC_KEYS
 
 log = get_logger("service.controller.apply")
 
@@ -51,35 +52,12 @@ class Applied:
     reason: str
 
 
-#: job-spec keys handed to the runtime as they are (``workers.runtime.jobspec.parse_job``)
-RUNTIME_KEYS = (
-    "model",
-    "steps",
-    "global_batch",
-    "seed",
-    "lr",
-    "min_lr",
-    "warmup_steps",
-    "weight_decay",
-    "grad_clip",
-    "beta1",
-    "beta2",
-    "data",
-    "keep_checkpoints",
-    "train",
-    "layout_hint",
-    "checkpoint",
-    "runtime",
-    "faults",
-)
-
-
 def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int, placement: dict[str, int] | None = None) -> dict[str, Any]:
     """The runtime spec of an attempt: the job's declarative spec, the GPUs the scheduler granted
     (the runtime plans within ``min_gpus..gpus``, on ``placement``'s nodes when given) and the job's
     checkpoint directory, which every attempt shares so that a new attempt resumes from the newest
     verified checkpoint."""
-    spec = {k: job.spec[k] for k in RUNTIME_KEYS if k in job.spec}
+    spec = {k: job.spec[k] for k in SPEC_KEYS if k in job.spec}
     spec["checkpoint_dir"] = str(ctx.job_storage(job.id) / "checkpoints")
     # the runtime plans on the cluster's GPU profile, the one submissions were fit-checked against
     spec["gpu_type"] = ctx.gpu_type

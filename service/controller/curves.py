@@ -47,23 +47,13 @@ def goodput_curve(
     if max_gpus <= min_gpus:
         return None
     import planner
-    from workers.engine.config import planner_model
+    from workers.planner_spec import PlanCluster, to_planner_spec
 
     try:
-        model = planner_model(spec.get("model", "tiny"))
-        parallel: dict[str, Any] = {"global_batch": int(spec["global_batch"])}
-        parallel.update(dict(spec.get("layout_hint") or {}) if isinstance(spec.get("layout_hint"), dict) else {})
         curve: dict[int, float] = {}
         for n in curve_sizes(min_gpus, max_gpus, gpus_per_node):
-            pspec = {
-                "model": model,
-                "cluster": {"gpu_type": gpu_type, "num_gpus": n, "min_gpus": n,
-                            "gpus_per_node": min(gpus_per_node, n)},
-                "parallel": parallel,
-                "precision": "bf16",
-                "engine_only": True,
-            }
-            result = planner.plan(pspec, top_k=1)
+            cluster = PlanCluster(gpu_type=gpu_type, num_gpus=n, min_gpus=n, gpus_per_node=gpus_per_node)
+            result = planner.plan(to_planner_spec(spec, cluster), top_k=1)
             if result.plans:
                 curve[n] = float(result.plans[0].estimate.tokens_per_s)
     except Exception as exc:  # a planner error must not stop scheduling: the job scales linearly

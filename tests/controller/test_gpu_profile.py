@@ -15,7 +15,7 @@ from service.controller.loop import Controller
 from service.controller.snapshot import JobRow
 from workers.runtime.jobspec import parse_job
 from workers.runtime.placement import NodeView
-from workers.runtime.planning import first_plan, planner_spec
+from workers.runtime.planner_bridge import first_plan, planner_spec
 
 pytestmark = pytest.mark.unit
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from workers.runtime.gang import Gang, StartFailed
 from workers.runtime.placement import NodeView, Reservation
-from workers.runtime.planning import plan_nodes
+from workers.runtime.planner_bridge import plan_nodes
 from workers.runtime.ranks import assign_ranks
 from workers.runtime.watchdog import Failure, GatherResult
 

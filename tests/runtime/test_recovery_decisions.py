@@ -15,7 +15,7 @@ from workers.runtime.events import EventLog
 from workers.runtime.faults import FaultInjector, FaultPlan, parse_faults
 from workers.runtime.jobspec import parse_job
 from workers.runtime.lifecycle import AttemptMachine, Phase
-from workers.runtime.planning import nodes_used
+from workers.runtime.planner_bridge import nodes_used
 from workers.states import AttemptState
 
 from .memory_cluster import MemoryCluster

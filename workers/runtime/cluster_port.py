@@ -78,7 +78,7 @@ class RayCluster:
 
     def start_gang(self, plan: Any, reservation: placement.Reservation, *,
                    on_created: Callable[[Gang], None]) -> Gang:
-        from workers.runtime.planning import plan_nodes
+        from workers.runtime.planner_bridge import plan_nodes
 
         s = self.settings
         return start_gang(plan, reservation, self.train, plan_nodes=plan_nodes(plan), cpu_per_bundle=s.cpu_per_bundle,

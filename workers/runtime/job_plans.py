@@ -6,7 +6,7 @@ per-node placement (the scheduler's grant, changed by ``resize``) and the measur
 A plan made from a grant (the first plan, a resize) stays within the granted GPUs of each node; a
 re-plan after a failure may use any node left (the grant's nodes may be gone), capped at the GPU
 count; the ``placed`` event tells the control plane where the gang went. It reads the cluster
-through the :class:`~workers.runtime.cluster_port.ClusterPort` and asks ``planning`` (the bridge to
+through the :class:`~workers.runtime.cluster_port.ClusterPort` and asks ``planner_bridge`` (the bridge to
 ``planner``) for plans; it returns typed decisions (:class:`Keep`, :class:`SwitchTo`) and records
 every plan and re-plan as an event. It never touches a gang: the state machine
 (``workers.runtime.lifecycle``) acts on its decisions.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.runtime import events as ev
-from workers.runtime import planning
+from workers.runtime import planner_bridge
 from workers.runtime.cluster_port import ClusterPort
 from workers.runtime.jobspec import JobSpec
 from workers.runtime.placement import NodeView
@@ -41,7 +41,7 @@ class SwitchTo:
     """Checkpoint, tear the gang down and start ``replan.plan`` (the planner's ``Replan``)."""
 
     replan: Any
-    change: planning.ClusterChange
+    change: planner_bridge.ClusterChange
     plan_s: float  # planner time spent deciding
 
     @property
@@ -100,7 +100,7 @@ class Replanner:
         (a plan made from it stays on those GPUs); ``None``: any of the plan's nodes will do."""
         with self._lock:
             grant = dict(self._grant)
-        where = planning.plan_nodes(plan)
+        where = planner_bridge.plan_nodes(plan)
         if not grant or where is None:
             return None
         per_node = held_gpus(where)
@@ -134,11 +134,11 @@ class Replanner:
     # ---------------------------------------------------------------- decisions
     def first(self, reason: str = "initial plan over the GPUs the cluster has", max_gpus: int | None = None) -> Any:
         """The first plan (or a smaller one after a placement timeout); raises ``PlanningError``."""
-        plan = planning.first_plan(self.job, self.nodes(granted=True), max_gpus=max_gpus or self.cap)
+        plan = planner_bridge.first_plan(self.job, self.nodes(granted=True), max_gpus=max_gpus or self.cap)
         self._record_plan(plan, reason)
         return plan
 
-    def after_failure(self, change: planning.ClusterChange) -> Any:
+    def after_failure(self, change: planner_bridge.ClusterChange) -> Any:
         """The planner's re-plan after a failure over the nodes left (lost nodes are named in
         ``change`` and counted in the base view, as ``planner.replan`` expects)."""
         nodes = self.nodes()
@@ -154,7 +154,7 @@ class Replanner:
     def on_straggler(self, findings: Sequence[StragglerFinding], rank_nodes: Sequence[str]) -> Decision:
         """Slow nodes found: re-plan with their measured speed; a switch keeps unused slow nodes out."""
         speeds = {f.node: max(0.05, f.score) for f in findings}
-        change = planning.ClusterChange(slow_nodes=speeds, reason="straggler")
+        change = planner_bridge.ClusterChange(slow_nodes=speeds, reason="straggler")
         t0 = time.monotonic()
         prev = self.in_force
         rp = self._replan(change, self.nodes(held=held_gpus(rank_nodes)))
@@ -162,7 +162,7 @@ class Replanner:
         self._record_replan(prev, rp, change)
         if rp.decision == "keep":
             return Keep(rp.reason or "the planner keeps the running plan")
-        used = set(planning.nodes_used(rp.plan))
+        used = set(planner_bridge.nodes_used(rp.plan))
         self.excluded.update(n for n in speeds if n not in used)
         return SwitchTo(rp, change, plan_s)
 
@@ -171,11 +171,11 @@ class Replanner:
         gains too little, or finds no free GPU), or when no plan fits (``resize_refused``)."""
         t0 = time.monotonic()
         world = len(rank_nodes)
-        change = planning.ClusterChange(max_gpus=target, reason=f"resize to {target} GPUs")
+        change = planner_bridge.ClusterChange(max_gpus=target, reason=f"resize to {target} GPUs")
         prev = self.in_force
         try:
             rp = self._replan(change, self.nodes(held=held_gpus(rank_nodes), granted=True))
-        except planning.PlanningError as exc:
+        except planner_bridge.PlanningError as exc:
             self.log.emit(ev.ResizeRefused(reason=f"no plan for {target} GPUs: {exc}", gpus=target,
                                            world_size=world, step=step))
             self._tried(target)
@@ -195,12 +195,12 @@ class Replanner:
         if not added:
             return Keep("no node joined")
         prev = self.in_force
-        change = planning.ClusterChange(added_nodes=[{"id": n.id, "gpus": n.free_gpus, "speed": 1.0} for n in added],
+        change = planner_bridge.ClusterChange(added_nodes=[{"id": n.id, "gpus": n.free_gpus, "speed": 1.0} for n in added],
                                         reason="capacity returned")
-        base = [n for n in nodes if (n.id in current or n.id in set(planning.nodes_used(prev))) and n not in added]
+        base = [n for n in nodes if (n.id in current or n.id in set(planner_bridge.nodes_used(prev))) and n not in added]
         try:
             rp = self._replan(change, base)
-        except planning.PlanningError as exc:
+        except planner_bridge.PlanningError as exc:
             return Keep(str(exc))
         if rp.decision == "keep" or rp.plan.layout.world_size <= len(rank_nodes):
             return Keep(rp.reason or "growing gains too little")
@@ -212,24 +212,24 @@ class Replanner:
         with self._lock:
             self._resize_tried = (target, time.time())
 
-    def _replan(self, change: planning.ClusterChange, base: list[NodeView]) -> Any:
-        """``planning.replan`` from the plan in force, capped at the job's grant unless ``change``
+    def _replan(self, change: planner_bridge.ClusterChange, base: list[NodeView]) -> Any:
+        """``planner_bridge.replan`` from the plan in force, capped at the job's grant unless ``change``
         names another cap (a resize)."""
         if change.max_gpus is None:
             change.max_gpus = self.cap
         prev = self.in_force
-        return planning.replan(self.job, prev, prev.layout, change, base,
+        return planner_bridge.replan(self.job, prev, prev.layout, change, base,
                                restart_s=self.restart_s, horizon_s=self._horizon_s())
 
     def _record_plan(self, plan: Any, reason: str) -> None:
         self.plans.append((plan, time.time()))
         est = plan.estimate
         self.log.emit(ev.PlanChosen(reason=reason, layout=plan.layout.to_dict(), short=plan.layout.short(),
-                                    num_gpus=plan.num_gpus, nodes=planning.nodes_used(plan),
+                                    num_gpus=plan.num_gpus, nodes=planner_bridge.nodes_used(plan),
                                     predicted_tokens_per_s=round(est.tokens_per_s, 2),
                                     predicted_step_time_s=round(est.step_time_s, 6)))
 
-    def _record_replan(self, prev: Any, rp: Any, change: planning.ClusterChange) -> None:
+    def _record_replan(self, prev: Any, rp: Any, change: planner_bridge.ClusterChange) -> None:
         if rp.decision != "keep":
             self.plans.append((rp.plan, time.time()))
         self.log.emit(ev.Replanned(reason=rp.reason or change.reason, decision=rp.decision,
@@ -238,4 +238,4 @@ class Replanner:
                                    old_tokens_per_s=round(rp.old_tokens_per_s, 2),
                                    new_tokens_per_s=round(rp.new_tokens_per_s, 2),
                                    switch_cost_s=round(rp.switch_cost_s, 3), change=change.to_dict(),
-                                   nodes=planning.nodes_used(rp.plan)))
+                                   nodes=planner_bridge.nodes_used(rp.plan)))

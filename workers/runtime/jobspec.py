@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.layout import Layout
+from workers.engine.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,14 @@ class JobSpec:
         return dict(self.train["model"])
 
 
-_TRAIN_KEYS = ("steps", "global_batch", "seed", "lr", "min_lr", "warmup_steps", "weight_decay", "grad_clip",
-               "beta1", "beta2", "data", "checkpoint_dir", "keep_checkpoints")
+#: the ``TrainConfig`` fields a job spec sets at its top level (``model`` is parsed on its own; the
+#: supervisor decides ``save_every``): the one list of them
+TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainConfig)
+                                    if f.name not in ("model", "save_every"))
+#: the keys of a submitted job spec the control plane hands to the runtime as they are (it sets
+#: ``checkpoint_dir``, ``gpu_type``, ``min_gpus``, ``max_gpus`` and ``placement`` itself)
+SPEC_KEYS: tuple[str, ...] = ("model", *(k for k in TRAIN_KEYS if k != "checkpoint_dir"), "train", "layout_hint",
+                              "checkpoint", "runtime", "faults")
 
 
 def parse_hint(hint: str | dict[str, Any] | None) -> dict[str, Any]:
@@ -112,14 +119,14 @@ def _placement(raw: Any) -> dict[str, int]:
 
 def parse_job(spec: dict[str, Any]) -> JobSpec:
     """Validate a job spec dict; raises ``ValueError`` naming the field."""
-    from workers.engine.config import ModelConfig, TrainConfig
+    from workers.engine.config import ModelConfig
 
     if not isinstance(spec, dict):
         raise ValueError("spec: must be an object")
     model = spec.get("model", "tiny")
     mc = ModelConfig.preset(model) if isinstance(model, str) else ModelConfig.from_dict(dict(model))
     train: dict[str, Any] = {"model": mc.to_dict()}
-    for key in _TRAIN_KEYS:
+    for key in TRAIN_KEYS:
         if key in spec:
             train[key] = spec[key]
     train.update(dict(spec.get("train") or {}))

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.runtime import events as ev
-from workers.runtime import planning
+from workers.runtime import planner_bridge
 from workers.runtime.cadence import CheckpointCadence
 from workers.runtime.cluster_port import ClusterPort
 from workers.runtime.gang import Gang, StartFailed
@@ -79,7 +79,7 @@ class Switch:
 
     kind: str  # failure | straggler | grow | resize | finished | cancelled | preempted
     failure: Failure | None = None
-    change: planning.ClusterChange | None = None
+    change: planner_bridge.ClusterChange | None = None
     replan: Any = None  # decided already (straggler, grow, resize): the planner's Replan
     detect_s: float = 0.0
     plan_s: float = 0.0  # planner time already spent deciding the switch
@@ -180,7 +180,7 @@ class AttemptMachine:
             return Transition(source, source, "ended")
         try:
             target, reason = getattr(self, f"_{source.value.lower()}")()
-        except (JobFailed, planning.PlanningError) as exc:
+        except (JobFailed, planner_bridge.PlanningError) as exc:
             target, reason = self._fail(str(exc))
         except Exception as exc:  # anything unexpected: never leak actors or placement groups
             target, reason = self._fail(f"supervisor error: {type(exc).__name__}: {exc}")
@@ -211,10 +211,10 @@ class AttemptMachine:
             elif switch.replan is not None:  # decided already (straggler, grow, resize)
                 cycle.plan, cycle.replan = switch.replan.plan, switch.replan
             else:
-                cycle.replan = self.replanner.after_failure(switch.change or planning.ClusterChange())
+                cycle.replan = self.replanner.after_failure(switch.change or planner_bridge.ClusterChange())
                 cycle.plan = cycle.replan.plan
-        except planning.PlanningError as exc:
-            if switch is None and not isinstance(exc, planning.NoCapacity):
+        except planner_bridge.PlanningError as exc:
+            if switch is None and not isinstance(exc, planner_bridge.NoCapacity):
                 raise  # a spec no cluster can run fails at once
             if time.monotonic() > cycle.give_up:
                 raise JobFailed(f"no GPUs for {self.settings.placement_give_up_s:.0f}s: {exc}") from exc
@@ -244,7 +244,7 @@ class AttemptMachine:
         if cycle.place_give_up is None:
             cycle.place_give_up = time.monotonic() + self.settings.placement_give_up_s
         plan = cycle.plan
-        res = self.port.reserve(plan.layout.world_size, nodes=planning.nodes_used(plan), name=self.name,
+        res = self.port.reserve(plan.layout.world_size, nodes=planner_bridge.nodes_used(plan), name=self.name,
                                 per_node=self.replanner.pinned(plan))
         if res is not None:
             cycle.reservation = res
@@ -464,7 +464,7 @@ class AttemptMachine:
     def _record_failure(self, failure: Failure, since: float) -> Switch:
         """Record ``failure`` (events, excluded nodes); ``since``: when the failed call was launched."""
         detected = time.time()
-        change = planning.ClusterChange(reason=failure.reason)
+        change = planner_bridge.ClusterChange(reason=failure.reason)
         if failure.kind == "node_lost":
             self.replanner.exclude(failure.nodes)
             change.lost_nodes = list(failure.nodes)

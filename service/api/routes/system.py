@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.api.deps import AnyPrincipal
 from service.api.errors import field_error, responses
-from service.api.planning import PlannerBusy, PlannerRefused, dry_run
+from service.api.fit_check import PlannerBusy, PlannerRefused, dry_run
 from service.api.routes.jobs import validate_spec
 from service.api.schemas import ClusterJob, ClusterOut, Health, JobSpec, PlanOut, Ready
 from service.db.models import Job
