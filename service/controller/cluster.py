@@ -32,8 +32,10 @@ class Allocation:
 
 
 @dataclass(frozen=True)
-class NodeView:
-    """One Ray node as the control plane sees it."""
+class RayNode:
+    """One Ray node as the control plane sees it (health, GPUs used, placement groups); the scheduler
+    gets it as a ``service.scheduler.types.NodeView``, a job's supervisor plans on a
+    ``workers.runtime.placement.NodeCapacity``."""
 
     node_id: str
     alive: bool
@@ -54,12 +56,12 @@ class ClusterView:
     """The cluster at ``observed_at``; ``available`` is False when Ray could not be asked."""
 
     available: bool
-    nodes: tuple[NodeView, ...] = ()
+    nodes: tuple[RayNode, ...] = ()
     reason: str | None = None
     observed_at: float = field(default_factory=time.time)
 
     @property
-    def alive_nodes(self) -> tuple[NodeView, ...]:
+    def alive_nodes(self) -> tuple[RayNode, ...]:
         return tuple(n for n in self.nodes if n.alive)
 
     @property
@@ -140,7 +142,7 @@ def build_view(
         if available is not None and node_id in available:
             used = max(used, total - int(float(available[node_id].get("GPU", 0))))
         views.append(
-            NodeView(
+            RayNode(
                 node_id=node_id,
                 alive=bool(raw.get("Alive")),
                 address=str(raw.get("NodeManagerAddress", "")),

@@ -14,7 +14,7 @@ from service.controller.apply import supervisor_spec
 from service.controller.loop import Controller
 from service.controller.snapshot import JobRow
 from workers.runtime.jobspec import parse_job
-from workers.runtime.placement import NodeView
+from workers.runtime.placement import NodeCapacity
 from workers.runtime.planner_bridge import first_plan, planner_spec
 
 pytestmark = pytest.mark.unit
@@ -40,7 +40,7 @@ def test_controller_takes_the_service_gpu_profile(monkeypatch) -> None:
 
 
 def test_attempt_spec_carries_the_profile_and_the_first_plan_is_priced_on_it() -> None:
-    nodes = [NodeView(id=f"n{i}", gpus=2, free_gpus=2, cpus=4.0, is_head=False) for i in range(2)]
+    nodes = [NodeCapacity(id=f"n{i}", gpus=2, free_gpus=2, cpus=4.0, is_head=False) for i in range(2)]
     plans = {}
     for gpu in ("CPU", "H100"):
         spec = supervisor_spec(_ctx(gpu), _job(), gpus=4)

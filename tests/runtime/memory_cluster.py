@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.runtime.gang import Gang, StartFailed
-from workers.runtime.placement import NodeView, Reservation
+from workers.runtime.placement import NodeCapacity, Reservation
 from workers.runtime.planner_bridge import plan_nodes
 from workers.runtime.ranks import assign_ranks
 from workers.runtime.watchdog import Failure, GatherResult
@@ -86,14 +86,14 @@ class MemoryCluster:
         self.machines[node] = Node(node, gpus)
 
     # ------------------------------------------------------------------ ClusterPort
-    def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[NodeView]:
+    def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[NodeCapacity]:
         skip = set(exclude)
         out = []
         for n in sorted(self.machines.values(), key=lambda n: n.id):
             if not n.alive or n.id in skip:
                 continue
             free = min(n.gpus, self.free(n.id) + int((held or {}).get(n.id, 0)))
-            out.append(NodeView(n.id, n.gpus, free, 8.0, False))
+            out.append(NodeCapacity(n.id, n.gpus, free, 8.0, False))
         return out
 
     def reserve(self, gpus: int, *, nodes: Sequence[str], name: str,

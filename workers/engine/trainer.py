@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,9 @@ from workers.engine.parallel.pipeline import InFlightCounter, build_schedule
 from workers.engine.parallel.tensor import vocab_parallel_cross_entropy
 from workers.engine.parallelize import ModelParts, build_parts
 from workers.engine.validate import layout_problems
+
+if TYPE_CHECKING:
+    from workers.engine.checkpoint.dcp_io import CheckpointInfo
 
 
 @dataclass(frozen=True)
@@ -41,14 +44,6 @@ class StepResult:
     lr: float
     tokens: int
     seconds: float
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    step: int
-    path: str
-    seconds: float
-    bytes: int
 
 
 class RankTrainer:
@@ -218,6 +213,7 @@ class RankTrainer:
         if not self.cfg.checkpoint_dir:
             raise ValueError("save() needs cfg.checkpoint_dir")
         from workers.engine.checkpoint import save_checkpoint
+        from workers.engine.checkpoint.dcp_io import CheckpointInfo  # the one record of a save
 
         t0 = time.perf_counter()
         res = save_checkpoint(self.cfg.checkpoint_dir, self.next_step, self.app_state(), self._manifest_extra(),

@@ -23,7 +23,7 @@ RankCall = Literal["restore", "step", "save"]
 
 
 class ClusterPort(Protocol):
-    def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[placement.NodeView]:
+    def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[placement.NodeCapacity]:
         """Alive nodes with GPUs, minus ``exclude``; ``held`` GPUs per node count as free."""
         ...
 
@@ -64,7 +64,7 @@ class RayCluster:
         self.train = job_train
         self.settings = settings
 
-    def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[placement.NodeView]:
+    def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[placement.NodeCapacity]:
         return placement.cluster_nodes(exclude=exclude, held=held)
 
     def reserve(self, gpus: int, *, nodes: Sequence[str], name: str,

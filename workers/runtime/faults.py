@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from workers.runtime import events as ev
 from workers.runtime.cluster_port import ClusterPort, RankCall
 from workers.runtime.gang import Gang
-from workers.runtime.placement import NodeView, Reservation
+from workers.runtime.placement import NodeCapacity, Reservation
 from workers.runtime.watchdog import Failure, GatherResult
 
 FAULT_KINDS: tuple[str, ...] = ("kill_node", "kill_rank", "hang_rank", "slow_node", "jitter_node")
@@ -115,7 +115,7 @@ class FaultInjector:
         self.settle_s = settle_s  # after kill_node: let the node die before the step is launched onto it
         self.node_faults: dict[str, tuple[str, float]] = {}  # node -> ("slow"|"jitter", value)
 
-    def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[NodeView]:
+    def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[NodeCapacity]:
         return self.inner.nodes(exclude=exclude, held=held)
 
     def reserve(self, gpus: int, *, nodes: Sequence[str], name: str,

@@ -25,7 +25,7 @@ from workers.runtime import events as ev
 from workers.runtime import planner_bridge
 from workers.runtime.cluster_port import ClusterPort
 from workers.runtime.jobspec import JobSpec
-from workers.runtime.placement import NodeView
+from workers.runtime.placement import NodeCapacity
 from workers.runtime.straggler import StragglerFinding
 
 
@@ -67,7 +67,7 @@ class Replanner:
         self.log = log
         self.plans: list[tuple[Any, float]] = []  # (plan, when it was chosen), newest last
         self.excluded: set[str] = set()  # lost, suspect or slow nodes kept out of plans
-        self.views: dict[str, NodeView] = {}  # every node seen, by node id
+        self.views: dict[str, NodeCapacity] = {}  # every node seen, by node id
         self.released: dict[str, int] = {}  # GPUs per node of the gang just torn down
         self.restart_s = 30.0  # measured cost of a gang switch (start + load + first step)
         self._lock = threading.Lock()
@@ -111,7 +111,7 @@ class Replanner:
         return self.plans[-1][0]
 
     # ---------------------------------------------------------------- cluster view
-    def nodes(self, held: Mapping[str, int] | None = None, *, granted: bool = False) -> list[NodeView]:
+    def nodes(self, held: Mapping[str, int] | None = None, *, granted: bool = False) -> list[NodeCapacity]:
         """The cluster view for planning; GPUs our torn-down gang held count as free (the cluster
         may not have caught up with the release yet). ``granted``: only the granted GPUs of the
         granted nodes (when the scheduler named them)."""
@@ -212,7 +212,7 @@ class Replanner:
         with self._lock:
             self._resize_tried = (target, time.time())
 
-    def _replan(self, change: planner_bridge.ClusterChange, base: list[NodeView]) -> Any:
+    def _replan(self, change: planner_bridge.ClusterChange, base: list[NodeCapacity]) -> Any:
         """``planner_bridge.replan`` from the plan in force, capped at the job's grant unless ``change``
         names another cap (a resize)."""
         if change.max_gpus is None:

@@ -20,7 +20,11 @@ HEAD_RESOURCE = "node:__internal_head__"
 
 
 @dataclass(frozen=True)
-class NodeView:
+class NodeCapacity:
+    """A node's GPUs as one job plans on them: ``free_gpus`` free for it (``service.controller.cluster.
+    RayNode`` is a node as the control plane shows it; ``service.scheduler.types.NodeView`` one as the
+    scheduler allocates it)."""
+
     id: str
     gpus: int
     free_gpus: int
@@ -28,7 +32,7 @@ class NodeView:
     is_head: bool
 
 
-def cluster_nodes(*, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[NodeView]:
+def cluster_nodes(*, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[NodeCapacity]:
     """Alive nodes that declare GPUs, minus ``exclude``; in a stable order (by node id).
 
     ``free_gpus`` counts the GPUs free now plus ``held[node]`` (GPUs this job holds there and would
@@ -49,7 +53,7 @@ def cluster_nodes(*, exclude: Iterable[str] = (), held: Mapping[str, int] | None
         gpus = int(res.get("GPU", 0))
         avail = int(free.get(n["NodeID"], {}).get("GPU", 0)) if free else gpus
         avail = min(gpus, avail + int((held or {}).get(n["NodeID"], 0)))
-        out.append(NodeView(n["NodeID"], gpus, avail, float(res.get("CPU", 0)), HEAD_RESOURCE in res))
+        out.append(NodeCapacity(n["NodeID"], gpus, avail, float(res.get("CPU", 0)), HEAD_RESOURCE in res))
     return sorted(out, key=lambda v: v.id)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from workers.planner_spec import PlanCluster, to_planner_spec
 from workers.runtime.jobspec import JobSpec
-from workers.runtime.placement import NodeView
+from workers.runtime.placement import NodeCapacity
 
 
 class PlanningError(RuntimeError):
@@ -49,7 +49,7 @@ class ClusterChange:
 
 def planner_spec(
     job: JobSpec,
-    nodes: Sequence[NodeView],
+    nodes: Sequence[NodeCapacity],
     *,
     speeds: Mapping[str, float] | None = None,
     max_gpus: int | None = None,
@@ -84,7 +84,7 @@ def planner_spec(
     return spec
 
 
-def first_plan(job: JobSpec, nodes: Sequence[NodeView], *, max_gpus: int | None = None) -> Any:
+def first_plan(job: JobSpec, nodes: Sequence[NodeCapacity], *, max_gpus: int | None = None) -> Any:
     """The best plan for ``nodes`` (honouring the job's layout hint when one is given)."""
     import planner
 
@@ -104,7 +104,7 @@ def replan(
     previous: Any,
     checkpoint_layout: Any,
     change: ClusterChange,
-    base_nodes: Sequence[NodeView],
+    base_nodes: Sequence[NodeCapacity],
     *,
     restart_s: float | None = None,
     horizon_s: float | None = None,
