@@ -384,6 +384,103 @@ def capacity(main: dict[str, Any], rungs: list[dict[str, Any]]) -> str:
     return f">= {best:.0f}" if best == LADDER[-1] else f"{best:.0f}"
 
 
+STREAM_N = 200  # submissions and listings per condition of the stream-impact section
+
+
+def _stream_case(url: str, n: int, stream: bool) -> dict[str, Any]:
+    """Tenant B submits and lists ``n`` times each (closed loop), while tenant A has an event stream
+    open on a job of its own (``stream``) or not; per-call latency percentiles in ms."""
+    import threading
+
+    import httpx
+
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+
+    def tenant(name: str) -> dict[str, str]:
+        t = httpx.post(f"{url}/v1/tenants", headers=admin, timeout=TIMEOUT_S,
+                       json={"name": f"{name}-{uuid.uuid4().hex[:6]}", "submit_per_minute": 100_000,
+                             "max_jobs": 100_000}).json()
+        tok = httpx.post(f"{url}/v1/tenants/{t['id']}/tokens", headers=admin, json={}, timeout=TIMEOUT_S).json()
+        return {"Authorization": f"Bearer {tok['token']}"}
+
+    a, b = tenant("streamer"), tenant("writer")
+    opened = threading.Event()
+    stop = threading.Event()
+    frames = [0]
+
+    follower = httpx.Client(timeout=httpx.Timeout(TIMEOUT_S, read=None))
+
+    def follow() -> None:
+        jid = httpx.post(f"{url}/v1/jobs", json=SPEC, headers=a, timeout=TIMEOUT_S).json()["id"]
+        try:
+            with follower.stream("GET", f"{url}/v1/jobs/{jid}/events",
+                                 headers={**a, "Accept": "text/event-stream"}) as r:
+                opened.set()
+                for line in r.iter_lines():
+                    frames[0] += line.startswith("event:")
+                    if stop.is_set():
+                        return
+        except (httpx.HTTPError, RuntimeError):  # closed from the main thread at the end
+            return
+
+    thread = threading.Thread(target=follow, daemon=True) if stream else None
+    if thread is not None:
+        thread.start()
+        opened.wait(TIMEOUT_S * 4)
+    lat: dict[str, list[float]] = {"submit": [], "list": []}
+    errors = 0
+    with httpx.Client(base_url=url, headers=b, timeout=TIMEOUT_S) as c:
+        for _ in range(n):
+            for op, (method, path, kw) in (("submit", ("POST", "/v1/jobs", {"json": SPEC})),
+                                           ("list", ("GET", "/v1/jobs", {"params": {"limit": 20}}))):
+                t = time.perf_counter()
+                try:
+                    ok = c.request(method, path, **kw).status_code < 400
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    lat[op].append(time.perf_counter() - t)
+                else:
+                    errors += 1
+    stop.set()
+    follower.close()
+    if thread is not None:
+        thread.join(TIMEOUT_S)
+    out: dict[str, Any] = {"stream_open": stream, "errors": errors, "stream_frames": frames[0]}
+    for op, v in lat.items():
+        out[f"{op}_p50_ms"] = _ms(_pct(v, 0.5)) if v else None
+        out[f"{op}_p99_ms"] = _ms(_pct(v, 0.99)) if v else None
+    return out
+
+
+def stream_impact(n: int = STREAM_N) -> list[dict[str, Any]]:
+    """Submissions and listings of one tenant with and without another tenant's event stream open,
+    on SQLite and on PostgreSQL (one server process each, fresh stores)."""
+    import tempfile
+
+    from service.api.process import LiveServer
+    from service.db import migrate
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="orthoplex-bench-") as tmp:
+        db = f"orthoplex_bench_{uuid.uuid4().hex[:8]}"
+        _admin_sql(f'CREATE DATABASE "{db}"')
+        try:
+            for store, url in (("SQLite", f"sqlite:///{tmp}/bench.db"), ("PostgreSQL", f"{_server_url()}/{db}")):
+                migrate.upgrade(url)
+                server = LiveServer(url, ADMIN, env={"ORTHOPLEX_API_FIT_CHECK": "false",
+                                                     "ORTHOPLEX_STORAGE_PATH": f"{tmp}/storage"})
+                server.start()
+                try:
+                    for stream in (False, True):
+                        rows.append({"store": store, **_stream_case(server.url, n, stream)})
+                finally:
+                    server.stop()
+        finally:
+            _admin_sql(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    return rows
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b <= 0 else round(a / b, 1)
 
@@ -425,6 +522,7 @@ def run(quick: bool = False, *, rate: float | None = None, seconds: float | None
         if server is not None:
             server.stop()
         _admin_sql(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    stream_rows = stream_impact(10 if quick else STREAM_N)
     load_after = os.getloadavg()
     wall_s = round(time.perf_counter() - started, 1)
 
@@ -487,6 +585,24 @@ def run(quick: bool = False, *, rate: float | None = None, seconds: float | None
             cells = "; ".join(f"{g['target_rps']:.0f}: {g['achieved_rps']}, {g['p99_all_ms'] or '-'}, {g['dropped']}"
                               for g in mine)
             lines.append(f"| {r['operation']} | {cells} | {r['capacity_rps']} |")
+    n_stream = 10 if quick else STREAM_N
+    lines += [
+        "",
+        f"Event streams: tenant B submits and lists {n_stream} times each, one call after the other "
+        "(closed loop, fit check off), with tenant A's event stream (`Accept: text/event-stream`) open on "
+        "a job of its own or not, on each store (one server process each). Ratios are against the same "
+        "store without a stream, in the same run; the SQLite store is a file on local disk.",
+        "",
+        "| store | stream open | submit p50 ms | submit p99 ms | list p50 ms | list p99 ms | errors "
+        "| submit p50 / no stream | list p50 / no stream |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in stream_rows:
+        base_row = next(x for x in stream_rows if x["store"] == r["store"] and not x["stream_open"])
+        lines.append(
+            f"| {r['store']} | {'yes' if r['stream_open'] else 'no'} | {r['submit_p50_ms']} | {r['submit_p99_ms']} | "
+            f"{r['list_p50_ms']} | {r['list_p99_ms']} | {r['errors']} | "
+            f"{_ratio(r['submit_p50_ms'], base_row['submit_p50_ms'])}x | {_ratio(r['list_p50_ms'], base_row['list_p50_ms'])}x |")
     lines += [
         "",
         f"Machine load average (1/5/15 min) {'/'.join(f'{x:.1f}' for x in load_before)} before and "
@@ -495,7 +611,7 @@ def run(quick: bool = False, *, rate: float | None = None, seconds: float | None
         f"whole run {wall_s} s.",
     ]
     return {"name": "api", "client": client, "rate": rate, "seconds": seconds, "warmup_s": warmup_s, "concurrency": concurrency,
-            "max_late_s": MAX_LATE_S, "late_s": LATE_S, "rows": rows, "ladder": rungs,
+            "max_late_s": MAX_LATE_S, "late_s": LATE_S, "rows": rows, "ladder": rungs, "streams": stream_rows,
             "load_avg": {"before": list(load_before), "after": list(load_after)}, "wall_s": wall_s,
             "markdown": "\n".join(lines) + "\n"}
 

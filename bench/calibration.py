@@ -24,11 +24,13 @@ from typing import Any
 
 from planner.flops import CONVENTIONS, convention_of
 from planner.layout import Layout
-from planner.memory import GiB, activation_bytes_per_layer, inflight_factor, stage_layers
+from planner.memory import stage_memory_gb
 from planner.search import search
 from planner.spec import PlanSpec, SpecError, parse_spec
 
 DEFAULT_CASES = Path(__file__).resolve().parent.parent / "tests" / "planner" / "data" / "published_cases.json"
+# gathered after the planner was built, from sources the original dataset does not use
+HELDOUT_CASES = DEFAULT_CASES.with_name("heldout_cases.json")
 
 
 def load_cases(path: str | Path | None = None) -> list[dict[str, Any]]:
@@ -39,11 +41,16 @@ def load_cases(path: str | Path | None = None) -> list[dict[str, Any]]:
 
 
 def attention_of(case: dict[str, Any]) -> str:
+    """The attention kernel of the software a case ran: FlashAttention-2 class ("flash": PyTorch SDPA,
+    flash-attn, MosaicML's), the vendor's fused kernel ("fused": Megatron-Core / NeMo through
+    Transformer Engine, cuDNN), or materialized scores (systems published before FlashAttention)."""
     text = " ".join(str(case.get(k) or "") for k in ("source", "verification", "notes", "id"))
     if re.search(r"\bFA2\b|flash", text, re.IGNORECASE):
         return "flash"
     if re.search(r"20(1\d|2[0-2])\b", text) or "bigscience" in text.lower():
         return "materialized"
+    if re.search(r"megatron|nemo", text, re.IGNORECASE):
+        return "fused"
     return "flash"
 
 
@@ -74,6 +81,12 @@ def published_key(case: dict[str, Any], tp: int, pp: int, cp: int, dp: int) -> t
     """What the plan-selection bar compares: (tp, pp, cp, dp), or (tp*pp, cp, dp) when the split was
     inferred (the published fact is the model-parallel size, not how it was split)."""
     return (tp * pp, cp, dp) if split_inferred(case) else (tp, pp, cp, dp)
+
+
+def source_of(case: dict[str, Any]) -> str:
+    """The source a case was published by, for leave-one-source-out: the held-out records name it in
+    ``source_key``; the original dataset's records by their id prefix (narayanan2021, flagperf, ...)."""
+    return str(case.get("source_key") or case["id"].split("_")[0])
 
 
 def case_spec(case: dict[str, Any]) -> dict[str, Any]:
@@ -114,37 +127,47 @@ def predict(spec: PlanSpec) -> tuple[Any, str]:
 
 
 def korthikanti_oracle(case: dict[str, Any], spec: PlanSpec) -> list[dict[str, Any]]:
-    """Compare with Korthikanti Fig. 1 (first stage, no embedding): activations for TP-only and
-    SP+selective, and model states at 18 B/param."""
+    """Korthikanti Fig. 1 (first stage, embedding excluded) against the planner's own memory model:
+    activations for TP-only and for SP + selective recompute, and the model states.
+
+    Every predicted number is read from :func:`planner.memory.stage_memory_gb` for the published
+    layout. Megatron 2022 kept fp32 main gradients beside the fp16 weights (2 + 4 + 12 = 18 B per
+    parameter, the figure's convention), which is the planner's bf16 state layout, so the states are
+    read for that layout.
+    """
     meas = case["measured"]
     par = case["parallel"]
+    vpp = par.get("vpp") or 1
+    base = Layout(tp=par["tp"], pp=par["pp"], cp=1, dp=par["dp"], vpp=vpp, micro_batch=par["micro_batch"],
+                  schedule="interleaved" if vpp > 1 else "1f1b", zero=0).with_global_batch(spec.global_batch)
+    states_spec = replace(spec, precision="bf16")
     rows = []
-    base = Layout(tp=par["tp"], pp=par["pp"], cp=1, dp=par["dp"], vpp=par.get("vpp") or 1,
-                  micro_batch=par["micro_batch"], schedule="interleaved" if (par.get("vpp") or 1) > 1 else "1f1b")
-    m = spec.global_batch // (base.dp * base.micro_batch)
-    first, _ = stage_layers(spec.model.layers, base.pp, base.vpp)
-    held = inflight_factor(base, m) if base.pp > 1 else 1.0
-    from planner.flops import layer_params
-
     for key, lay in (("activations_GiB_tp_only_no_recompute", replace(base, sp=False, recompute="none")),
                      ("activations_GiB_sp_plus_selective", replace(base, sp=True, recompute="selective"))):
-        pred = activation_bytes_per_layer(spec, lay) * first * held / GiB
-        rows.append({"case": case["id"], "quantity": key, "measured": meas[key], "predicted": pred})
-    states = first * (layer_params(spec.model) - 2 * spec.model.hidden) / base.tp * 18 / GiB
+        first, _ = stage_memory_gb(spec, lay)
+        rows.append({"case": case["id"], "quantity": key, "measured": meas[key], "predicted": first["activations"]})
+    first, _ = stage_memory_gb(states_spec, base)
     rows.append({"case": case["id"], "quantity": "params_plus_optimizer_GiB",
-                 "measured": meas["params_plus_optimizer_GiB"], "predicted": states})
+                 "measured": meas["params_plus_optimizer_GiB"],
+                 "predicted": first["weights"] + first["grads"] + first["optimizer"]})
     for r in rows:
         r["rel_error"] = r["predicted"] / r["measured"] - 1
     return rows
 
 
-def run_calibration(path: str | Path | None = None) -> dict[str, Any]:
-    """Predict every usable case; return rows, skipped cases and the error summary."""
+def run_calibration(path: str | Path | None = None, params: dict[str, float] | None = None,
+                    cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Predict every usable case; return rows, skipped cases and the error summary.
+
+    ``params`` (see :mod:`bench.fit`) overrides kernel efficiencies of the cases' GPUs; ``cases``
+    replaces the file."""
+    from bench.fit import apply_params
+
     rows: list[dict[str, Any]] = []
     memory_rows: list[dict[str, Any]] = []
     skipped: list[dict[str, str]] = []
-    for case in load_cases(path):
-        raw = case_spec(case)
+    for case in cases if cases is not None else load_cases(path):
+        raw = apply_params(case_spec(case), params or {})
         if "memory_formula_unit_test" in case.get("uses", []):
             raw["parallel"].setdefault("sp", False)
             raw["parallel"].setdefault("recompute", "none")
@@ -166,7 +189,7 @@ def run_calibration(path: str | Path | None = None) -> dict[str, Any]:
             continue
         est = plan.estimate
         rows.append({
-            "case": case["id"], "gpu": spec.cluster.gpu_type, "layout": plan.layout.short(),
+            "case": case["id"], "source": source_of(case), "gpu": spec.cluster.gpu_type, "layout": plan.layout.short(),
             "micro_batch": plan.layout.micro_batch, "recompute": plan.layout.recompute,
             "measured_tokens_per_gpu": measured, "predicted_tokens_per_gpu": est.tokens_per_s_per_gpu,
             "rel_error": est.tokens_per_s_per_gpu / measured - 1, "measured_as": how,

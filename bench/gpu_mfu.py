@@ -1,15 +1,21 @@
-"""MFU of the engine's model on one GPU for a ~1B-parameter Llama (bf16 autocast).
+"""MFU of the real engine on one GPU: ``RankTrainer`` (single rank, NCCL process group of one, bf16
+autocast, fused attention, the engine's AdamW) training a ~1B-parameter Llama.
 
-Run ``python -m bench.gpu_mfu``. Without CUDA it prints a clear skip and exits 0. MFU is
-``tokens/s * flops_per_token / peak`` with ``flops_per_token = 6 * non-embedding params +
-6 * layers * hidden * seq`` (causal attention) and the GPU's dense bf16 peak looked up by name
-(override with ``ORTHOPLEX_PEAK_TFLOPS``).
+Run ``python -m bench.gpu_mfu`` (``--quick``: one size). Without CUDA it prints a clear skip and
+exits 0; :func:`measure` itself also runs on CPU (gloo, fp32, math attention), which is how the
+CPU test suite exercises this exact path. MFU is ``tokens/s * flops_per_token / peak`` with
+``flops_per_token = 6 * non-embedding params + 6 * layers * hidden * seq`` (causal attention) and the
+GPU's dense bf16 peak looked up by name (override with ``ORTHOPLEX_PEAK_TFLOPS``). Every step is the
+engine's own ``train_batch`` (forward, backward, gradient clipping, learning-rate schedule, AdamW,
+loss read back), so the number is what a one-GPU job gets, not a bare model's upper bound.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "L4": 121.0,
@@ -26,18 +32,65 @@ def peak_tflops(name: str) -> float | None:
     return None
 
 
-def train_step(model: Any, opt: Any, x: Any, vocab: int) -> float:
-    """One bf16-autocast training step on CUDA of next-token prediction on ``x``; returns the loss."""
-    import torch
-    import torch.nn.functional as F
+@contextlib.contextmanager
+def fused_attention(device: Any) -> Iterator[None]:
+    """On CUDA, allow only fused SDPA kernels (flash, memory-efficient, cuDNN): attention that would
+    fall back to the unfused math kernel raises instead. Elsewhere, nothing changes."""
+    if getattr(device, "type", str(device)) != "cuda":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        logits = model(x[:, :-1])
-    loss = F.cross_entropy(logits.float().reshape(-1, vocab), x[:, 1:].reshape(-1))
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return float(loss.detach())
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+        yield
+
+
+def measure(preset: str = "llama-1b", seq: int = 2048, batch: int = 4, warmup: int = 3, steps: int = 5,
+            ) -> dict[str, Any]:
+    """Time ``steps`` engine steps (after ``warmup``) of ``preset`` at ``seq`` x ``batch`` on this
+    machine's device, through ``RankTrainer`` in a process group of one; one result row."""
+    import torch
+
+    from planner.layout import Layout
+    from workers.engine.config import ModelConfig, TrainConfig
+    from workers.engine.launch import single_rank_group
+    from workers.engine.trainer import RankTrainer
+
+    model = ModelConfig.from_dict({**ModelConfig.preset(preset).to_dict(), "seq_len": seq})
+    cfg = TrainConfig(model=model, steps=warmup + steps, global_batch=batch, lr=1e-4, min_lr=1e-5,
+                      warmup_steps=0)
+    x = torch.randint(0, model.vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
+    with single_rank_group() as backend:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        trainer = RankTrainer(cfg, Layout(micro_batch=batch), 0, 1)
+        try:
+            dev = trainer.device
+            sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            losses = []
+            with fused_attention(dev):
+                for _ in range(warmup):
+                    losses.append(trainer.train_batch(x).loss)
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    losses.append(trainer.train_batch(x).loss)
+                sync()
+            dt = (time.perf_counter() - t0) / steps
+            name = torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu"
+            mem = round(torch.cuda.max_memory_allocated() / 2**30, 1) if dev.type == "cuda" else None
+        finally:
+            trainer.close()
+    tps = batch * seq / dt
+    achieved = tps * model.flops_per_token() / 1e12
+    peak = peak_tflops(name) if dev.type == "cuda" else None
+    return {"gpu": name, "engine": "RankTrainer", "backend": backend,
+            "autocast": "bf16" if dev.type == "cuda" else "none",
+            "attention": "fused only" if dev.type == "cuda" else "any", "params_b": round(model.num_params() / 1e9, 3),
+            "seq": seq, "batch": batch, "step_s": round(dt, 4), "tokens_per_s": round(tps),
+            "tflops": round(achieved, 3), "mfu": round(achieved / peak, 4) if peak else None, "max_mem_gb": mem,
+            "first_loss": round(losses[0], 4), "last_loss": round(losses[-1], 4)}
 
 
 def run(quick: bool = False) -> dict[str, Any]:
@@ -47,40 +100,13 @@ def run(quick: bool = False) -> dict[str, Any]:
         msg = "SKIP: no CUDA device here; bench/gpu_mfu.py measures MFU only on a GPU"
         print(msg)
         return {"name": "gpu_mfu", "rows": [], "skipped": True, "markdown": msg}
-
-    from workers.engine.config import ModelConfig
-    from workers.engine.model import build_model
-
-    dev = torch.device("cuda", 0)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    base = ModelConfig.preset("llama-1b")
     rows = []
     for seq, batch in ([(2048, 4)] if quick else [(2048, 4), (2048, 8)]):
-        cfg = ModelConfig.from_dict({**base.to_dict(), "seq_len": seq})
-        model = build_model(cfg, seed=0, device=dev)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-        x = torch.randint(0, cfg.vocab, (batch, seq + 1), device=dev)
-
-        for _ in range(3):
-            train_step(model, opt, x, cfg.vocab)
-        torch.cuda.synchronize()
-        n = 5 if quick else 10
-        t0 = time.perf_counter()
-        for _ in range(n):
-            train_step(model, opt, x, cfg.vocab)
-        torch.cuda.synchronize()
-        dt = (time.perf_counter() - t0) / n
-        tps = batch * seq / dt
-        name = torch.cuda.get_device_name(0)
-        peak = peak_tflops(name)
-        achieved = tps * cfg.flops_per_token() / 1e12
-        rows.append({"gpu": name, "params_b": round(cfg.num_params() / 1e9, 3), "seq": seq, "batch": batch,
-                     "step_s": round(dt, 4), "tokens_per_s": round(tps), "tflops": round(achieved, 1),
-                     "mfu": round(achieved / peak, 4) if peak else None,
-                     "max_mem_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1)})
-        del model, opt
+        rows.append(measure("llama-1b", seq, batch, warmup=3, steps=5 if quick else 10))
         torch.cuda.empty_cache()
-    lines = ["| GPU | params (B) | seq | batch | step s | tokens/s | TFLOP/s | MFU | mem GB |",
+    lines = ["MFU of `RankTrainer` (1 rank, NCCL group of one, bf16 autocast, fused attention only, AdamW); "
+             "peak = the GPU's dense bf16 peak by name (no baseline: an absolute fraction of peak).", "",
+             "| GPU | params (B) | seq | batch | step s | tokens/s | TFLOP/s | MFU | mem GB |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['gpu']} | {r['params_b']} | {r['seq']} | {r['batch']} | {r['step_s']} | "

@@ -1,16 +1,23 @@
 """Validity rules, each with the reason a candidate is rejected (None = passes).
 
 Split by what they need, so the search can reject a whole factorization before looking at knobs.
+For engine-only specs (``PlanSpec.engine_only``) each check applies the engine's own limits from
+:mod:`planner.engine_rules` (their one home, also called by ``workers.engine.validate``), so a plan
+made for the engine is never refused by it; the general rules here describe what the cost model
+assumes of other engines (Megatron-style interleaving, uneven stages).
 """
 
 from __future__ import annotations
 
+from planner import engine_rules as E
 from planner.layout import Layout
 from planner.spec import PlanSpec
 
 
 def check_tp(spec: PlanSpec, tp: int) -> tuple[str, str] | None:
     m = spec.model
+    if spec.engine_only:
+        return E.tp_rule(m, tp)
     if m.heads % tp:
         return "heads", f"heads {m.heads} not divisible by tp {tp}"
     if m.kv_heads % tp and tp % m.kv_heads:
@@ -21,6 +28,8 @@ def check_tp(spec: PlanSpec, tp: int) -> tuple[str, str] | None:
 
 
 def check_cp(spec: PlanSpec, cp: int) -> tuple[str, str] | None:
+    if spec.engine_only:
+        return E.cp_split_rule(spec.model, cp)
     if cp > 1 and spec.model.seq_len % (2 * cp):
         return "seq_len", f"seq_len {spec.model.seq_len} not divisible by 2*cp = {2 * cp} (zigzag load balancing)"
     return None
@@ -30,9 +39,9 @@ def check_pp(spec: PlanSpec, pp: int, vpp: int) -> tuple[str, str] | None:
     layers = spec.model.layers
     if pp * vpp > layers:
         return "layers", f"pp*vpp = {pp * vpp} exceeds the {layers} layers"
+    if spec.engine_only:
+        return E.stage_rule(spec.model, pp, vpp)
     if layers % (pp * vpp):
-        if spec.engine_only:
-            return "layers", f"layers {layers} not divisible by pp*vpp = {pp * vpp} (engine needs even stages)"
         chunk = -(-layers // (pp * vpp))
         if layers - chunk * vpp * (pp - 1) <= 0:
             return "layers", f"layers {layers} cannot be split unevenly over pp*vpp = {pp * vpp} (last stage empty)"
@@ -47,6 +56,8 @@ def check_batch(spec: PlanSpec, dp: int, micro_batch: int) -> tuple[str, str] | 
 
 
 def check_schedule(spec: PlanSpec, lay: Layout, num_micro_batches: int) -> tuple[str, str] | None:
+    if spec.engine_only:
+        return E.schedule_rule(lay, num_micro_batches)
     if lay.schedule == "interleaved" and num_micro_batches % lay.pp:
         return "schedule", (f"interleaved schedule needs micro-batches ({num_micro_batches}) to be a multiple "
                             f"of pp ({lay.pp})")
@@ -55,6 +66,10 @@ def check_schedule(spec: PlanSpec, lay: Layout, num_micro_batches: int) -> tuple
 
 def check_knobs(spec: PlanSpec, lay: Layout) -> tuple[str, str] | None:
     m = spec.model
+    if spec.engine_only:
+        bad = E.cp_rule(m, lay)
+        if bad:
+            return bad
     if lay.cp > 1 and lay.cp_method == "ulysses":
         heads_local = m.heads // lay.tp
         if heads_local % lay.cp:
@@ -71,6 +86,9 @@ def check_all(spec: PlanSpec, lay: Layout) -> tuple[str, str] | None:
                                 f"{lay.num_micro_batches} is not the global_batch {spec.global_batch}")
     nmb = lay.num_micro_batches or (spec.global_batch // (lay.dp * lay.micro_batch)
                                     if spec.global_batch % (lay.dp * lay.micro_batch) == 0 else 0)
-    return (check_tp(spec, lay.tp) or check_cp(spec, lay.cp) or check_pp(spec, lay.pp, lay.vpp)
-            or check_batch(spec, lay.dp, lay.micro_batch) or check_schedule(spec, lay, nmb)
-            or check_knobs(spec, lay))
+    bad = (check_tp(spec, lay.tp) or check_cp(spec, lay.cp) or check_pp(spec, lay.pp, lay.vpp)
+           or check_batch(spec, lay.dp, lay.micro_batch) or check_schedule(spec, lay, nmb)
+           or check_knobs(spec, lay))
+    if bad is None and spec.engine_only:
+        bad = E.first_refusal(spec.model, lay, spec.global_batch)
+    return bad

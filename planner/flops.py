@@ -12,10 +12,12 @@ Other conventions (for comparing with published numbers) are in :data:`CONVENTIO
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 from planner.spec import ModelSpec
 
 
+@lru_cache(maxsize=256)
 def layer_matmul_params(m: ModelSpec) -> int:
     """Weights of one decoder layer's matmuls (QKV, output, MLP)."""
     h, kv = m.hidden, m.kv_heads * m.head_dim
@@ -24,6 +26,7 @@ def layer_matmul_params(m: ModelSpec) -> int:
     return attn + mlp
 
 
+@lru_cache(maxsize=256)
 def layer_params(m: ModelSpec) -> int:
     return layer_matmul_params(m) + 2 * m.hidden  # + two norms
 
@@ -46,6 +49,11 @@ def recompute_flops_per_token(m: ModelSpec, recompute: str) -> float:
     """Extra FLOPs actually executed per token by activation recomputation (for HFU)."""
     if recompute == "full":
         return 2.0 * m.layers * layer_matmul_params(m) + 4.0 * m.layers * m.seq_len * m.hidden
+    if recompute.startswith("layer:"):
+        return recompute_flops_per_token(m, "full") / int(recompute.split(":", 1)[1])
+    if recompute == "op":  # the even-numbered matmuls: k, the output projection, fc1's second half
+        kv = m.kv_heads * m.head_dim
+        return 2.0 * m.layers * m.hidden * (kv + m.hidden + (m.ffn if m.gated_mlp else 0))
     if recompute == "selective":
         return 4.0 * m.layers * m.seq_len * m.hidden
     return 0.0
@@ -81,6 +89,8 @@ CONVENTIONS: dict[str, Callable[[ModelSpec], float]] = {
 def convention_of(text: str | None) -> str:
     """Map a published case's ``flops_convention`` text to a key of :data:`CONVENTIONS`."""
     t = (text or "").lower()
+    if t.startswith("megatron"):
+        return "megatron"
     if "96*" in t or "narayanan" in t or "4*2" in t:
         return "narayanan"
     if "6n" in t or "palm" in t:

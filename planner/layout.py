@@ -10,6 +10,7 @@ Pure Python: no torch, no ray.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,11 +18,40 @@ Dim = Literal["tp", "cp", "dp", "pp"]
 DIMS: tuple[Dim, ...] = ("tp", "cp", "dp", "pp")  # fastest-varying first
 Schedule = Literal["gpipe", "1f1b", "interleaved"]
 CpMethod = Literal["ring", "ulysses"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = str  # one of RECOMPUTE_MODES, "layer:N" with an integer N >= 2
 
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
 CP_METHODS: tuple[str, ...] = ("ring", "ulysses")
-RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "op", "layer:N", "full")
+"""Activation recomputation: ``selective`` is Megatron's (the attention core again), ``op`` and
+``layer:N`` are TorchTitan's selective modes (op-level: every other matmul and the cheap ops are
+recomputed; layer-level: every N-th layer is fully checkpointed; ``layer`` means ``layer:2``)."""
+
+
+def recompute_error(value: object) -> str | None:
+    """Why ``value`` is not a recompute mode (listing the known ones), or None."""
+    if isinstance(value, str):
+        if value in ("none", "selective", "op", "full"):
+            return None
+        m = re.fullmatch(r"layer:(\d+)", value)
+        if m and int(m.group(1)) >= 2:
+            return None
+    return f"must be one of {', '.join(RECOMPUTE_MODES)} (N an integer >= 2), got {value!r}"
+
+
+def normalise_recompute(value: object) -> object:
+    """TorchTitan-style aliases: ``layer`` is ``layer:2``, ``selective_op`` is ``op``."""
+    return {"layer": "layer:2", "selective_op": "op", "selective_layer": "layer:2"}.get(value, value) \
+        if isinstance(value, str) else value
+
+
+def checkpoint_interval(recompute: str) -> int:
+    """Every how many layers one is fully recomputed: 1 for ``full``, N for ``layer:N``, 0 otherwise."""
+    if recompute == "full":
+        return 1
+    if recompute.startswith("layer:"):
+        return int(recompute.split(":", 1)[1])
+    return 0
 ZERO_STAGES: tuple[int, ...] = (0, 1, 3)
 
 
@@ -69,8 +99,9 @@ class Layout:
             raise LayoutError(f"layout field 'num_micro_batches' must be >= 0, got {self.num_micro_batches!r}")
         if self.zero not in ZERO_STAGES:
             raise LayoutError(f"layout field 'zero' must be one of {ZERO_STAGES}, got {self.zero!r}")
-        if self.recompute not in RECOMPUTE_MODES:
-            raise LayoutError(f"layout field 'recompute' must be one of {RECOMPUTE_MODES}, got {self.recompute!r}")
+        bad = recompute_error(self.recompute)
+        if bad:
+            raise LayoutError(f"layout field 'recompute' {bad}")
         if self.schedule not in SCHEDULES:
             raise LayoutError(f"layout field 'schedule' must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.cp_method not in CP_METHODS:
@@ -174,8 +205,10 @@ class Layout:
             key, raw = (s.strip() for s in part.split("=", 1))
             if key not in fields:
                 raise LayoutError(f"unknown layout field {key!r}; known: {', '.join(fields)}")
-            if key in ("schedule", "cp_method", "recompute"):
+            if key in ("schedule", "cp_method"):
                 values[key] = raw
+            elif key == "recompute":
+                values[key] = normalise_recompute(raw)
             elif key == "sp":
                 if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
                     raise LayoutError(f"layout field 'sp' must be true/false, got {raw!r}")

@@ -2,12 +2,15 @@
 
 - **Model states** (Megatron ``dist_optimizer.md``): bf16/fp8 params + fp32 grads + fp32 Adam
   (master, m, v) = 2 + 4 + 12 = 18 B/param; fp16 = 2 + 2 + 16 = 20 B/param (fp8 keeps an extra
-  1 B fp8 weight copy). ZeRO-1 shards the optimizer over the DP x CP group, ZeRO-3 everything.
+  1 B fp8 weight copy). ZeRO-1 shards the optimizer over the DP x CP group. ZeRO-3 (FSDP2) shards
+  fp32 parameters (the master copy), fp32 gradients and Adam's m, v: 16 B/param over DP x CP.
 - **Activations** (Korthikanti et al. 2022, Table 2, generalised to GQA, gated MLPs, flash
   attention and CP): per layer and micro-batch, with ``t = b·s/cp`` tokens on the rank,
   ``t·[10h/(T if SP else 1) + (2h + 4·kv·dh + 2h + 2·fc1 + 2·F)/T] + 5·a·(s/cp)·s·b/T`` bytes (the
   last term only for materialized attention). Selective recompute drops the attention-score term;
-  full recompute keeps only the layer input ``2·t·h`` (/T with SP) plus one layer's working set.
+  full recompute keeps only the layer input ``2·t·h`` (/T with SP) plus one layer's working set;
+  ``layer:N`` (every N-th layer checkpointed) averages the two; ``op`` (TorchTitan's op-level SAC)
+  keeps the layer input, q, v, the attention output, the first fc1 half and the LSE.
   The first stage holds ``min(m, p)`` micro-batches of its layers (1F1B; GPipe keeps ``m``;
   interleaving multiplies by ``1 + (p-1)/(p·v)``).
 - **Embedding/logits**: embedding output on the first stage; fp32 logits ``4·t·(h+V)/T`` on the last.
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.flops import layer_params
-from planner.layout import Layout
+from planner.layout import Layout, checkpoint_interval
 from planner.spec import ModelSpec, PlanSpec
 
 GiB = float(2**30)
@@ -71,13 +74,15 @@ def head_layer_equivalents(m: ModelSpec) -> float:
 
 def state_bytes_per_param(precision: str, zero: int, shard: int) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes per parameter after ZeRO sharding over ``shard`` ranks."""
+    if zero >= 3:
+        # FSDP2 / ZeRO-3: the fp32 sharded parameters are the master copy (the low-precision
+        # weights exist only gathered, one or two layers at a time: see the ZeRO-3 buffer), fp32
+        # sharded gradients (reduce_dtype fp32), Adam m and v: 4 + 4 + 8 = 16 B per parameter
+        return 4.0 / shard, 4.0 / shard, 8.0 / shard
     w = 3.0 if precision == "fp8" else 2.0
     g, o = (2.0, 16.0) if precision == "fp16" else (4.0, 12.0)
     if zero >= 1:
         o /= shard
-    if zero >= 3:
-        w /= shard
-        g /= shard
     return w, g, o
 
 
@@ -90,14 +95,23 @@ def activation_bytes_per_layer(spec: PlanSpec, lay: Layout, recompute: str | Non
     sp_div = t if lay.sp else 1
     if rc == "full":
         return 2.0 * tok * h / sp_div
+    every = checkpoint_interval(rc)
+    if every > 1:  # layer:N: one layer in N keeps only its input, the others everything
+        return (activation_bytes_per_layer(spec, lay, "full") + (every - 1) * activation_bytes_per_layer(spec, lay, "none")) / every
     kv = m.kv_heads * m.head_dim
     fc1 = (2 if m.gated_mlp else 1) * m.ffn
+    lse = 4.0 * m.heads * tok / t  # flash attention's softmax statistics (fp32)
+    if rc == "op":
+        # TorchTitan's op-level SAC: saves the outputs of the odd-numbered matmuls (q, v, fc1's
+        # first half, fc2), the attention output and the collectives; recomputes the rest. The
+        # layer input stays (replicated without SP), fc2's output is the next layer's input.
+        return 2.0 * tok * h / sp_div + tok * (2 * h + 2 * kv + 2 * h + 2 * m.ffn) / t + lse
     replicated = 10.0 * tok * h / sp_div
     split = tok * (2 * h + 4 * kv + 2 * h + 2 * fc1 + 2 * m.ffn) / t
     if m.attention == "materialized":
         scores = 5.0 * m.heads * (m.seq_len / lay.cp) * m.seq_len * lay.micro_batch / t
     else:
-        scores = 4.0 * m.heads * tok / t  # softmax statistics only
+        scores = lse
     if rc == "selective":
         scores = 0.0 if m.attention == "materialized" else scores
     return replicated + split + scores
@@ -130,11 +144,12 @@ def _stages(spec: PlanSpec, lay: Layout) -> tuple[dict[str, float], dict[str, fl
     tok = lay.micro_batch * m.seq_len / lay.cp
     sp_div = t if lay.sp else 1
     act_layer = activation_bytes_per_layer(spec, lay)
-    working = activation_bytes_per_layer(spec, lay, "none") if lay.recompute == "full" else 0.0
+    # a fully recomputed layer rebuilds all its activations during its backward
+    working = activation_bytes_per_layer(spec, lay, "none") if checkpoint_interval(lay.recompute) else 0.0
     zero3_buf = 2.0 * lp * 2.0 + lp * 4.0 if lay.zero >= 3 else 0.0
     emb_act = 3.0 * tok * m.hidden / sp_div
     logits = 4.0 * tok * (m.hidden + m.vocab) / t
-    overhead = min(3.0, 0.04 * spec.cluster.gpu_mem_gb) * GiB
+    overhead = runtime_overhead_bytes(spec)
 
     def stage(layers: int, with_emb: bool, with_head: bool, held: float) -> dict[str, float]:
         params_layers = layers * lp
@@ -153,6 +168,25 @@ def _stages(spec: PlanSpec, lay: Layout) -> tuple[dict[str, float], dict[str, fl
         first = stage(first_layers, True, True, 1.0)
         return first, first
     return (stage(first_layers, True, False, inflight_factor(lay, mb)), stage(last_layers, False, True, 1.0))
+
+
+def runtime_overhead_bytes(spec: PlanSpec) -> float:
+    """CUDA context, NCCL buffers, allocator slack."""
+    return min(3.0, 0.04 * spec.cluster.gpu_mem_gb) * GiB
+
+
+def states_floor_gb(spec: PlanSpec, tp: int, pp: int, shard: int, zero: int) -> float:
+    """A lower bound on memory per GPU for any micro-batch, vpp, recompute and SP: the model states
+    of ``layers/pp`` layers (the busiest stage holds at least that many) plus the runtime overhead."""
+    w, g, o = state_bytes_per_param(spec.precision, zero, shard)
+    states = spec.model.layers / pp * layer_params(spec.model) / tp * (w + g + o)
+    return (states + runtime_overhead_bytes(spec)) / GiB
+
+
+def stage_memory_gb(spec: PlanSpec, lay: Layout) -> tuple[dict[str, float], dict[str, float]]:
+    """Components (GiB) of the first and of the last pipeline stage (the same stage when pp = 1)."""
+    first, last = _stages(spec, lay)
+    return {k: v / GiB for k, v in first.items()}, {k: v / GiB for k, v in last.items()}
 
 
 def estimate_memory(spec: PlanSpec, lay: Layout) -> MemoryEstimate:

@@ -1,12 +1,16 @@
 """Built-in GPU profiles and model presets.
 
 A profile fills the cluster fields a spec leaves out. Numbers are vendor data sheets (dense, no
-sparsity) plus two measured-kind numbers per GPU: ``gemm_efficiency``, the fraction of the dense
-peak a large, well-shaped bf16 GEMM sustains in training (cuBLAS-class microbenchmarks; Hopper loses
-more to power and clock limits than A100), and ``attention_efficiency``, what FlashAttention-2
-sustains forward + backward on long sequences (its paper: ~60% of peak on A100, ~40% on H100; the
-timing model lowers it for short blocks). Everything else in
-the cost model is physics on top of these.
+sparsity) plus kernel efficiencies: ``gemm_efficiency`` (the fraction of the dense bf16 peak large
+GEMMs sustain in training), ``fp8_gemm_efficiency`` (the same for fp8 GEMMs, of the fp8 peak; their
+casts are priced separately), ``attention_efficiency`` (a FlashAttention-2 class kernel, forward +
+backward, long sequences, head dim 128) and ``fused_attention_efficiency`` (the vendor's fused
+kernel: cuDNN / Transformer Engine, FlashAttention-3 class on Hopper). The timing model applies
+size, causality and head-dim fall-offs to these.
+
+The Hopper (H100, H800, H200) and Ampere (A100, A800) values are fitted to 86 published runs from
+11 sources by ``bench/fit.py`` (``orthoplex bench planner`` refits them and reports the error on
+sources left out of the fit); the other GPUs keep data-sheet-class estimates.
 """
 
 from __future__ import annotations
@@ -27,17 +31,19 @@ class GpuProfile:
     gpus_per_node: int = 8
     gemm_efficiency: float = 0.75
     attention_efficiency: float = 0.5  # flash attention, forward + backward, fraction of dense peak
+    fused_attention_efficiency: float = 0.0  # the vendor's fused kernel (cuDNN/TE, FA3 class); 0 = as flash
+    fp8_gemm_efficiency: float = 0.0  # large fp8 GEMMs, fraction of the fp8 peak; 0 = 0.8 x gemm_efficiency
 
 
 PROFILES: dict[str, GpuProfile] = {
     p.name: p
     for p in (
-        GpuProfile("A100", 80, 312.0, None, 2039, 300, 200, 8, 0.80, 0.62),
-        GpuProfile("A100-40GB", 40, 312.0, None, 1555, 300, 200, 8, 0.80, 0.62),
-        GpuProfile("A800", 80, 312.0, None, 2039, 200, 200, 8, 0.80, 0.62),
-        GpuProfile("H100", 80, 989.0, 1979.0, 3350, 450, 400, 8, 0.66, 0.42),
-        GpuProfile("H800", 80, 989.0, 1979.0, 3350, 200, 400, 8, 0.66, 0.42),
-        GpuProfile("H200", 141, 989.0, 1979.0, 4800, 450, 400, 8, 0.68, 0.44),
+        GpuProfile("A100", 80, 312.0, None, 2039, 300, 200, 8, 0.72, 0.42),
+        GpuProfile("A100-40GB", 40, 312.0, None, 1555, 300, 200, 8, 0.72, 0.42),
+        GpuProfile("A800", 80, 312.0, None, 2039, 200, 200, 8, 0.72, 0.42),
+        GpuProfile("H100", 80, 989.0, 1979.0, 3350, 450, 400, 8, 0.567, 0.284, 0.353, 0.792),
+        GpuProfile("H800", 80, 989.0, 1979.0, 3350, 200, 400, 8, 0.567, 0.284, 0.353, 0.792),
+        GpuProfile("H200", 141, 989.0, 1979.0, 4800, 450, 400, 8, 0.567, 0.284, 0.353, 0.792),
         GpuProfile("H20", 96, 148.0, 296.0, 4000, 450, 400, 8, 0.80, 0.60),
         GpuProfile("B200", 180, 2250.0, 4500.0, 8000, 900, 400, 8, 0.66, 0.40),
         GpuProfile("V100", 32, 125.0, None, 900, 150, 100, 8, 0.75, 0.50),

@@ -16,6 +16,7 @@ Skipped candidates still count in ``searched``; ``evaluated`` counts those fully
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import time
@@ -33,14 +34,27 @@ from planner.memory import (
     memory_limit_gb,
     memory_total_gb,
     stage_layers,
+    states_floor_gb,
 )
 from planner.result import Estimate, Plan, PlanResult, Rejection
 from planner.spec import NodeSpec, PlanSpec
-from planner.timing import Hardware, Links, estimate_time, group_link, hardware_for, head_time, layer_times
+from planner.timing import (
+    Hardware,
+    Links,
+    estimate_time,
+    group_link,
+    hardware_for,
+    head_time,
+    layer_times,
+    p2p_time,
+    stage_param_count,
+    zero3_traffic_s,
+)
 
 MAX_LISTED_REJECTIONS = 200
 MAX_MICRO_BATCH = 64
-RECOMPUTE_ORDER = ("none", "selective", "full")
+RECOMPUTE_ORDER = ("none", "selective", "op", "layer:4", "layer:3", "layer:2", "full")  # tried cheapest first
+ENGINE_RECOMPUTE = ("none", "selective", "full")  # what workers/engine runs
 
 
 def divisors(n: int) -> list[int]:
@@ -152,6 +166,7 @@ class Searcher:
         self.evaluated = 0
         self.limit_gb = memory_limit_gb(spec)
         self._threshold = math.inf
+        self._rc_order: dict[tuple[Any, ...], list[str]] = {}
 
     # ------------------------------------------------------------------ bookkeeping
     def reject(self, layout: dict[str, Any] | Layout, kind: str, reason: str, count: int = 1) -> None:
@@ -202,6 +217,10 @@ class Searcher:
     # ------------------------------------------------------------------ the search
     def run_world(self, world: World) -> None:
         spec = self.spec
+        if spec.engine_only and spec.fixed.get("recompute", "none") not in ENGINE_RECOMPUTE:
+            self.reject({"recompute": spec.fixed["recompute"]}, "recompute",
+                        f"the engine runs recompute {', '.join(ENGINE_RECOMPUTE)}, not {spec.fixed['recompute']!r}")
+            return
         hw = hardware_for(spec, world.speed)
         gb = spec.global_batch
         entries = []
@@ -239,26 +258,48 @@ class Searcher:
             self._search_shape(world, hw, tp, cp, pp, dp, mbs, vpps)
 
     def _vpp_options(self, pp: int) -> list[int]:
+        """Virtual stages per rank: every count the cost model accepts, uneven chunks included.
+
+        1 is the plain (1F1B) pipeline; interleaving means ``vpp >= 2``, so a spec that fixes
+        ``schedule: interleaved`` leaves 1 out. Chunk counts the model cannot split (the last
+        stage would be empty) and, for ``engine_only``, uneven ones are rejected by
+        :func:`planner.constraints.check_pp` with their reason.
+        """
         if "vpp" in self.spec.fixed:
             return [self.spec.fixed["vpp"]]
-        if pp == 1 or self.spec.fixed.get("schedule", "interleaved") != "interleaved":
+        sched = self.spec.fixed.get("schedule")
+        if pp == 1 or sched in ("1f1b", "gpipe"):
             return [1]
-        layers = self.spec.model.layers
-        return [v for v in range(1, layers // pp + 1) if v == 1 or layers % (pp * v) == 0]
+        top = self.spec.model.layers // pp
+        return list(range(2 if sched == "interleaved" else 1, top + 1)) or [2]
 
-    def tight_bound(self, hw: Hardware, links: Links, tp: int, cp: int, pp: int, b: int, v: int, nmb: int,
-                    sps: list[bool], cpms: list[str]) -> float:
-        """Pipeline time with no recompute and no DP exposure: a lower bound for every remaining knob."""
+    def tight_bound(self, hw: Hardware, links: Links, shape: dict[str, int], b: int, nmb: int,
+                    sps: list[bool], cpms: list[str], vpps: list[int], zero3_only: bool) -> list[tuple[float, int]]:
+        """A cheap lower bound on the step time of every remaining knob, per vpp: the pipeline with
+        its point-to-point, no recompute, no DP exposure; ZeRO-3's gathers when only ZeRO-3 fits."""
         m = self.spec.model
-        first, last = stage_layers(m.layers, pp, v, head_layer_equivalents(m))
+        tp, cp, pp, shard = shape["tp"], shape["cp"], shape["pp"], shape["dp"] * shape["cp"]
         head = head_time(m, hw, b, tp, cp)
-        best = math.inf
-        for sp in sps:
-            for cpm in cpms:
-                lt = layer_times(m, self.spec.precision, hw, b, tp, cp, sp, "none", cpm, links.tp, links.cp)
-                stage = max(first * lt.total, last * lt.total + head) if pp > 1 else first * lt.total + head
-                best = min(best, stage)
-        return (nmb + (pp - 1) / v) * best
+        layer = min(layer_times(m, self.spec.precision, hw, b, tp, cp, sp, "none", cpm, links.tp, links.cp).total
+                    for sp in sps for cpm in cpms)
+        p2p = p2p_time(m, b, tp, cp, pp, 1, links.pp)
+        heq = head_layer_equivalents(m)
+        out = []
+        for v in vpps:
+            first, last = stage_layers(m.layers, pp, v, heq)
+            stage = max(first * layer, last * layer + head) if pp > 1 else first * layer + head
+            if zero3_only and shard > 1:  # the gathers and the reduce-scatter bound a micro-batch
+                ag, rs = zero3_traffic_s(self.spec.precision, stage_param_count(m, min(first, last), tp), shard,
+                                         links.dp)
+                stage = max(stage, 2 * ag + rs)
+            out.append(((nmb + (pp - 1) / v) * (stage + v * p2p), v))
+        return out
+
+    def _limit(self, key: tuple[int, ...]) -> float:
+        """What a candidate must beat: this shape's best so far (only the best plan per shape is
+        kept) or, before that, the k-th best overall."""
+        shape_best = self.best_by_shape.get(key)
+        return min(self._threshold, shape_best.step if shape_best else math.inf)
 
     def _search_shape(self, world: World, hw: Hardware, tp: int, cp: int, pp: int, dp: int,
                       mbs: list[int], vpps: list[int]) -> None:
@@ -266,22 +307,45 @@ class Searcher:
         shape = {"tp": tp, "pp": pp, "cp": cp, "dp": dp}
         sps = self._options("sp", [True] if tp > 1 else [False])
         zeros = self._options("zero", [1, 3] if dp * cp > 1 else [0])
-        recs = self._options("recompute", RECOMPUTE_ORDER)
+        recs = self._options("recompute", ENGINE_RECOMPUTE if spec.engine_only else RECOMPUTE_ORDER)
         cpms = self._options("cp_method", ["ring", "ulysses"] if cp > 1 else ["ring"])
         links = links_for(hw, tp, cp, dp, pp, world.gpus)
         per_v = len(sps) * len(zeros) * len(recs) * len(cpms)
+        key = (world.size, tp, pp, cp, dp)
+        fitting = [z for z in zeros if states_floor_gb(spec, tp, pp, dp * cp, z) <= self.limit_gb]
+        if not fitting:
+            least = states_floor_gb(spec, tp, pp, dp * cp, max(zeros))
+            self.reject(shape, "memory", f"needs at least {least:.1f} GiB per GPU for the model states alone > "
+                        f"{self.limit_gb:.1f} GiB usable", per_v * len(mbs) * len(vpps))
+            self.searched += per_v * len(mbs) * len(vpps)
+            return
+        zeros = fitting
+        zero3_only = min(zeros) >= 3
+        splittable = []
+        for v in vpps:  # stage splits depend on v alone
+            bad = C.check_pp(spec, pp, v)
+            if bad:
+                self.reject({**shape, "vpp": v}, bad[0], bad[1], len(mbs))
+                self.searched += per_v * len(mbs)
+            else:
+                splittable.append(v)
+        probe = Layout(tp=tp, pp=pp, cp=cp, dp=dp, vpp=2, schedule="interleaved") if pp > 1 else None
         for i, b in enumerate(mbs):
             nmb = spec.global_batch // (dp * b)
             any_fit = False
-            for v in vpps:
-                self.searched += per_v
-                bad = C.check_pp(spec, pp, v)
+            self.searched += per_v * len(splittable)
+            vs = []
+            for v in splittable:
+                bad = C.check_schedule(spec, probe, nmb) if v > 1 and probe is not None else None
                 if bad:
-                    self.reject({**shape, "vpp": v}, bad[0], bad[1])
+                    self.reject({**shape, "vpp": v, "micro_batch": b}, bad[0], bad[1])
                     any_fit = True  # not a memory failure: keep trying larger micro-batches
-                    continue
-                if self.tight_bound(hw, links, tp, cp, pp, b, v, nmb, sps, cpms) > self._threshold:
-                    any_fit = True
+                else:
+                    vs.append(v)
+            # most promising first: the shape's best so far then rules out more of the rest
+            for bound, v in sorted(self.tight_bound(hw, links, shape, b, nmb, sps, cpms, vs, zero3_only)):
+                if bound > self._limit(key):
+                    any_fit = True  # unknown whether it fits: do not stop on memory grounds
                     continue
                 for sched in self._options("schedule", ["interleaved"] if v > 1 else ["1f1b"]):
                     for sp in sps:
@@ -290,7 +354,7 @@ class Searcher:
                                 any_fit = True
             if not any_fit and "micro_batch" not in spec.fixed:
                 # memory only grows with the micro-batch: larger ones cannot fit either
-                self.searched += (len(mbs) - i - 1) * len(vpps) * per_v
+                self.searched += (len(mbs) - i - 1) * len(splittable) * per_v
                 break
 
     def _try_knobs(self, world: World, hw: Hardware, links: Links, shape: dict[str, int], b: int, nmb: int,
@@ -301,9 +365,44 @@ class Searcher:
         first: once it fits with mode r, ZeRO-3 (more communication) only needs modes cheaper than r.
         """
         spec = self.spec
+        # cheapest recompute first (the order depends on the shapes), the leanest one is "full"
+        if len(recs) > 1:
+            order_key = (hw, b, shape["tp"], shape["cp"], sp, cpm, links.tp, links.cp)
+            order = self._rc_order.get(order_key)
+            if order is None:
+                order = sorted(recs, key=lambda r: layer_times(spec.model, spec.precision, hw, b, shape["tp"],
+                                                               shape["cp"], sp, r, cpm, links.tp, links.cp).rc)
+                self._rc_order[order_key] = order
+            recs = order
+        lean_rc = "full" if "full" in recs else recs[-1]
         cutoff = len(recs)
         fitted_any = False
+        # the leanest combination first (memory falls with the ZeRO stage; full recompute keeps least):
+        # when even it does not fit, no combination does
+        try:
+            lean = Layout(tp=shape["tp"], pp=shape["pp"], cp=shape["cp"], dp=shape["dp"], vpp=v, micro_batch=b,
+                          num_micro_batches=nmb, sp=sp, zero=max(zeros), recompute=lean_rc, schedule=sched,
+                          cp_method=cpm)
+        except ValueError as exc:
+            self.reject({**shape, "vpp": v, "schedule": sched}, "layout", str(exc))
+            return True
+        bad = C.check_schedule(spec, lean, nmb) or C.check_knobs(spec, lean)
+        if bad:
+            self.reject(lean, bad[0], bad[1])
+            return True
+        mem = memory_total_gb(spec, lean)
+        if mem > self.limit_gb:
+            self.reject(lean, "memory", f"needs {mem:.1f} GiB per GPU > {self.limit_gb:.1f} GiB usable "
+                        "(with the least memory any ZeRO stage and recompute mode allow)", len(zeros) * len(recs))
+            return False
         for zero in zeros:
+            if zero != lean.zero:
+                mem = memory_total_gb(spec, dataclasses.replace(lean, zero=zero))
+                if mem > self.limit_gb:  # not even the leanest recompute mode fits at this stage
+                    self.reject({**shape, "vpp": v, "micro_batch": b, "zero": zero}, "memory",
+                                f"needs {mem:.1f} GiB per GPU > {self.limit_gb:.1f} GiB usable with recompute "
+                                f"{lean_rc}", len(recs))
+                    continue
             for k, rc in enumerate(recs):
                 if k >= cutoff:
                     break
@@ -317,8 +416,6 @@ class Searcher:
                 bad = C.check_schedule(spec, lay, nmb) or C.check_knobs(spec, lay)
                 if bad:
                     self.reject(lay, bad[0], bad[1])
-                    if bad[0] == "engine":
-                        continue
                     return True
                 mem = memory_total_gb(spec, lay)
                 if mem > self.limit_gb:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from planner.layout import CP_METHODS, RECOMPUTE_MODES, SCHEDULES, ZERO_STAGES
+from planner.layout import CP_METHODS, SCHEDULES, ZERO_STAGES, normalise_recompute, recompute_error
 from planner.profiles import lookup_gpu, lookup_model
 
 
@@ -21,6 +21,9 @@ class SpecError(ValueError):
     def __init__(self, field_name: str, message: str) -> None:
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
+
+
+ATTENTION_KERNELS = ("flash", "fused", "materialized")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +37,10 @@ class ModelSpec:
     seq_len: int
     name: str = ""
     gated_mlp: bool = True  # SwiGLU (3 matrices) vs GeLU MLP (2 matrices)
-    attention: str = "flash"  # "flash" (no s^2 activations, causal half skipped) | "materialized"
+    # "flash": FlashAttention-2-class kernel (PyTorch SDPA, flash-attn 2); "fused": the vendor's fused
+    # kernel (cuDNN / Transformer Engine, FlashAttention-3 class on Hopper); both keep no s^2
+    # activations and skip the causal half; "materialized": s^2 scores in memory (pre-2022 stacks)
+    attention: str = "flash"
     tied_embeddings: bool = False
 
     @property
@@ -62,6 +68,8 @@ class ClusterSpec:
     gemm_efficiency: float
     attention_efficiency: float
     nodes: tuple[NodeSpec, ...]
+    fused_attention_efficiency: float = 0.0  # 0 = same as attention_efficiency
+    fp8_gemm_efficiency: float = 0.0  # of the fp8 peak, large GEMMs; 0 = 0.8 x gemm_efficiency
     gpu_type: str = ""
     min_gpus: int = 0  # 0 = exactly num_gpus
 
@@ -179,8 +187,8 @@ def parse_model(raw: Mapping[str, Any]) -> ModelSpec:
     # GPT-style MLPs use ffn = 4h with two matrices; Llama-style SwiGLU uses three and ffn != 4h.
     values["gated_mlp"] = _bool(gated, "model.gated_mlp") if gated is not None else values["ffn"] != 4 * values["hidden"]
     attention = raw.get("attention", "flash")
-    if attention not in ("flash", "materialized"):
-        raise SpecError("model.attention", f"must be 'flash' or 'materialized', got {attention!r}")
+    if attention not in ATTENTION_KERNELS:
+        raise SpecError("model.attention", f"must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}")
     values["attention"] = attention
     values["tied_embeddings"] = _bool(raw.get("tied_embeddings", False), "model.tied_embeddings")
     return ModelSpec(name=name, **values)
@@ -189,7 +197,7 @@ def parse_model(raw: Mapping[str, Any]) -> ModelSpec:
 # --------------------------------------------------------------------------------------- cluster
 _CLUSTER_KEYS = {"gpu_type", "num_gpus", "gpus_per_node", "gpu_mem_gb", "peak_tflops", "peak_tflops_fp8",
                  "mem_bw_GBps", "intra_node_bw_GBps", "inter_node_bw_Gbps_per_gpu", "gemm_efficiency",
-                 "attention_efficiency",
+                 "attention_efficiency", "fused_attention_efficiency", "fp8_gemm_efficiency",
                  "nodes", "failed_nodes", "lost_nodes", "node_speeds", "min_gpus", "allow_fewer",
                  "cluster_notes", "notes"}
 
@@ -298,6 +306,12 @@ def parse_cluster(raw: Mapping[str, Any], top: Mapping[str, Any]) -> ClusterSpec
     attn_eff = pick("attention_efficiency", prof.attention_efficiency if prof else 0.6 * eff)
     if attn_eff > 1:
         raise SpecError("cluster.attention_efficiency", f"must be in (0, 1], got {attn_eff}")
+    fused_eff = pick("fused_attention_efficiency", prof.fused_attention_efficiency or attn_eff if prof else attn_eff)
+    if fused_eff > 1:
+        raise SpecError("cluster.fused_attention_efficiency", f"must be in (0, 1], got {fused_eff}")
+    fp8_eff = pick("fp8_gemm_efficiency", prof.fp8_gemm_efficiency or 0.8 * eff if prof else 0.8 * eff)
+    if fp8_eff > 1:
+        raise SpecError("cluster.fp8_gemm_efficiency", f"must be in (0, 1], got {fp8_eff}")
     return ClusterSpec(
         num_gpus=num_gpus,
         gpus_per_node=gpus_per_node,
@@ -310,6 +324,8 @@ def parse_cluster(raw: Mapping[str, Any], top: Mapping[str, Any]) -> ClusterSpec
                                         prof.inter_node_bw_Gbps_per_gpu if prof else 100.0),
         gemm_efficiency=eff,
         attention_efficiency=attn_eff,
+        fused_attention_efficiency=fused_eff,
+        fp8_gemm_efficiency=fp8_eff,
         nodes=tuple(nodes),
         gpu_type=prof.name if prof else gpu_type,
         min_gpus=min_gpus,
@@ -334,11 +350,23 @@ def parse_parallel(raw: Mapping[str, Any]) -> dict[str, Any]:
         if z not in ZERO_STAGES:
             raise SpecError("parallel.zero", f"must be one of {', '.join(map(str, ZERO_STAGES))}, got {z}")
         fixed["zero"] = z
-    for key, allowed in (("recompute", RECOMPUTE_MODES), ("schedule", SCHEDULES), ("cp_method", CP_METHODS)):
+    if raw.get("recompute") is not None:
+        rc = normalise_recompute(raw["recompute"])
+        bad = recompute_error(rc)
+        if bad:
+            raise SpecError("parallel.recompute", bad)
+        fixed["recompute"] = rc
+    for key, allowed in (("schedule", SCHEDULES), ("cp_method", CP_METHODS)):
         if raw.get(key) is not None:
             if raw[key] not in allowed:
                 raise SpecError(f"parallel.{key}", f"must be one of {', '.join(allowed)}, got {raw[key]!r}")
             fixed[key] = raw[key]
+    if fixed.get("schedule") == "interleaved" and fixed.get("vpp") == 1:
+        raise SpecError("parallel.vpp", "schedule interleaved needs vpp >= 2 (vpp 1 is the plain 1f1b pipeline)")
+    if fixed.get("vpp", 1) > 1 and fixed.get("schedule", "interleaved") != "interleaved":
+        raise SpecError("parallel.schedule", f"vpp {fixed['vpp']} needs schedule interleaved, got {fixed['schedule']!r}")
+    if fixed.get("schedule") == "interleaved" and fixed.get("pp") == 1:
+        raise SpecError("parallel.schedule", "interleaved needs pp > 1")
     return fixed
 
 

@@ -5,28 +5,36 @@ Per micro-batch and pipeline stage (``tok = b·s/cp`` tokens on a rank, ``T`` = 
 - **GEMMs** (QKV, proj, fc1, fc2; logits on the last stage) at a roofline with a size-dependent
   efficiency: ``t = max(2MNK / (peak·eff·g(min(M,N,K))), bytes / (HBM·0.7)) + launch``,
   ``g(d) = d/(d+32)``, ``eff`` the GPU's sustained large-GEMM fraction. Backward = 2 x forward.
-  fp8 GEMMs run at the fp8 peak with 0.8 x the bf16 efficiency (scaling/casting overheads).
-- **Attention core**: flash (causal half skipped, at the GPU's ``attention_efficiency`` times
-  ``L/(L+400)`` for blocks of length ``L`` (FlashAttention-2's measured fall-off at short sequences;
-  ``L = s/(2cp)`` under zigzag CP), backward 2.5 x forward) or
-  materialized (full s² batched GEMMs at the roofline plus softmax/dropout traffic).
+  **fp8** GEMMs run at the fp8 peak with the GPU's ``fp8_gemm_efficiency``, deeper tiles
+  (``g(d) = d/(d+64)``) and their casts: inputs read in bf16, amax taken, written in fp8, forward
+  and backward (see :func:`gemm_time`).
+- **Attention core**: a flash-type kernel (FlashAttention-2 class, or the vendor's fused kernel:
+  cuDNN / Transformer Engine, FlashAttention-3 class on Hopper) with the causal half skipped, at an
+  efficiency curve in block length, causality and head dim (:func:`attention_efficiency`;
+  ``L = s/(2cp)`` under zigzag CP), backward 2.5 x forward; or materialized (full s² batched GEMMs
+  at the roofline plus softmax/dropout traffic).
 - **Memory-bound ops** (norms, residuals, dropout, activation function, RoPE): bytes / (HBM·0.7);
   the replicated part is divided by T only with SP.
 - **TP/SP collectives**: per layer 2 all-reduce-equivalents forward, 2 backward (+2 with full
   recompute) of ``2·tok·h`` bytes, ring cost ``2(T-1)/T·S/BW``, on NVLink when the TP group fits in
   a node, on the NICs otherwise (a group with k members per node gets k NICs: NCCL runs a ring per
   NIC). Not overlapped.
-- **CP**: ring passes K/V chunks ``(cp-1)`` times (backward 2 x), overlapped with attention; only the
-  excess is exposed, plus 20 µs of launch/synchronisation per ring step. Ulysses: two all-to-alls each way, exposed.
+- **CP**: ring passes K/V chunks ``(cp-1)`` times (backward 2 x), each transfer overlapped with one
+  step's attention (a ``cp``-th of it): what a step cannot hide is exposed, plus 20 µs of
+  launch/synchronisation per ring step. Ulysses: two all-to-alls each way, exposed.
 - **PP**: point-to-point ``2·tok·h/T`` bytes per chunk boundary, forward and backward, exposed;
   bubble ``(p-1)/v`` stage-times, i.e. ``(p-1)/(v·m+p-1)`` of the pipeline time.
 - **DP**: gradient all-reduce (ZeRO-0) or reduce-scatter + parameter all-gather (ZeRO-1) over
-  DP x CP, overlapped with the last micro-batch's backward; ZeRO-3 gathers parameters forward and
-  backward and reduce-scatters gradients for every micro-batch, overlapped with that micro-batch.
+  DP x CP, overlapped with the last micro-batch's backward; ZeRO-3 (FSDP2) gathers parameters
+  forward and backward and reduce-scatters gradients for every micro-batch, prefetched under the
+  previous layer's compute: the first gather of each pass and the last reduce-scatter (a layer's
+  share) are always exposed.
 - **Overlap is not free**: every second of communication hidden under compute slows that compute by
   0.15 s (NCCL kernels occupy SMs and HBM bandwidth), charged to that communication's component;
   CP also pays the online-softmax merges of partial results.
-- **Recompute**: full = one more forward (with its TP collectives); selective = attention core again.
+- **Recompute**: full = one more forward (with its TP collectives); ``layer:N`` = that for one layer
+  in N; ``op`` = the even-numbered matmuls (k, output projection, fc1's second half) and the
+  memory-bound ops again; selective = attention core again.
 - **Optimizer**: ~30 bytes of HBM traffic per local parameter shard.
 
 Compute terms are divided by the slowest used node's relative speed.
@@ -39,7 +47,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.flops import layer_params
-from planner.layout import Layout
+from planner.layout import Layout, checkpoint_interval
 from planner.memory import head_layer_equivalents, stage_layers
 from planner.spec import ModelSpec, PlanSpec
 
@@ -50,8 +58,10 @@ NVLINK_EFF = 0.75
 NIC_EFF = 0.80
 LAT_INTRA_S = 2e-6
 LAT_INTER_S = 6e-6
-FP8_EFF = 0.80
-FLASH_HALF_LEN = 400.0  # flash attention reaches half its efficiency at this sequence (block) length
+FP8_AMAX_S = 4e-6  # the amax reductions of one fp8 GEMM's casts (small kernels), per forward-equivalent
+FLASH_HALF_LEN = 256.0  # flash attention reaches half its efficiency at this sequence (block) length
+FLASH_BLOCK = 128.0  # causal: the diagonal tiles of this size are computed whole, half of them masked
+HEAD_DIM_HALF = 32.0  # head-dim fall-off of flash kernels (d/(d+32), relative to d = 128)
 CP_STEP_S = 20e-6  # per ring step: kernel launch + send/recv synchronisation, not hidden
 ELEM_REPLICATED_BYTES = 32.0  # bytes per hidden element per token per layer forward
 OPT_BYTES_PER_PARAM = 30.0
@@ -64,10 +74,12 @@ class Hardware:
     peak_bf16: float
     eff: float
     attn_eff: float  # flash attention forward + backward, fraction of the bf16 peak
+    fused_attn_eff: float  # the vendor's fused attention kernel, same measure
     mem_bw: float  # bytes/s achieved by memory-bound kernels
     intra_bw: float  # bytes/s, effective collective bandwidth on NVLink
     inter_bw: float  # bytes/s per GPU on the NICs
     speed: float  # slowest used node's relative speed
+    fp8: bool = False  # GEMMs in fp8: bigger tiles, casts and amax reductions
 
 
 def hardware_for(spec: PlanSpec, speed: float = 1.0) -> Hardware:
@@ -76,23 +88,39 @@ def hardware_for(spec: PlanSpec, speed: float = 1.0) -> Hardware:
     return Hardware(
         peak=(c.peak_tflops_fp8 if fp8 else c.peak_tflops) * 1e12,
         peak_bf16=c.peak_tflops * 1e12,
-        eff=c.gemm_efficiency * (FP8_EFF if fp8 else 1.0),
+        eff=c.fp8_gemm_efficiency if fp8 else c.gemm_efficiency,
         attn_eff=c.attention_efficiency,
+        fused_attn_eff=c.fused_attention_efficiency or c.attention_efficiency,
         mem_bw=c.mem_bw_GBps * 1e9 * MEM_EFF,
         intra_bw=c.intra_node_bw_GBps * 1e9 * NVLINK_EFF,
         inter_bw=c.inter_node_bw_Gbps_per_gpu / 8 * 1e9 * NIC_EFF,
         speed=speed,
+        fp8=fp8,
     )
 
 
 def gemm_time(hw: Hardware, m: float, n: float, k: float, peak: float | None = None,
               eff: float | None = None) -> float:
+    """One GEMM (M x K by K x N) at the roofline with a size-dependent efficiency.
+
+    In fp8 (``hw.fp8`` and no explicit ``peak``) the tiles are twice as deep, so small dimensions
+    cost more (``g(d) = d/(d + 2·32)``), and every GEMM pays its casts: the activation and weight
+    inputs are read in bf16, their amax taken and written in fp8 (5 bytes per element), forward;
+    backward casts the output gradient the same way and transposes both inputs (3 bytes per
+    element), all memory-bound. Returned as one forward-equivalent (the caller counts backward as
+    two forwards), so a third of the casts is charged here.
+    """
     flops = 2.0 * m * n * k
     d = min(m, n, k)
-    g = d / (d + GEMM_DIM_HALF)
+    fp8 = hw.fp8 and peak is None
+    g = d / (d + GEMM_DIM_HALF * (2.0 if fp8 else 1.0))
     compute = flops / ((peak or hw.peak) * (eff or hw.eff) * g)
-    traffic = 2.0 * (m * k + k * n + m * n) / hw.mem_bw
-    return max(compute, traffic) + GEMM_LAUNCH_S
+    traffic = (1.0 if fp8 else 2.0) * (m * k + k * n) / hw.mem_bw + 2.0 * m * n / hw.mem_bw
+    t = max(compute, traffic) + GEMM_LAUNCH_S
+    if fp8:
+        casts = 5.0 * (m * k + k * n) + 5.0 * m * n + 3.0 * (m * k + k * n)
+        t += casts / hw.mem_bw / 3.0 + FP8_AMAX_S
+    return t
 
 
 def group_link(hw: Hardware, inside_node: bool, per_node: int = 1) -> tuple[float, float]:
@@ -118,6 +146,20 @@ def half_collective_time(size: float, n: int, bw: float, lat: float) -> float:
     if n <= 1:
         return 0.0
     return (n - 1) / n * size / bw + (n - 1) * lat
+
+
+def attention_efficiency(hw: Hardware, kernel: str, length: float, head_dim: int) -> float:
+    """Fraction of the bf16 peak a flash-type kernel sustains (forward + backward).
+
+    The kernel's long-sequence value at head dim 128 (FlashAttention-2 class, or the vendor's fused
+    kernel), times three physical fall-offs: short blocks (fixed per-tile overhead,
+    ``L/(L+256)``), causal masking (of the ``n(n+1)/2`` tiles computed, ``n = L/128`` are diagonal
+    and half wasted: ``n/(n+1)``) and small heads (``d/(d+32)``, relative to ``d = 128``).
+    """
+    top = hw.fused_attn_eff if kernel == "fused" else hw.attn_eff
+    tiles = length / FLASH_BLOCK
+    heads = min(1.0, (head_dim / (head_dim + HEAD_DIM_HALF)) / (128.0 / (128.0 + HEAD_DIM_HALF)))
+    return top * length / (length + FLASH_HALF_LEN) * tiles / (tiles + 1.0) * heads
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,10 +206,10 @@ def layer_times(m: ModelSpec, precision: str, hw: Hardware, b: int, tp: int, cp:
         + gemm_time(hw, tok, h, m.ffn / tp)
     )
     heads_local = m.heads / tp
-    if m.attention == "flash":
+    if m.attention != "materialized":
         flops = 4.0 * b * (s / cp) * s * q_local * 0.5  # causal: half the blocks skipped
         chunk = s / (2 * cp) if cp > 1 else s  # zigzag ring: each step works on s/(2cp)-long blocks
-        attn_f = flops / (hw.peak_bf16 * hw.attn_eff * chunk / (chunk + FLASH_HALF_LEN))
+        attn_f = flops / (hw.peak_bf16 * attention_efficiency(hw, m.attention, chunk, dh))
         attn_b = 2.5 * attn_f  # backward recomputes the scores: 2.5 x the forward FLOPs
         attn_elem = 0.0
     else:
@@ -197,10 +239,12 @@ def layer_times(m: ModelSpec, precision: str, hw: Hardware, b: int, tp: int, cp:
             chunk = 2.0 * tok * kv_local * 2.0
             ring_f = (cp - 1) * (chunk / cbw + clat)
             merge = (cp - 1) * 12.0 * tok * q_local / hw.mem_bw / hw.speed  # online-softmax merges (fp32)
-            cp_f = max(0.0, ring_f - attn_f) + (cp - 1) * CP_STEP_S
-            cp_b = max(0.0, 2 * ring_f - attn_b) + 2 * (cp - 1) * CP_STEP_S
-            hidden_f = ring_f - max(0.0, ring_f - attn_f)
-            hidden_b = 2 * ring_f - max(0.0, 2 * ring_f - attn_b)
+            # step by step: each of the cp-1 transfers hides under one step's attention (a cp-th of
+            # the whole), so a transfer longer than a step is exposed even when the totals balance
+            cp_f = (cp - 1) * max(0.0, ring_f / (cp - 1) - attn_f / cp) + (cp - 1) * CP_STEP_S
+            cp_b = (cp - 1) * max(0.0, 2 * ring_f / (cp - 1) - attn_b / cp) + 2 * (cp - 1) * CP_STEP_S
+            hidden_f = ring_f - (cp_f - (cp - 1) * CP_STEP_S)
+            hidden_b = 2 * ring_f - (cp_b - 2 * (cp - 1) * CP_STEP_S)
             cp_hidden = hidden_f + hidden_b
             cp_f += merge + OVERLAP_COST * hidden_f
             cp_b += 2 * merge + OVERLAP_COST * hidden_b
@@ -209,8 +253,14 @@ def layer_times(m: ModelSpec, precision: str, hw: Hardware, b: int, tp: int, cp:
             cp_f = a2a + 2 * (cp - 1) * clat
             cp_b = 2 * cp_f
     rc = 0.0
-    if recompute == "full":
-        rc = gemm + attn_f + elem_f + tp_f + cp_f
+    every = checkpoint_interval(recompute)
+    if every:
+        rc = (gemm + attn_f + elem_f + tp_f + cp_f) / every
+    elif recompute == "op":
+        # k, the output projection and fc1's second half again, and the cheap ops; the saved
+        # collectives' outputs are not recomputed
+        rc = (gemm_time(hw, tok, kv_local, h) + gemm_time(hw, tok, h, q_local)
+              + (gemm_time(hw, tok, m.ffn / tp, h) if m.gated_mlp else 0.0)) / speed + elem_f
     elif recompute == "selective":
         rc = attn_f
     return LayerTimes(gemm, attn_f, attn_b, elem_f, tp_f, cp_f, cp_b, cp_hidden, rc)
@@ -243,6 +293,29 @@ def head_time(m: ModelSpec, hw: Hardware, b: int, tp: int, cp: int) -> float:
     return (3 * g + ce) / hw.speed
 
 
+def p2p_time(m: ModelSpec, b: int, tp: int, cp: int, pp: int, vpp: int, link: tuple[float, float]) -> float:
+    """Pipeline point-to-point per micro-batch on a stage: one activation each way per chunk."""
+    if pp <= 1:
+        return 0.0
+    size = 2.0 * b * m.seq_len / cp * m.hidden / tp
+    return 2 * vpp * (size / link[0] + link[1])
+
+
+def stage_param_count(m: ModelSpec, n_layers: float, tp: int) -> float:
+    """Parameters a rank of a pipeline stage holds (its layers plus one vocabulary matrix)."""
+    return n_layers * layer_params(m) / tp + m.vocab * m.hidden / tp
+
+
+def zero3_traffic_s(precision: str, stage_params: float, shard: int, link: tuple[float, float]) -> tuple[float, float]:
+    """ZeRO-3 per micro-batch: (parameter all-gather, gradient reduce-scatter) seconds.
+
+    Forward and backward each gather once, so a micro-batch's stage time is at least
+    ``2·ag + rs`` however well they overlap (the search's bound uses this)."""
+    grad_bytes = 2.0 if precision == "fp16" else 4.0
+    return (half_collective_time(2.0 * stage_params, shard, link[0], link[1]),
+            half_collective_time(grad_bytes * stage_params, shard, link[0], link[1]))
+
+
 def estimate_time(spec: PlanSpec, hw: Hardware, lay: Layout, links: Links, detail: bool = True) -> TimeEstimate:
     m = spec.model
     p, v, b, tp, cp, dp = lay.pp, lay.vpp, lay.micro_batch, lay.tp, lay.cp, lay.dp
@@ -255,27 +328,23 @@ def estimate_time(spec: PlanSpec, hw: Hardware, lay: Layout, links: Links, detai
         n_layers, head = first_layers, 0.0
     else:
         n_layers = last_layers
-    tok = b * m.seq_len / cp
 
-    # pipeline point-to-point per micro-batch on a stage
-    p2p = 0.0
-    if p > 1:
-        pbw, plat = links.pp
-        size = 2.0 * tok * m.hidden / (tp if tp > 1 else 1)
-        p2p = 2 * v * (size / pbw + plat)
+    p2p = p2p_time(m, b, tp, cp, p, v, links.pp)
 
     # ZeRO-3: per micro-batch parameter gathers and gradient reduce-scatter
     shard = dp * cp
-    stage_params = n_layers * layer_params(m) / tp + (m.vocab * m.hidden / tp)
+    stage_params = stage_param_count(m, n_layers, tp)
     grad_bytes = 2.0 if spec.precision == "fp16" else 4.0
     dbw, dlat = links.dp
     z3_exposed = z3_hidden = 0.0
     fwd_mb = n_layers * lt.fwd
     bwd_mb = n_layers * (lt.bwd + lt.rc)
     if lay.zero >= 3 and shard > 1:
-        ag = half_collective_time(2.0 * stage_params, shard, dbw, dlat)
-        rs = half_collective_time(grad_bytes * stage_params, shard, dbw, dlat)
-        z3_exposed = max(0.0, ag - fwd_mb) + max(0.0, ag + rs - bwd_mb)
+        ag, rs = zero3_traffic_s(spec.precision, stage_params, shard, links.dp)
+        # FSDP2 prefetches the next layer's gather under this layer's compute: the first gather of
+        # each pass and the last reduce-scatter are never hidden
+        first = 1.0 / max(1, n_layers)
+        z3_exposed = max(first * ag, ag - fwd_mb) + max(first * (ag + rs), ag + rs - bwd_mb)
         z3_hidden = 2 * ag + rs - z3_exposed
         z3_exposed += OVERLAP_COST * z3_hidden
 

@@ -50,8 +50,17 @@ class ConsoleFormatter(logging.Formatter):
         return line
 
 
-def configure_logging(level: str | None = None, fmt: str | None = None, stream: Any = None) -> None:
-    """Install the Orthoplex handler on the root logger (idempotent)."""
+#: Libraries that log every request or file lock at INFO: kept at WARNING unless asked for (``-v``).
+CHATTY_LIBRARIES = ("httpx", "httpcore", "urllib3", "filelock", "asyncio", "multipart", "python_multipart",
+                    "alembic.runtime.plugins")
+
+
+def configure_logging(level: str | None = None, fmt: str | None = None, stream: Any = None,
+                      verbosity: int = 0) -> None:
+    """Install the Orthoplex handler on the root logger (idempotent).
+
+    ``verbosity`` is the command line's ``-v`` count: 0 keeps :data:`CHATTY_LIBRARIES` at WARNING,
+    1 lets them log at the chosen level, 2 or more sets every logger to DEBUG."""
     from service.settings import get_settings
 
     settings = get_settings()
@@ -65,7 +74,9 @@ def configure_logging(level: str | None = None, fmt: str | None = None, stream: 
     handler._orthoplex = True  # type: ignore[attr-defined]
     handler.setFormatter(JsonFormatter() if fmt == "json" else ConsoleFormatter())
     root.addHandler(handler)
-    root.setLevel(level)
+    root.setLevel("DEBUG" if verbosity >= 2 else level)
+    for name in CHATTY_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbosity >= 1 else logging.WARNING)
 
 
 class BoundLogger(logging.LoggerAdapter):

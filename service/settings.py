@@ -15,6 +15,8 @@ from platformdirs import user_data_dir
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from workers.data_area import DataArea, tenant_area
+
 DATA_DIR = Path(user_data_dir("orthoplex", appauthor=False))
 
 
@@ -30,10 +32,20 @@ class Settings(BaseSettings):
     database_url: str = Field(default_factory=_default_database_url, description="SQLAlchemy URL of the job store")
     ray_address: str | None = Field(default=None, description="Ray cluster address; unset = start a local Ray")
     ray_namespace: str = Field(default="orthoplex", description="Ray namespace for named actors")
-    storage_path: Path = Field(default=DATA_DIR / "storage", description="Checkpoints and job artefacts")
+    storage_path: Path = Field(default=DATA_DIR / "storage",
+                               description="Tenant data areas (tenants/<id>/data), checkpoints (jobs/<id>)")
+    shared_data_roots: dict[str, Path] = Field(
+        default_factory=dict, description="read-only data roots every tenant may read, by name: "
+        '``{"corpora": "/srv/corpora"}``; a job names them as ``shared:<name>/<path>``')
+    data_max_files: int = Field(default=10_000, ge=1, description="files one job's data.paths may select")
+    data_max_bytes: int = Field(default=16 << 30, ge=1, description="bytes one job's data.paths may select")
+    upload_max_bytes: int = Field(default=1 << 30, ge=1, description="largest single upload")
+    tenant_quota_bytes: int = Field(default=20 << 30, ge=1, description="bytes a tenant's data area may hold")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["console", "json"] = "console"
     admin_token: str | None = Field(default=None, description="Bearer token of the administrator")
+    metrics_token: str | None = Field(default=None, description="Bearer token of a Prometheus scraper: "
+                                      "with it (or the admin token) /metrics includes per-tenant series")
     api_url: str = Field(default="http://127.0.0.1:8470", description="Where the CLI finds the service")
     api_token: str | None = Field(default=None, description="Bearer token the CLI sends")
     gpu_type: str = Field(default="CPU", description="GPU profile of the cluster: what submissions are "
@@ -46,6 +58,12 @@ class Settings(BaseSettings):
     @classmethod
     def _upper(cls, v: object) -> object:
         return v.upper() if isinstance(v, str) else v
+
+
+def data_area(settings: Settings, tenant_id: int) -> DataArea:
+    """Where the tenant's jobs may read (``workers.data_area``), from these settings."""
+    return DataArea(root=tenant_area(settings.storage_path, tenant_id), shared=dict(settings.shared_data_roots),
+                    max_files=settings.data_max_files, max_bytes=settings.data_max_bytes)
 
 
 @lru_cache(maxsize=1)

@@ -4,8 +4,8 @@ The scheduler's per-node placement is stored when an attempt starts; the runtime
 replaces it with where the gang actually landed (and names its placement group). The controller's
 scheduler snapshot reads each job's allocation from here alone.
 
-Revision ID: 0003
-Revises: 0001 (chain it on the attempt->epoch rename, 0002, when both are merged)
+Revision ID: 0003_attempt_placement
+Revises: 0002_attempt_epoch
 Create Date: 2026-12-01 14:30:00
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0003"
-down_revision: str | None = "0001"
+revision: str = "0003_attempt_placement"
+down_revision: str | None = "0002_attempt_epoch"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -12,10 +12,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from service.api.attempts import AttemptLog
 from service.api.config import ApiSettings
 from service.api.errors import AllowHeader, BodyLimit, install_handlers
 from service.api.metrics import LatencyMiddleware, make_registry
-from service.api.routes import admin, jobs, system
+from service.api.repo import RATE_WINDOW_S
+from service.api.routes import admin, data, jobs, system
+from service.api.sse import StreamSlots
 from service.db.session import make_engine, make_sessionmaker
 from service.settings import Settings, get_settings
 
@@ -49,13 +52,17 @@ def create_app(settings: Settings | None = None, api_settings: ApiSettings | Non
     app.state.api = api
     app.state.engine = engine
     app.state.sessions = sessions
-    registry, latency = make_registry(sessions, api.metrics_cache_s)
+    app.state.streams = StreamSlots(api.sse_max_per_tenant)
+    app.state.attempts = AttemptLog(RATE_WINDOW_S)
+    registry, tenant_registry, latency = make_registry(sessions, api.metrics_cache_s)
     app.state.registry = registry
+    app.state.tenant_registry = tenant_registry
     install_handlers(app)
     app.include_router(jobs.router)
     app.include_router(admin.router)
+    app.include_router(data.router)
     app.include_router(system.router)
     app.add_middleware(AllowHeader, router_app=app)
-    app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes, exempt=("/v1/data/",))
     app.add_middleware(LatencyMiddleware, histogram=latency)
     return app

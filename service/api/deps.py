@@ -23,12 +23,14 @@ bearer = HTTPBearer(auto_error=False, scheme_name="bearer", description="`Author
 
 
 def get_db(request: Request) -> Iterator[Session]:
-    """A session per request (rolled back if the handler did not commit)."""
+    """A session per request handler (rolled back if the handler did not commit). It is closed when
+    the handler returns (``scope="function"``), before the response is sent: no transaction stays
+    open while a response streams (on SQLite every transaction holds the write lock)."""
     with request.app.state.sessions() as session:
         yield session
 
 
-Db = Annotated[Session, Depends(get_db)]
+Db = Annotated[Session, Depends(get_db, scope="function")]
 
 
 @dataclass(frozen=True)
@@ -65,11 +67,17 @@ def get_principal(
     if row is None:
         raise _unauthorized()
     tok, tenant = row
-    now = utcnow()
-    if tok.revoked_at is not None or (tok.expires_at is not None and tok.expires_at <= now):
+    if not token_valid(tok):
         raise _unauthorized("token revoked or expired")
+    token_id = tok.id
     db.expunge(tenant)
-    return Principal(tenant=tenant, token_id=tok.id)
+    db.rollback()  # end the read: the handler opens its own short transactions
+    return Principal(tenant=tenant, token_id=token_id)
+
+
+def token_valid(tok: ApiToken) -> bool:
+    """Not revoked and not expired (the one rule, also used mid-stream by ``service.api.sse``)."""
+    return tok.revoked_at is None and (tok.expires_at is None or tok.expires_at > utcnow())
 
 
 def require_tenant(principal: Annotated[Principal, Depends(get_principal)]) -> Tenant:

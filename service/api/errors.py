@@ -36,13 +36,13 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         404: "no such object (or it belongs to another tenant)",
         409: "illegal state change or conflicting request",
         413: "request body over the size cap (1 MiB)",
-        429: "submission rate or job limit exceeded; see Retry-After",
-        503: "a dependency is not reachable",
+        429: "submission rate, job limit or open-stream limit exceeded; see Retry-After",
+        503: "a dependency is not reachable, or the planner is busy; see Retry-After",
     }
     out: dict[int | str, dict[str, Any]] = {}
     for code in codes:
         entry: dict[str, Any] = {"model": ErrorOut, "description": text[code]}
-        if code == 429:
+        if code in (429, 503):
             entry["headers"] = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
         out[code] = entry
     return out
@@ -105,14 +105,17 @@ def install_handlers(app: FastAPI) -> None:
 
 
 class BodyLimit:
-    """Pure ASGI middleware: buffer a request body up to ``max_bytes``; above that answer 413."""
+    """Pure ASGI middleware: buffer a request body up to ``max_bytes``; above that answer 413.
+    Paths under ``exempt`` (uploads, which stream to disk with their own limit) pass through."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, exempt: tuple[str, ...] = ()) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.exempt = exempt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+        if (scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS")
+                or (self.exempt and scope["method"] == "PUT" and scope["path"].startswith(self.exempt))):
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")

@@ -4,11 +4,12 @@ comes from the one builder, ``workers.planner_spec.to_planner_spec``).
 The planner (``planner.plan``) is imported lazily. Its ``SpecError.field`` (``model.heads``,
 ``parallel.tp``, ``cluster.num_gpus``, ...) is mapped to the job-spec field the user wrote, so a
 422 names it. The fit check asks only "is there any plan for some GPU count in min..max" on the
-configured GPU profile (``engine_only``: layouts the engine runs), caches answers per spec, and
-gives up (accepting the job, logged) when the planner exceeds its time budget, is busy, or breaks: a
-planner bug must not block submissions, and the controller re-plans anyway. At most two searches
-run at once; a dry run finding both busy answers 429, one overrunning its budget 422 (``max_gpus``:
-the range is too large to plan within ``dryrun_timeout_s``).
+configured GPU profile (``engine_only``: layouts the engine runs) and caches answers per spec. It
+never fails open: when the planner is busy, exceeds its time budget or breaks, the submission is
+refused with :class:`PlannerUnavailable` (503 with ``Retry-After``), never accepted unchecked. At
+most two searches run at once; a dry run finding both busy answers 503, one overrunning its budget
+422 (``max_gpus``: the range is too large to plan within ``dryrun_timeout_s``). Callers hold no
+database transaction while a search runs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from fastapi import HTTPException, status
 
 from service.api.config import ApiSettings
 from service.api.schemas import JobSpec, PlanOut
@@ -47,11 +50,17 @@ _FIELD_MAP = {
 }
 
 
-class PlannerBusy(Exception):
+class PlannerUnavailable(Exception):
+    """The planner cannot answer now (busy, over its budget, or broken): 503, retry later."""
+
+    retry_after = 2
+
+
+class PlannerBusy(PlannerUnavailable):
     """Every planner slot is taken by a running search; try again shortly."""
 
 
-class PlannerTimeout(Exception):
+class PlannerTimeout(PlannerUnavailable):
     """The search did not finish within its budget (the spec's GPU range is too large to plan now)."""
 
 
@@ -62,6 +71,12 @@ class PlannerRefused(Exception):
         super().__init__(msg)
         self.loc = loc
         self.msg = msg
+
+
+def planner_unavailable(exc: PlannerUnavailable) -> HTTPException:
+    """The 503 (with ``Retry-After``) a route answers when the planner cannot answer now."""
+    return HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"{exc}; retry shortly",
+                         headers={"Retry-After": str(exc.retry_after)})
 
 
 @dataclass(frozen=True)
@@ -163,12 +178,12 @@ def check_fit(spec: JobSpec, api: ApiSettings, before_planning: Callable[[], Non
             hit = FitResult(True) if result.plans else FitResult(False, ("max_gpus",), _summary(result, spec, api))
         except PlannerRefused as exc:
             hit = FitResult(False, exc.loc, exc.msg)
-        except (PlannerTimeout, PlannerBusy) as exc:
-            log.warning("fit check skipped; accepting the job", extra={"why": str(exc)})
-            return
-        except Exception:  # a planner bug must not block submissions
-            log.exception("fit check failed; accepting the job")
-            return
+        except PlannerUnavailable as exc:
+            log.warning("fit check could not run; refusing the job for now", extra={"why": str(exc)})
+            raise
+        except Exception as exc:  # a planner bug refuses (503), it never lets an unchecked job in
+            log.exception("fit check failed; refusing the job for now")
+            raise PlannerUnavailable("the planner failed; retry later") from exc
         with _CACHE_LOCK:
             _CACHE[key] = hit
             while len(_CACHE) > _CACHE_SIZE:

@@ -4,7 +4,11 @@ From the job store, read at most every ``metrics_cache_s``: ``orthoplex_jobs{sta
 ``orthoplex_gpus_allocated{tenant}``, ``orthoplex_queue_wait_seconds`` (submission → admission of
 jobs admitted in the last 24 h), ``orthoplex_pending_oldest_seconds``, ``orthoplex_recoveries_total``
 (transitions into RECOVERING). From the requests: ``orthoplex_api_request_seconds{method,route,status}``
-(time to the response head).
+(time to the response head; ``method`` is one of :data:`METHODS` or ``other``, ``route`` a route
+template or ``unmatched``: every label value comes from a bounded set).
+
+Per-tenant series (``orthoplex_gpus_allocated{tenant}``) live in a second registry that
+``GET /metrics`` adds only for the admin token or ``ORTHOPLEX_METRICS_TOKEN``.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.db.models import JOB_STATES, Event, Job, Tenant, utcnow
+from service.db.models import Event, Job, Tenant, utcnow
+from workers.states import JobState
 
+TENANT_FAMILY = "orthoplex_gpus_allocated"
 WAIT_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -42,11 +49,25 @@ class StoreCollector(Collector):
         self._cached: list[Metric] = []
 
     def collect(self) -> Iterator[Metric]:
+        """The series without tenant labels."""
+        yield from (m for m in self._metrics() if m.name != TENANT_FAMILY)
+
+    def tenant_series(self) -> Collector:
+        """A collector of the per-tenant series only (for the restricted registry)."""
+        store = self
+
+        class _Tenant(Collector):
+            def collect(self) -> Iterator[Metric]:
+                yield from (m for m in store._metrics() if m.name == TENANT_FAMILY)
+
+        return _Tenant()
+
+    def _metrics(self) -> list[Metric]:
         with self._lock:
             if not self._cached or time.monotonic() - self._at > self.cache_s:
                 self._cached = self._read()
                 self._at = time.monotonic()
-            yield from self._cached
+            return self._cached
 
     def _read(self) -> list[Metric]:
         now = utcnow()
@@ -70,7 +91,7 @@ class StoreCollector(Collector):
                 )
             )
         jobs = GaugeMetricFamily("orthoplex_jobs", "Jobs by state", labels=["state"])
-        for state in JOB_STATES:
+        for state in JobState:
             jobs.add_metric([state], by_state.get(state, 0))
         alloc = GaugeMetricFamily("orthoplex_gpus_allocated", "GPUs allocated per tenant", labels=["tenant"])
         for name, n in gpus:
@@ -87,12 +108,16 @@ class StoreCollector(Collector):
         return [jobs, alloc, wait, pending, rec]
 
 
-def make_registry(sessions: Any, cache_s: float) -> tuple[CollectorRegistry, Histogram]:
+def make_registry(sessions: Any, cache_s: float) -> tuple[CollectorRegistry, CollectorRegistry, Histogram]:
+    """``(public registry, per-tenant registry, request latency histogram)``."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreCollector(sessions, cache_s))
+    store = StoreCollector(sessions, cache_s)
+    registry.register(store)
+    tenants = CollectorRegistry(auto_describe=False)
+    tenants.register(store.tenant_series())
     latency = Histogram("orthoplex_api_request_seconds", "API latency (to the response head)",
                         ["method", "route", "status"], registry=registry, buckets=LATENCY_BUCKETS)
-    return registry, latency
+    return registry, tenants, latency
 
 
 class LatencyMiddleware:
@@ -112,7 +137,8 @@ class LatencyMiddleware:
             if message["type"] == "http.response.start":
                 route = scope.get("route")
                 path = getattr(route, "path", None) or "unmatched"
-                self.histogram.labels(scope["method"], path, str(message["status"])).observe(
+                method = scope["method"] if scope["method"] in METHODS else "other"
+                self.histogram.labels(method, path, str(message["status"])).observe(
                     time.perf_counter() - start
                 )
             await send(message)

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from service.db.models import JOB_STATES, TERMINAL_STATES, Event, Job, Metric, Tenant, utcnow
+from service.db.models import Event, Job, Metric, Tenant, utcnow
+from workers.states import NON_TERMINAL
 
 RATE_WINDOW_S = 60.0
 
@@ -45,8 +46,11 @@ def list_jobs(db: Session, tenant_id: int, *, state: str | None, cursor: int | N
     return db.scalars(q.order_by(Job.id.desc()).limit(limit)).all()
 
 
-def check_limits(db: Session, tenant: Tenant, *, lock: bool) -> None:
-    """Raise :class:`LimitExceeded` when the tenant may not submit now."""
+def check_limits(db: Session, tenant: Tenant, *, lock: bool, attempts: Sequence[dt.datetime] = (),
+                 jobs: bool = True) -> None:
+    """Raise :class:`LimitExceeded` when the tenant may not submit now: ``attempts`` (dry runs and
+    refused submissions in the window, see ``service.api.attempts``) count toward the rate like the
+    jobs created; ``jobs=False`` skips the ``max_jobs`` check (a dry run creates no job)."""
     if lock:  # serialises this tenant's submissions so the counts below are exact
         db.execute(sa.select(Tenant.id).where(Tenant.id == tenant.id).with_for_update(key_share=True))
     now = utcnow()
@@ -62,7 +66,7 @@ def check_limits(db: Session, tenant: Tenant, *, lock: bool) -> None:
     )
     unfinished = (
         sa.select(Job.id)
-        .where(Job.tenant_id == tenant.id, Job.state.in_(sorted(set(JOB_STATES) - TERMINAL_STATES)))
+        .where(Job.tenant_id == tenant.id, Job.state.in_(sorted(NON_TERMINAL)))
         .limit(tenant.max_jobs)
         .subquery()
     )
@@ -73,20 +77,23 @@ def check_limits(db: Session, tenant: Tenant, *, lock: bool) -> None:
             sa.select(sa.func.count()).select_from(unfinished).scalar_subquery(),
         )
     ).one()
+    oldest = oldest.replace(tzinfo=dt.UTC) if oldest is not None and oldest.tzinfo is None else oldest
+    if attempts:
+        recent += len(attempts)
+        oldest = min(attempts[0], oldest) if oldest is not None else attempts[0]
     if recent >= tenant.submit_per_minute:
-        oldest = oldest.replace(tzinfo=dt.UTC) if oldest is not None and oldest.tzinfo is None else oldest
         wait = RATE_WINDOW_S - (now - oldest).total_seconds() if oldest is not None else RATE_WINDOW_S
         raise LimitExceeded(f"over {tenant.submit_per_minute} submissions per minute", max(1, math.ceil(wait)))
-    if (active or 0) >= tenant.max_jobs:
+    if jobs and (active or 0) >= tenant.max_jobs:
         raise LimitExceeded(f"{tenant.max_jobs} unfinished jobs already (max_jobs)", 30)
 
 
 def create_job(
     db: Session, tenant: Tenant, *, name: str, spec: dict[str, object], min_gpus: int, max_gpus: int,
-    priority: int, key: str | None, request_hash: str,
+    priority: int, key: str | None, request_hash: str, attempts: Sequence[dt.datetime] = (),
 ) -> Job:
     """Insert a PENDING job and its ``submitted`` event (the caller commits)."""
-    check_limits(db, tenant, lock=True)
+    check_limits(db, tenant, lock=True, attempts=attempts)
     now = utcnow()
     job = Job(
         tenant_id=tenant.id, name=name, spec=spec, state="PENDING", reason="submitted", priority=priority,
@@ -95,7 +102,7 @@ def create_job(
     )
     db.add(job)
     db.flush()
-    db.add(Event(job_id=job.id, attempt=None, source="control", seq=1, type="submitted",
+    db.add(Event(job_id=job.id, epoch=None, source="control", seq=1, type="submitted",
                  payload={"state": "PENDING", "to": "PENDING"}, ts=now))
     return job
 
@@ -110,7 +117,7 @@ def list_metrics(db: Session, job_id: int, *, since_step: int, limit: int) -> Se
     q = (
         sa.select(Metric)
         .where(Metric.job_id == job_id, Metric.step > since_step)
-        .order_by(Metric.step, Metric.attempt)
+        .order_by(Metric.step, Metric.epoch)
         .limit(limit)
     )
     return db.scalars(q).all()

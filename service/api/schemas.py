@@ -11,10 +11,22 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    field_validator,
+)
 
-JobStateName = Literal["PENDING", "ADMITTED", "RUNNING", "RECOVERING", "PREEMPTED", "SUCCEEDED", "FAILED",
-                       "CANCELLED"]
+from service.api.scrub import scrub, scrub_text
+from workers.states import JobState
+
+#: a job state's name, as the API accepts and returns it (derived from ``workers.states.JobState``)
+JobStateName = Literal[tuple(s.value for s in JobState)]  # type: ignore[valid-type]
 
 #: engine model presets (``workers.engine.config.MODEL_PRESETS``)
 ModelPreset = Literal["tiny", "small", "llama-1b", "llama3-1b", "llama2-7b", "llama3-8b", "llama2-13b",
@@ -70,8 +82,9 @@ class ModelShape(_In):
 
 
 class DataSpec(_In):
-    """Where the tokens come from: the built-in corpus, text files or token memmaps (paths on the
-    cluster's shared storage or ``s3://`` / ``gs://`` objects; no other URL schemes)."""
+    """Where the tokens come from: the built-in corpus, text files or token memmaps. ``paths`` are
+    relative to the tenant's data area (files, directories or globs) or ``shared:<root>/<path>``
+    for an admin-declared read-only root; anything outside is refused (``s3://``/``gs://`` too)."""
 
     kind: Literal["builtin", "text", "tokens"] = "builtin"
     paths: list[PathStr] = Field(default_factory=list, max_length=64)
@@ -144,7 +157,8 @@ class JobPublic(_Out):
     id: int
     name: str
     state: JobStateName
-    reason: str = Field(description="reason of the last state change")
+    reason: str = Field(description="why the job is in its state: while PENDING, why it still waits "
+                                    "(the scheduler's latest reason); else the reason of its last state change")
     priority: int
     min_gpus: int
     max_gpus: int
@@ -160,6 +174,11 @@ class JobPublic(_Out):
     final_loss: float | None = None
     final_step: int | None = None
 
+    @field_validator("reason", mode="after")
+    @classmethod
+    def _scrub_reason(cls, v: str) -> str:
+        return scrub_text(v)
+
 
 class JobList(BaseModel):
     items: list[JobPublic] = Field(max_length=100)
@@ -170,15 +189,22 @@ class EventPublic(_Out):
     id: int = Field(description="increasing; pass the last one as `since`")
     source: str
     seq: int
-    attempt: int | None = None
+    epoch: int | None = Field(default=None, description="fencing epoch of the attempt that produced it; "
+                                                        "null for control-plane events outside an attempt")
     type: str
-    payload: dict[str, Any]
+    payload: dict[str, Any] = Field(description="absolute paths and Ray node ids are replaced by names")
     ts: dt.datetime
+
+    @field_validator("payload", mode="after")
+    @classmethod
+    def _scrub_payload(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return scrub(v)
 
 
 class MetricPublic(_Out):
-    step: int
-    attempt: int
+    step: int = Field(description="steps completed when it was measured (1..steps), as a checkpoint counts")
+    epoch: int = Field(description="fencing epoch of the attempt that measured it (a step redone after a "
+                                   "recovery appears once per epoch)")
     loss: float | None = None
     tokens_per_s: float | None = None
     ts: dt.datetime

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-BENCHES = ("planner", "scheduler", "engine", "checkpoint", "api", "recovery")
+BENCHES = ("planner", "scheduler", "engine", "checkpoint", "api", "recovery", "simulate")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,9 +1,11 @@
-"""``orthoplex submit|status|events|cancel``: the REST API from the command line.
+"""``orthoplex submit|status|events|cancel|data``: the REST API from the command line.
 
 They talk to ``ORTHOPLEX_API_URL`` with ``ORTHOPLEX_API_TOKEN`` (or ``--url`` / ``--token``).
 ``submit`` sends an ``Idempotency-Key`` (random per invocation, or ``--key``) so its retries after a
 network error can never create a second job. Exit codes: 0 done; 1 the API refused (4xx: the
-message names the field); 2 bad input (file, arguments); 3 the service is unreachable or failing.
+message names the field); 2 bad input (file, arguments); 3 the service is unreachable or failing;
+4 (``events --follow`` only) the job ended without succeeding (FAILED or CANCELLED).
+Every command takes ``--json`` for scripts.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from typing import Any
 import typer
 
 RETRIES = 4
+#: ``events --follow`` keeps reconnecting (with its cursor) this long while the service is down.
+FOLLOW_RECONNECT_S = 300.0
+#: Exit code of ``events --follow`` when the job ended in a state other than SUCCEEDED.
+EXIT_JOB_UNSUCCESSFUL = 4
 
 
 class ApiError(Exception):
@@ -123,6 +129,7 @@ JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
 def submit(
     spec_file: Path = typer.Argument(..., help="Job spec, YAML or JSON."),
     key: str | None = typer.Option(None, "--key", help="Idempotency-Key (default: random per invocation)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the job id (for scripts)."),
     as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt,
 ) -> None:
     """Submit a job; prints its id and state."""
@@ -134,10 +141,63 @@ def submit(
             job = _request(c, "POST", "/v1/jobs", json=spec, headers=headers).json()
         if as_json:
             typer.echo(json.dumps(job, indent=2))
+        elif quiet:
+            typer.echo(str(job["id"]))
         else:
             typer.echo(f"job {job['id']} {job['name']}: {job['state']}")
 
     _run(go)
+
+
+def _newest_metrics(c: Any, job: int, steps: int, page: int = 1000) -> list[dict[str, Any]]:
+    """The newest page of a job's metrics rows: probe windows back from the job's last step (the
+    API returns rows oldest first from ``since_step``), one request for a job near its end."""
+    since = max(-1, steps - page)
+    while True:
+        rows = _request(c, "GET", f"/v1/jobs/{job}/metrics", params={"since_step": since, "limit": page}).json()
+        if rows or since <= -1:
+            return rows
+        since = max(-1, since - page)
+
+
+def _all_events(c: Any, job: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    cursor = 0
+    while True:
+        page = _request(c, "GET", f"/v1/jobs/{job}/events", params={"since": cursor, "limit": 1000}).json()
+        out.extend(page)
+        if len(page) < 1000:
+            return out
+        cursor = page[-1]["id"]
+
+
+def _job_detail(job: dict[str, Any], prog: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from service.cli.progress import format_eta
+
+    t = Table(title=f"job {job['id']} {job['name']}", show_header=False)
+    t.add_column("field", style="bold")
+    t.add_column("value")
+    state = job["state"] + (" (cancel requested)" if job.get("cancel_requested") and job["state"] not in
+                            ("CANCELLED", "FAILED", "SUCCEEDED") else "")
+    t.add_row("state", f"{state}  {job.get('reason', '')}".strip())
+    done = f"{prog.step}/{prog.steps}" if prog.step is not None else f"0/{prog.steps}"
+    pct = f" ({100 * (prog.step or 0) / prog.steps:.0f} %)" if prog.steps else ""
+    t.add_row("progress", done + pct)
+    t.add_row("loss", f"{prog.loss:.4f}" if prog.loss is not None else "-")
+    t.add_row("tokens/s", f"{prog.tokens_per_s:,.0f}" if prog.tokens_per_s else "-")
+    t.add_row("ETA", format_eta(prog.eta_s))
+    t.add_row("plan", f"{prog.layout or '-'} on {prog.gpus or 0} GPU(s)")
+    t.add_row("GPUs", f"{job['gpus_allocated']} allocated ({job['min_gpus']}..{job['max_gpus']})")
+    if prog.last_event:
+        ev = prog.last_event
+        t.add_row("last event", f"{str(ev['ts'])[:19].replace('T', ' ')}  {ev['type']}  {ev['summary']}"[:200])
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)
+    console.print(t)
 
 
 def status(
@@ -146,21 +206,27 @@ def status(
     limit: int = typer.Option(20, "--limit", min=1, max=100),
     as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt,
 ) -> None:
-    """Show one job, or list the newest jobs."""
+    """Show one job (progress: step / steps, loss, tokens/s, ETA; the plan in force; the last event),
+    or list the newest jobs."""
+    from service.cli.progress import progress
 
     def go() -> None:
         with _client(url, token) as c:
             if job is not None:
                 data = _request(c, "GET", f"/v1/jobs/{job}").json()
-                items = [data]
-            else:
-                params: dict[str, Any] = {"limit": limit, **({"state": state.upper()} if state else {})}
-                data = _request(c, "GET", "/v1/jobs", params=params).json()
-                items = data["items"]
+                steps = int((data.get("spec") or {}).get("steps") or 0)
+                prog = progress(data, _newest_metrics(c, job, steps), _all_events(c, job))
+                if as_json:
+                    typer.echo(json.dumps({**data, "progress": prog.to_dict()}, indent=2))
+                else:
+                    _job_detail(data, prog)
+                return
+            params: dict[str, Any] = {"limit": limit, **({"state": state.upper()} if state else {})}
+            data = _request(c, "GET", "/v1/jobs", params=params).json()
         if as_json:
             typer.echo(json.dumps(data, indent=2))
         else:
-            _job_table(items, f"job {job}" if job is not None else f"{len(items)} job(s)")
+            _job_table(data["items"], f"{len(data['items'])} job(s)")
 
     _run(go)
 
@@ -177,18 +243,26 @@ def _print_event(ev: dict[str, Any], as_json: bool) -> None:
     typer.echo(f"{ev['ts'][:19].replace('T', ' ')}  #{ev['id']:<6} {ev['type']:<16} {what}")
 
 
-def _follow(c: Any, job: int, since: int, as_json: bool) -> None:
-    """Follow the server-sent event stream, reconnecting from the last id after a network error."""
+def _follow(c: Any, job: int, since: int, as_json: bool, reconnect_s: float = FOLLOW_RECONNECT_S) -> str | None:
+    """Follow the server-sent event stream until the job ends; returns the job's final state.
+
+    Reconnects from the last event id it printed after a network error, a 502/503/504 or a stream the
+    server closed early (its ``sse_max_s``), for up to ``reconnect_s`` of consecutive failures, so a
+    service restart loses and repeats no event."""
     import httpx
 
-    failures = 0
+    down_since: float | None = None
     while True:
         try:
             with c.stream("GET", f"/v1/jobs/{job}/events", params={"since": since},
                           headers={"Accept": "text/event-stream"}, timeout=httpx.Timeout(60.0, connect=5.0)) as r:
+                if r.status_code in (502, 503, 504):
+                    r.read()
+                    raise httpx.RemoteProtocolError(f"{r.status_code} {_message(r)}")
                 if r.status_code >= 400:
                     r.read()
                     raise ApiError(1 if r.status_code < 500 else 3, f"{r.status_code} {_message(r)}")
+                down_since = None
                 event, data = "", ""
                 for line in r.iter_lines():
                     if line.startswith("event: "):
@@ -198,18 +272,24 @@ def _follow(c: Any, job: int, since: int, as_json: bool) -> None:
                     elif line == "" and data:
                         payload = json.loads(data)
                         if event == "end":
-                            if not as_json:
-                                typer.echo(f"job {job} ended: {payload.get('state')}")
-                            return
+                            if payload.get("timeout"):  # the server's stream limit, not the job's end
+                                since = int(payload.get("last_id") or since)
+                                break
+                            final = payload.get("state")
+                            if as_json:
+                                typer.echo(json.dumps({"type": "end", "job": job, "state": final}))
+                            else:
+                                typer.echo(f"job {job} ended: {final}")
+                            return final
                         since = payload["id"]
                         _print_event(payload, as_json)
                         event, data = "", ""
-                        failures = 0
         except httpx.TransportError as exc:
-            failures += 1
-            if failures > RETRIES:
-                raise ApiError(3, f"event stream lost: {type(exc).__name__}") from None
-            time.sleep(min(0.5 * failures, 2.0))
+            now = time.monotonic()
+            down_since = down_since or now
+            if now - down_since > reconnect_s:
+                raise ApiError(3, f"event stream lost for {reconnect_s:g} s: {type(exc).__name__}") from None
+            time.sleep(1.0)
 
 
 def events(
@@ -218,12 +298,17 @@ def events(
     since: int = typer.Option(0, "--since", min=0, help="Only events after this event id."),
     as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt,
 ) -> None:
-    """Print a job's events (state changes with reasons, and the runtime's events)."""
+    """Print a job's events (state changes with reasons, and the runtime's events).
+
+    With ``--follow`` it prints events as they arrive and ends when the job ends: exit 0 if it
+    SUCCEEDED, 4 if it ended otherwise; it reconnects with its cursor while the service restarts."""
 
     def go() -> None:
         with _client(url, token) as c:
             if follow:
-                _follow(c, job, since, as_json)
+                final = _follow(c, job, since, as_json)
+                if final != "SUCCEEDED":
+                    raise typer.Exit(EXIT_JOB_UNSUCCESSFUL)
                 return
             cursor = since
             while True:
@@ -239,13 +324,16 @@ def events(
 
 def cancel(
     job: int = typer.Argument(..., help="Job id."),
-    url: str | None = UrlOpt, token: str | None = TokenOpt,
+    as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt,
 ) -> None:
     """Cancel a job (a running one stops at the controller's next step)."""
 
     def go() -> None:
         with _client(url, token) as c:
             data = _request(c, "POST", f"/v1/jobs/{job}/cancel").json()
+        if as_json:
+            typer.echo(json.dumps(data, indent=2))
+            return
         note = " (cancel requested; the controller stops it)" if data["state"] != "CANCELLED" else ""
         typer.echo(f"job {data['id']}: {data['state']}{note}")
 
@@ -258,3 +346,93 @@ def register(app: typer.Typer) -> None:
     app.command("status")(status)
     app.command("events")(events)
     app.command("cancel")(cancel)
+    app.add_typer(data_app, name="data")
+
+
+data_app = typer.Typer(help="Your data area: upload files for jobs' data.paths, list, download, remove.",
+                       no_args_is_help=True)
+
+
+@data_app.command("upload")
+def data_upload(
+    file: Path = typer.Argument(..., help="Local file to upload."),
+    dest: str | None = typer.Argument(None, help="Path inside your data area (default: the file's name)."),
+    url: str | None = UrlOpt, token: str | None = TokenOpt,
+) -> None:
+    """Upload a file (streamed, with a progress bar) into your data area."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    from workers.data_area import DataArea, DataPathError, split_path
+
+    if not file.is_file():
+        _fail(f"{file}: not a file", 2)
+    target = dest or file.name
+    try:  # the server's rule, checked here too: a URL would lose its '..' before reaching it
+        split_path(target, DataArea(root=Path(".")))
+    except DataPathError as exc:
+        _fail(f"dest: {exc.msg}", 2)
+    size = file.stat().st_size
+
+    def go() -> None:
+        with _client(url, token) as c, Progress("[progress.description]{task.description}", BarColumn(),
+                                                DownloadColumn(), TransferSpeedColumn(), transient=True) as bar:
+            task = bar.add_task(target, total=size)
+
+            def chunks() -> Any:
+                with open(file, "rb") as f:
+                    while chunk := f.read(1 << 20):
+                        bar.advance(task, len(chunk))
+                        yield chunk
+
+            out = _request(c, "PUT", f"/v1/data/{target}", retry=False, content=chunks(),
+                           headers={"Content-Length": str(size)}).json()
+        typer.echo(f"uploaded {out['path']} ({out['bytes']} bytes)")
+
+    _run(go)
+
+
+@data_app.command("list")
+def data_list(as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt) -> None:
+    """List the files of your data area."""
+
+    def go() -> None:
+        with _client(url, token) as c:
+            data = _request(c, "GET", "/v1/data").json()
+        if as_json:
+            typer.echo(json.dumps(data, indent=2))
+            return
+        for f in data["items"]:
+            typer.echo(f"{f['bytes']:>14,}  {f['path']}")
+        typer.echo(f"{data['used_bytes']:,} of {data['quota_bytes']:,} bytes used")
+
+    _run(go)
+
+
+@data_app.command("download")
+def data_download(
+    path: str = typer.Argument(..., help="Path inside your data area."),
+    out: Path = typer.Argument(..., help="Local file to write."),
+    url: str | None = UrlOpt, token: str | None = TokenOpt,
+) -> None:
+    """Download a file of your data area (e.g. a job's exported results)."""
+
+    def go() -> None:
+        with _client(url, token) as c:
+            data = _request(c, "GET", f"/v1/data/{path}").content
+        out.write_bytes(data)
+        typer.echo(f"wrote {out} ({len(data)} bytes)")
+
+    _run(go)
+
+
+@data_app.command("rm")
+def data_rm(path: str = typer.Argument(..., help="Path inside your data area."),
+            url: str | None = UrlOpt, token: str | None = TokenOpt) -> None:
+    """Remove a file from your data area."""
+
+    def go() -> None:
+        with _client(url, token) as c:
+            _request(c, "DELETE", f"/v1/data/{path}")
+        typer.echo(f"removed {path}")
+
+    _run(go)

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "service.cli.client",  # orthoplex submit|status|events|cancel
     "service.cli.demo",  # orthoplex demo
     "service.cli.bench",  # orthoplex bench ...
+    "service.cli.simulate",  # orthoplex simulate (goodput under failures)
 )
 
 app = typer.Typer(
@@ -48,11 +49,15 @@ def main(
     version_: bool = typer.Option(
         False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
     ),
+    verbose: int = typer.Option(
+        0, "--verbose", "-v", count=True,
+        help="More log lines: -v adds libraries' request logs, -vv everything at DEBUG.",
+    ),
 ) -> None:
     """Orthoplex command line."""
     from service.log import configure_logging
 
-    configure_logging()
+    configure_logging(verbosity=verbose)
 
 
 for _name in COMMAND_MODULES:

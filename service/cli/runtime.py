@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED")
+from workers.states import ATTEMPT_TERMINAL
 
 
 def build_spec(
@@ -113,7 +113,7 @@ def run_job(spec: dict[str, Any], *, address: str | None, nodes: int, gpus_per_n
                 line = _progress_line(e, t0)
                 if line:
                     echo(line)
-            if ray.get(handle.status.remote())["state"] in TERMINAL:
+            if ray.get(handle.status.remote())["state"] in ATTEMPT_TERMINAL:
                 break
             time.sleep(poll_s)
         result = ray.get(handle.run.remote())

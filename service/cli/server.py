@@ -10,6 +10,7 @@ once. Exit codes: 0 done, 1 refused (e.g. the tenant exists), 2 bad input.
 from __future__ import annotations
 
 import importlib.util
+import re
 from typing import Any
 
 import typer
@@ -32,12 +33,38 @@ def _start_controller(settings: Any) -> Any:
     return runner.run_in_background(settings)
 
 
+#: ``--local-cluster`` limits: a laptop-sized cluster of simulated nodes (CPU torch underneath).
+LOCAL_CLUSTER_MAX_NODES = 16
+LOCAL_CLUSTER_MAX_GPUS = 16
+
+
+def parse_cluster_shape(value: str) -> tuple[int, int]:
+    """``"3x4"`` -> (3 nodes, 4 GPUs each); raises ``typer.BadParameter`` naming the option."""
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", value)
+    if m is None:
+        raise typer.BadParameter(f"expected NODESxGPUS such as 3x4, got {value!r}", param_hint="--local-cluster")
+    nodes, gpus = int(m.group(1)), int(m.group(2))
+    if not (1 <= nodes <= LOCAL_CLUSTER_MAX_NODES and 1 <= gpus <= LOCAL_CLUSTER_MAX_GPUS):
+        raise typer.BadParameter(
+            f"nodes must be 1..{LOCAL_CLUSTER_MAX_NODES} and GPUs per node 1..{LOCAL_CLUSTER_MAX_GPUS}, got {value!r}",
+            param_hint="--local-cluster",
+        )
+    return nodes, gpus
+
+
 def serve(
     host: str | None = typer.Option(None, help="Interface to bind (default: ORTHOPLEX_HOST)."),
     port: int | None = typer.Option(None, min=1, max=65535, help="Port (default: ORTHOPLEX_PORT)."),
     controller: bool = typer.Option(True, "--controller/--no-controller", help="Run the controller loop too."),
+    local_cluster: str | None = typer.Option(
+        None, "--local-cluster", metavar="NODESxGPUS",
+        help="Start a local Ray cluster of NODES simulated nodes with GPUS declared GPUs each (e.g. 3x4; "
+             "CPU torch underneath) for this service, and stop it on exit. For trying Orthoplex on one machine.",
+    ),
 ) -> None:
     """Migrate the database to the newest schema, then serve the API (and run the controller)."""
+    import os
+
     import uvicorn
 
     from service.api.app import create_app
@@ -46,9 +73,22 @@ def serve(
     from service.settings import get_settings
 
     log = get_logger("service.cli.server")
+    shape = parse_cluster_shape(local_cluster) if local_cluster is not None else None
     settings = get_settings()
+    if shape is not None and settings.ray_address:
+        typer.echo("error: --local-cluster: ORTHOPLEX_RAY_ADDRESS is set too; use one or the other", err=True)
+        raise typer.Exit(2)
     migrate.upgrade(settings.database_url)
     log.info("schema at head", extra={"revision": migrate.current(settings.database_url)})
+    cluster = None
+    if shape is not None:
+        from workers.runtime.local_cluster import InProcessCluster
+
+        cluster = InProcessCluster(nodes=shape[0], gpus_per_node=shape[1]).start()
+        os.environ["ORTHOPLEX_RAY_ADDRESS"] = cluster.address
+        get_settings.cache_clear()
+        settings = get_settings()
+        log.info("local cluster up", extra={"nodes": shape[0], "gpus_per_node": shape[1], "address": cluster.address})
     handle = _start_controller(settings) if controller else None
     try:
         uvicorn.run(create_app(settings), host=host or settings.host, port=port or settings.port,
@@ -57,6 +97,9 @@ def serve(
     finally:
         if handle is not None:
             handle.stop()
+        if cluster is not None:
+            cluster.shutdown()
+            log.info("local cluster stopped")
 
 
 @admin_app.command("create-tenant")

@@ -36,6 +36,7 @@ from service.db import transitions as tx
 from service.db.models import Event
 from service.log import get_logger
 from service.scheduler.types import Admit, Decision, Grow, Preempt, Shrink, Wait
+from workers.data_area import DataArea, tenant_area
 from workers.runtime.jobspec import SPEC_KEYS
 
 log = get_logger("service.controller.apply")
@@ -59,6 +60,13 @@ def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int, placement: dict[str, int] 
     verified checkpoint."""
     spec = {k: job.spec[k] for k in SPEC_KEYS if k in job.spec}
     spec["checkpoint_dir"] = str(ctx.job_storage(job.id) / "checkpoints")
+    data = spec.get("data")
+    if isinstance(data, dict) and data.get("kind", "builtin") != "builtin":
+        # the engine resolves the tenant's relative paths inside the tenant's area only
+        cfg = ctx.config
+        area = DataArea(root=tenant_area(cfg.storage_path, job.tenant_id), shared=dict(cfg.shared_data_roots),
+                        max_files=cfg.data_max_files, max_bytes=cfg.data_max_bytes)
+        spec["data"] = {**data, "area": area.to_dict()}
     # the runtime plans on the cluster's GPU profile, the one submissions were fit-checked against
     spec["gpu_type"] = ctx.gpu_type
     spec["min_gpus"] = max(1, min(job.min_gpus, gpus))
@@ -231,6 +239,8 @@ def record_decision(ctx: Ctx, job: JobRow, d: Decision, outcome: str) -> bool:
             payload=payload,
             commit=False,
         )
+        if isinstance(d, Wait):  # the job's own reason says why it waits (status, API, dashboard)
+            tx.set_wait_reason(s, job.id, epoch=job.epoch, reason=d.reason, commit=False)
     if res in (tx.Recorded.WRITTEN, tx.Recorded.DUPLICATE):
         ctx.decided[job.id] = sig
     return res is tx.Recorded.WRITTEN

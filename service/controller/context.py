@@ -36,6 +36,10 @@ class ControllerConfig:
     #: new GPU count with ``resize``); off: a ``min..max`` job is sized once, at admission
     runtime_resizes: bool = True
     storage_path: Path = Path("/tmp/orthoplex-storage")
+    #: read-only data roots by name, and the bounds of one job's data (``workers.data_area``)
+    shared_data_roots: dict[str, Path] = field(default_factory=dict)
+    data_max_files: int = 10_000
+    data_max_bytes: int = 16 << 30
     #: extra keys merged into every supervisor spec (e.g. a fault-injection hook in tests/demos)
     spec_overrides: dict[str, object] = field(default_factory=dict)
 

@@ -36,9 +36,10 @@ from service.controller.context import Ctx
 from service.controller.crashpoints import crash_point
 from service.controller.supervisors import AttemptKey
 from service.db import transitions as tx
-from service.db.models import TERMINAL_STATES, Event
+from service.db.models import Event
 from service.log import get_logger
 from workers.runtime import events as ev
+from workers.states import TERMINAL
 
 log = get_logger("service.controller.events")
 
@@ -218,7 +219,7 @@ def store_events(ctx: Ctx, job: JobRef, events: list[dict[str, Any]]) -> PullRes
                 final = apply_event(s, job, event)
                 if final is not None:
                     out.final = final
-            if job.state in TERMINAL_STATES or job.state == "PENDING":
+            if job.state in TERMINAL or job.state == "PENDING":
                 break
     if not out.stale:
         ctx.cursors[job.key] = last

@@ -76,6 +76,9 @@ class Controller:
 
         profile = Settings()  # read now, not the process-wide cache: the environment is the truth
         self.ctx.gpu_type, self.ctx.gpus_per_node = profile.gpu_type, profile.gpus_per_node
+        from service.controller.curves import CurveBook
+
+        self._curve_book = CurveBook(self._curve)
         self.decisions: deque[apply.Applied] = deque(maxlen=1000)
         self.rounds = 0  # rounds run as the leader
         self._leading = False
@@ -220,16 +223,15 @@ class Controller:
         self.decisions.extend(result.applied)
 
     def _update_curves(self, db: DbState) -> None:
-        """Goodput curves for elastic jobs not seen before; forget those of jobs that ended."""
+        """Goodput curves for elastic jobs not seen before (computed off the loop: a round waits
+        for them at most ``CurveBook.wait_s``); forget those of jobs that ended."""
+        self._curve_book.update(db.jobs, self.ctx.curves)
+
+    def _curve(self, job: JobRow) -> dict[int, float] | None:
         from service.controller.curves import goodput_curve
 
-        live = {j.id for j in db.jobs}
-        for job_id in [k for k in self.ctx.curves if k not in live]:
-            del self.ctx.curves[job_id]
-        for j in [j for j in db.jobs if j.max_gpus > j.min_gpus and j.id not in self.ctx.curves]:
-            self.ctx.curves[j.id] = goodput_curve(
-                j.spec, j.min_gpus, j.max_gpus, gpu_type=self.ctx.gpu_type, gpus_per_node=self.ctx.gpus_per_node
-            )
+        return goodput_curve(job.spec, job.min_gpus, job.max_gpus, gpu_type=self.ctx.gpu_type,
+                             gpus_per_node=self.ctx.gpus_per_node)
 
     # -- running ----------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:

@@ -28,10 +28,9 @@ from service.controller.snapshot import JobRow, load_db_state
 from service.controller.supervisors import AttemptKey, SupervisorGone, SupervisorUnreachable
 from service.db import transitions as tx
 from service.log import get_logger
+from workers.states import ACTIVE
 
 log = get_logger("service.controller.reconcile")
-
-ACTIVE = frozenset({"ADMITTED", "RUNNING", "RECOVERING"})
 
 
 @dataclass

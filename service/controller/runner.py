@@ -27,6 +27,7 @@ from service.controller.loop import Controller
 from service.db.session import make_engine
 from service.log import get_logger
 from service.settings import Settings, get_settings
+from workers.runtime.rank_env import without_secrets
 
 log = get_logger("service.controller.runner")
 
@@ -44,6 +45,9 @@ def config_from_env(settings: Settings) -> ControllerConfig:
         cancel_grace_s=float(env.get("ORTHOPLEX_CONTROLLER_CANCEL_GRACE_S", 30.0)),
         runtime_resizes=env.get("ORTHOPLEX_CONTROLLER_RESIZES", "1").strip().lower() in ("1", "true", "yes", "on"),
         storage_path=settings.storage_path,
+        shared_data_roots=dict(settings.shared_data_roots),
+        data_max_files=settings.data_max_files,
+        data_max_bytes=settings.data_max_bytes,
         spec_overrides=overrides,
     )
 
@@ -55,18 +59,49 @@ def connect_ray(settings: Settings) -> bool:
 
     if ray.is_initialized():
         return True
+    # an operator's RAY_AUTH_MODE is kept as set; unset, a local Ray started here listens on
+    # 127.0.0.1 only (token auth: set RAY_AUTH_MODE=token, see docs/security.md)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    local = not settings.ray_address
     try:
-        ray.init(
-            address=settings.ray_address or "local",
-            namespace=settings.ray_namespace,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
+        # a local Ray started here copies os.environ into its raylet (and so every rank process):
+        # start it without the service's secrets; an operator's RAY_AUTH_MODE is kept as set
+        with without_secrets():
+            ray.init(
+                address=settings.ray_address or "local",
+                namespace=settings.ray_namespace,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+                **({"_node_ip_address": "127.0.0.1"} if local else {}),
+            )
     except Exception as exc:
         log.warning("could not connect to Ray", extra={"address": settings.ray_address, "error": repr(exc)})
         return False
+    warn_if_no_gpus(settings)
+    return True
+
+
+NO_GPUS_HINT = (
+    "the Ray cluster declares no GPUs: every job will wait until nodes with GPUs join. On one machine, "
+    "try `orthoplex serve --local-cluster 3x4` (simulated nodes with declared GPUs); on a real cluster, "
+    "start the nodes with `ray start --num-gpus=N` and point ORTHOPLEX_RAY_ADDRESS at it"
+)
+
+
+def warn_if_no_gpus(settings: Settings) -> bool:
+    """Say at start, in the service log, when the cluster has no GPUs; True when it has some."""
+    import ray
+
+    try:
+        gpus = float(ray.cluster_resources().get("GPU", 0.0))
+    except Exception as exc:  # the cluster answers later; the controller's view says so then
+        log.debug("cluster resources unknown", extra={"error": repr(exc)})
+        return True
+    if gpus <= 0:
+        log.warning(NO_GPUS_HINT, extra={"address": settings.ray_address or "local"})
+        return False
+    log.info("Ray cluster connected", extra={"address": settings.ray_address or "local", "gpus": int(gpus)})
     return True
 
 

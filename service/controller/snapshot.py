@@ -19,9 +19,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from service.controller.cluster import ClusterView
-from service.db.models import TERMINAL_STATES, Attempt, Job, Tenant
+from service.db.models import Attempt, Job, Tenant
 from service.scheduler.types import ClusterSnapshot, JobView, NodeView, TenantView
-from workers.states import HOLDING
+from workers.states import HOLDING, TERMINAL
 
 
 @dataclass
@@ -64,7 +64,7 @@ def load_db_state(session: Session) -> DbState:
     rows = session.execute(
         sa.select(Job, Attempt.placement)
         .outerjoin(Attempt, sa.and_(Attempt.job_id == Job.id, Attempt.epoch == Job.epoch))
-        .where(Job.state.not_in(sorted(TERMINAL_STATES)))
+        .where(Job.state.not_in(sorted(TERMINAL)))
         .order_by(Job.id)
     ).all()
     jobs = [

@@ -14,12 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-#: Job states (DESIGN: PENDING → ADMITTED → RUNNING ⇄ RECOVERING → SUCCEEDED | FAILED | CANCELLED,
-#: RUNNING → PREEMPTED → PENDING). ``service.db.transitions`` holds the legal edges.
-JOB_STATES = ("PENDING", "ADMITTED", "RUNNING", "RECOVERING", "PREEMPTED", "SUCCEEDED", "FAILED", "CANCELLED")
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
-#: States of one attempt (one supervisor incarnation with one fencing epoch).
-ATTEMPT_STATES = ("STARTING", "RUNNING", "RECOVERING", "SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED", "LOST")
+from workers.states import AttemptState, JobState
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -55,7 +50,7 @@ class UTCDateTime(sa.types.TypeDecorator[dt.datetime]):
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
-    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+    return f"{column} IN ({', '.join(repr(str(v)) for v in values)})"
 
 
 class Base(DeclarativeBase):
@@ -103,7 +98,7 @@ class ApiToken(Base):
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
-        sa.CheckConstraint(_in("state", JOB_STATES), name="state_valid"),
+        sa.CheckConstraint(_in("state", tuple(JobState)), name="state_valid"),
         sa.CheckConstraint("min_gpus >= 1 AND max_gpus >= min_gpus", name="gpu_range"),
         sa.CheckConstraint("gpus_allocated >= 0", name="gpus_allocated_nonneg"),
         sa.UniqueConstraint("tenant_id", "idempotency_key"),
@@ -143,7 +138,7 @@ class Attempt(Base):
 
     __tablename__ = "attempts"
     __table_args__ = (
-        sa.CheckConstraint(_in("state", ATTEMPT_STATES), name="state_valid"),
+        sa.CheckConstraint(_in("state", tuple(AttemptState)), name="state_valid"),
         sa.UniqueConstraint("job_id", "epoch"),
     )
 
@@ -181,7 +176,7 @@ class Event(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
-    attempt: Mapped[int | None] = mapped_column(doc="epoch of the attempt that produced it")
+    epoch: Mapped[int | None] = mapped_column(doc="fencing epoch of the attempt that produced it; None: control")
     source: Mapped[str] = mapped_column(sa.String(32), default="control")
     seq: Mapped[int]
     type: Mapped[str] = mapped_column(sa.String(32))
@@ -195,7 +190,7 @@ class Checkpoint(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
-    attempt: Mapped[int] = mapped_column(doc="epoch of the attempt that committed it")
+    epoch: Mapped[int] = mapped_column(doc="fencing epoch of the attempt that committed it")
     step: Mapped[int]
     location: Mapped[str] = mapped_column(sa.String(1024))
     layout: Mapped[dict[str, Any] | None]
@@ -207,11 +202,11 @@ class Checkpoint(Base):
 
 class Metric(Base):
     __tablename__ = "metrics"
-    __table_args__ = (sa.UniqueConstraint("job_id", "step", "attempt"),)
+    __table_args__ = (sa.UniqueConstraint("job_id", "step", "epoch"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
-    attempt: Mapped[int] = mapped_column(doc="epoch of the attempt that measured it")
+    epoch: Mapped[int] = mapped_column(doc="fencing epoch of the attempt that measured it")
     step: Mapped[int]
     loss: Mapped[float | None] = mapped_column(sa.Float)
     tokens_per_s: Mapped[float | None] = mapped_column(sa.Float)

@@ -6,7 +6,7 @@ it expects (compare-and-set) and, where given, the attempt's fencing epoch (``jo
 writer holding an older epoch writes nothing. The names are a contract with the controller:
 
 ``TRANSITIONS`` / ``is_legal(old, new)``
-    The legal edges. DESIGN: ``PENDING → ADMITTED → RUNNING ⇄ RECOVERING → SUCCEEDED | FAILED |
+    The legal edges (docs/architecture.md): ``PENDING → ADMITTED → RUNNING ⇄ RECOVERING → SUCCEEDED | FAILED |
     CANCELLED``, ``RUNNING → PREEMPTED → PENDING``, cancel from any non-terminal state. Two more
     edges let the controller undo an admission that could not be launched: ``ADMITTED → PENDING``
     (placement timed out; requeue) and ``ADMITTED → FAILED`` (the supervisor could not start).
@@ -15,6 +15,8 @@ writer holding an older epoch writes nothing. The names are a contract with the 
     epoch=:epoch]`` plus a ``transition`` event (source ``control``) in the same transaction.
     Returns False (and writes nothing) when the job is missing, in another state, or fenced off.
     Raises :class:`IllegalTransition` when some state in ``expected`` may not go to ``new``.
+    A job with ``cancel_requested`` never goes back to PENDING (a preemption or a requeue racing a
+    cancel): it becomes CANCELLED instead, and the call returns True.
     ``fields`` may set ``gpus_allocated``, ``final_loss``, ``final_step``, ``cancel_requested``.
     Timestamps are kept: ``admitted_at`` (→ADMITTED), ``started_at`` (first →RUNNING),
     ``finished_at`` (→terminal); ``gpus_allocated`` drops to 0 on →PENDING and →terminal.
@@ -34,6 +36,8 @@ writer holding an older epoch writes nothing. The names are a contract with the 
     PENDING/PREEMPTED jobs become CANCELLED at once; ADMITTED/RUNNING/RECOVERING get
     ``cancel_requested=true`` (the controller stops the supervisor, then transitions); terminal
     jobs answer ``TERMINAL``; a job of another tenant is ``MISSING``.
+``set_wait_reason(session, job_id, *, epoch, reason) -> bool``
+    a PENDING job's ``reason`` becomes why it still waits (the scheduler's latest ``Wait``).
 ``record_event(session, job_id, *, epoch, source, seq, type, payload, ts=None) -> Recorded``
 ``record_checkpoint(session, job_id, *, epoch, step, location, layout=None, verified=False,
 manifest_sha256=None, nbytes=None) -> Recorded``
@@ -56,18 +60,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from service.db.models import (
-    JOB_STATES,
-    TERMINAL_STATES,
-    Attempt,
-    Checkpoint,
-    Event,
-    Job,
-    Metric,
-    utcnow,
-)
-
-NON_TERMINAL = frozenset(s for s in JOB_STATES if s not in TERMINAL_STATES)
+from service.db.models import Attempt, Checkpoint, Event, Job, Metric, utcnow
+from workers.states import ACTIVE, NON_TERMINAL, TERMINAL, JobState
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     "PENDING": frozenset({"ADMITTED", "CANCELLED"}),
@@ -147,7 +141,7 @@ def _bump(session: Session, job_id: int, where: list[Any], values: dict[str, Any
 def _event(session: Session, job_id: int, seq: int, epoch: int, type_: str, payload: dict[str, Any]) -> None:
     session.execute(
         sa.insert(Event).values(
-            job_id=job_id, attempt=epoch or None, source="control", seq=seq, type=type_, payload=payload, ts=utcnow()
+            job_id=job_id, epoch=epoch or None, source="control", seq=seq, type=type_, payload=payload, ts=utcnow()
         )
     )
 
@@ -163,9 +157,9 @@ def _transition_values(new: str, fields: Mapping[str, Any] | None) -> dict[str, 
         values["admitted_at"] = now
     if new == "RUNNING":
         values["started_at"] = sa.func.coalesce(_jobs.c.started_at, now)
-    if new in TERMINAL_STATES:
+    if new in TERMINAL:
         values["finished_at"] = now
-    if new in TERMINAL_STATES or new == "PENDING":
+    if new in TERMINAL or new == "PENDING":
         values["gpus_allocated"] = 0
     values.update(extra)
     return values
@@ -173,7 +167,7 @@ def _transition_values(new: str, fields: Mapping[str, Any] | None) -> dict[str, 
 
 def _check_legal(expected: Iterable[str], new: str) -> frozenset[str]:
     exp = frozenset(expected)
-    if new not in JOB_STATES:
+    if new not in JobState.__members__:
         raise IllegalTransition(f"unknown state {new!r}")
     bad = sorted(s for s in exp if not is_legal(s, new))
     if not exp or bad:
@@ -195,11 +189,14 @@ def transition(
 ) -> bool:
     """Compare-and-set the job's state (see the module docstring); True when it moved."""
     exp = _check_legal(expected, new)
-    values = _transition_values(new, fields)
     row = _lock_job(session, job_id)
     if row is None or row.state not in exp or (epoch is not None and row.epoch != epoch):
         _finish(session, commit)
         return False
+    if new == "PENDING" and row.cancel_requested:
+        # the cancel wins a race with a preemption or a requeue: the job never goes back to the queue
+        new, reason = "CANCELLED", f"cancelled by user (requested before: {reason})"
+    values = _transition_values(new, fields)
     where = [_jobs.c.state == row.state]
     if epoch is not None:
         where.append(_jobs.c.epoch == epoch)
@@ -306,7 +303,7 @@ def set_allocation(
     epoch and only while the job holds GPUs (a state change is not implied)."""
     res = session.execute(
         sa.update(Job)
-        .where(Job.id == job_id, Job.epoch == epoch, Job.state.in_(("ADMITTED", "RUNNING", "RECOVERING")))
+        .where(Job.id == job_id, Job.epoch == epoch, Job.state.in_(sorted(ACTIVE)))
         .values(gpus_allocated=int(gpus))
         .execution_options(synchronize_session=False)
     )
@@ -350,7 +347,7 @@ def request_cancel(
     if row is None:
         _finish(session, commit)
         return CancelOutcome.MISSING
-    if row.state in TERMINAL_STATES:
+    if row.state in TERMINAL:
         _finish(session, commit)
         return CancelOutcome.TERMINAL
     if row.state in ("PENDING", "PREEMPTED"):
@@ -411,7 +408,7 @@ def record_event(
     commit: bool = True,
 ) -> Recorded:
     """Record a runtime event once (unique ``(job_id, source, seq)``); fenced on ``epoch``."""
-    values = {"attempt": epoch, "source": source[:32], "seq": seq, "type": type[:32],
+    values = {"epoch": epoch, "source": source[:32], "seq": seq, "type": type[:32],
               "payload": dict(payload or {}), "ts": ts or utcnow()}
     return _fenced_insert(session, job_id, epoch, Event, values, ["job_id", "source", "seq"], commit)
 
@@ -430,7 +427,7 @@ def record_checkpoint(
     commit: bool = True,
 ) -> Recorded:
     """Record a committed checkpoint once per step (unique ``(job_id, step)``); fenced on ``epoch``."""
-    values = {"attempt": epoch, "step": step, "location": location, "layout": layout, "verified": verified,
+    values = {"epoch": epoch, "step": step, "location": location, "layout": layout, "verified": verified,
               "manifest_sha256": manifest_sha256, "bytes": nbytes, "created_at": utcnow()}
     return _fenced_insert(session, job_id, epoch, Checkpoint, values, ["job_id", "step"], commit)
 
@@ -446,6 +443,23 @@ def record_metric(
     ts: dt.datetime | None = None,
     commit: bool = True,
 ) -> Recorded:
-    """Record a step's loss and throughput once per attempt (unique ``(job_id, step, attempt)``)."""
-    values = {"attempt": epoch, "step": step, "loss": loss, "tokens_per_s": tokens_per_s, "ts": ts or utcnow()}
-    return _fenced_insert(session, job_id, epoch, Metric, values, ["job_id", "step", "attempt"], commit)
+    """Record a step's loss and throughput once per attempt (unique ``(job_id, step, epoch)``)."""
+    values = {"epoch": epoch, "step": step, "loss": loss, "tokens_per_s": tokens_per_s, "ts": ts or utcnow()}
+    return _fenced_insert(session, job_id, epoch, Metric, values, ["job_id", "step", "epoch"], commit)
+
+
+def set_wait_reason(session: Session, job_id: int, *, epoch: int, reason: str, commit: bool = True) -> bool:
+    """Record why a PENDING job still waits (the scheduler's latest ``Wait`` reason) in its ``reason``,
+    so ``status``, the API and the dashboard say it without reading events. Fenced like a
+    transition (the caller's epoch must still own the job); leaves other states alone. True when
+    the row changed."""
+    stmt = (
+        _jobs.update()
+        .where(_jobs.c.id == job_id, _jobs.c.state == "PENDING", _jobs.c.epoch == epoch,
+               _jobs.c.reason != reason[:1024])
+        .values(reason=reason[:1024], updated_at=utcnow())
+    )
+    changed = session.execute(stmt).rowcount > 0
+    _expire_job(session, job_id)
+    _finish(session, commit)
+    return changed

@@ -37,8 +37,8 @@ from rich.text import Text
 
 from service.api.process import free_port
 from service.demo.report import JobReport, save_loss_png, terminal_loss_chart
+from workers.states import TERMINAL
 
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 SHOWN_EVENTS = {"plan", "placed", "ranks_mapped", "checkpoint", "node_lost", "rank_failed", "hang", "straggler",
                 "replan", "resumed", "recovery", "finished", "failed", "cancelled", "preempted", "transition",
                 "attempt_started", "decision"}
@@ -193,7 +193,7 @@ class Demo:
         env["ORTHOPLEX_PORT"] = str(self.port)
         env["ORTHOPLEX_LOG_FORMAT"] = "json"
         env["ORTHOPLEX_GPUS_PER_NODE"] = str(self.cfg.gpus_per_node)
-        env["RAY_AUTH_MODE"] = "disabled"
+        env.setdefault("RAY_AUTH_MODE", "disabled")  # the demo's cluster listens on 127.0.0.1 only
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
@@ -336,7 +336,7 @@ class Demo:
         layout = next((_payload(e).get("short") for e in reversed(tj.events)
                        if e["type"] in ("resumed", "ranks_mapped", "plan") and _payload(e).get("short")), "")
         progress.update(
-            tj.task, completed=(int(last["step"]) + 1) if last else 0, state=tj.job["state"],
+            tj.task, completed=int(last["step"]) if last else 0, state=tj.job["state"],
             loss=f"{float(last['loss']):.4f}" if last and last.get("loss") is not None else "-",
             tps=f"{float(last['tokens_per_s']):.0f}" if last and last.get("tokens_per_s") else "-",
             layout=layout or "",
@@ -376,7 +376,7 @@ class Demo:
         if self.killed_node is not None or not self.jobs:
             return
         big = self.jobs[0]
-        steps_done = max((int(m["step"]) for m in big.metrics), default=-1) + 1
+        steps_done = max((int(m["step"]) for m in big.metrics), default=0)
         if steps_done < self.cfg.kill_at_step:
             return
         placed = [e for e in big.events if e["type"] == "placed"]

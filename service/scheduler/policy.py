@@ -60,6 +60,7 @@ from service.scheduler.types import (
     ClusterSnapshot,
     Decision,
     Grow,
+    Id,
     JobView,
     Preempt,
     Shrink,
@@ -77,6 +78,7 @@ class _Head:
     job: JobView
     start: float | None
     extra: int
+    release: Id | None = None  # the running job whose estimated end frees the last GPUs it needs
 
 
 def decide(snapshot: ClusterSnapshot) -> list[Decision]:
@@ -164,8 +166,11 @@ def _borrow_and_backfill(rnd: Round, leftover: list[JobView]) -> _Head | None:
                 continue
             head = _make_head(rnd, job)
             when = f"estimated start at {head.start:g}" if head.start is not None else "start time unknown"
+            release = (f"next release expected when job {head.release} ends" if head.release is not None
+                       else "no running job has an end estimate")
             rnd.waiting[job.id] = (
-                f"head of the queue: needs {m} GPUs, {rnd.avail} free; holds a reservation ({when})"
+                f"head of the queue: needs {m} GPUs, {rnd.avail} free; {release}; "
+                f"holds a reservation ({when})"
             )
             continue
         hid = head.job.id
@@ -197,17 +202,33 @@ def _borrow_and_backfill(rnd: Round, leftover: list[JobView]) -> _Head | None:
     return head
 
 
+def _holders(rnd: Round, tenant: Id) -> str:
+    """``jobs 3, 7`` (the tenant's jobs holding or promised GPUs this round), or ``no job``."""
+    ids = sorted((j.id for j in rnd.active if j.tenant_id == tenant and rnd.size.get(j.id, 0) > 0), key=str)
+    ids += sorted((i for i in rnd.admitted if rnd.jobs[i].tenant_id == tenant), key=str)
+    if not ids:
+        return "no job"
+    return ("job " if len(ids) == 1 else "jobs ") + ", ".join(str(i) for i in ids)
+
+
 def _cannot_start(rnd: Round, job: JobView) -> bool:
-    """Record why ``job`` cannot start whatever the free GPUs (job limit, size, no borrowing)."""
+    """Record why ``job`` cannot start whatever the free GPUs (job limit, size, no borrowing), in
+    words a user can act on: which jobs hold the quota, what the cluster has."""
     t, m = job.tenant_id, job.min_gpus
     used, quota = rnd.committed[t], rnd.quota(t)
     if rnd.job_limit_reached(t):
-        rnd.waiting[job.id] = f"tenant {t} already runs its maximum of {rnd.tenants[t].max_jobs} job(s)"
+        rnd.waiting[job.id] = (
+            f"tenant {t} already runs its maximum of {rnd.tenants[t].max_jobs} job(s): {_holders(rnd, t)}"
+        )
     elif m > rnd.capacity:
-        rnd.waiting[job.id] = f"needs {m} GPUs; the healthy nodes have {rnd.capacity} in all"
+        rnd.waiting[job.id] = (
+            f"needs at least {m} GPU(s); the cluster has 0 (no healthy node declares GPUs)" if rnd.capacity == 0
+            else f"needs at least {m} GPU(s); the healthy nodes have {rnd.capacity} in all"
+        )
     elif used + m > quota and not job.preemptible:
         rnd.waiting[job.id] = (
-            f"non-preemptible jobs run only within quota: tenant {t} uses {used} of {quota}, job needs {m}"
+            f"non-preemptible jobs run only within quota: tenant quota of {quota} GPUs, {used} in use by "
+            f"{_holders(rnd, t)}; job needs {m}"
         )
     else:
         return False
@@ -224,10 +245,10 @@ def _make_head(rnd: Round, job: JobView) -> _Head:
         for j in rnd.active
         if j.est_end is not None and rnd.size[j.id] > 0 and j.id not in rnd.pinned
     )
-    for end, _, size in ends:
+    for end, jid, size in ends:
         free += size
         if free >= job.min_gpus:
-            return _Head(job, max(end, rnd.now), free - job.min_gpus)
+            return _Head(job, max(end, rnd.now), free - job.min_gpus, jid)
     return _Head(job, None, 0)
 
 

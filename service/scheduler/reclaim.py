@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 
 from service.scheduler.state import Round, victim_order
 from service.scheduler.types import JobState, JobView
-
-PREEMPTIBLE_STATES = frozenset({JobState.ADMITTED, JobState.RUNNING, JobState.RECOVERING})
+from workers.states import ACTIVE
 
 
 @dataclass
@@ -96,7 +95,7 @@ def plan_quota_reclaim(rnd: Round, job: JobView, need: int) -> ReclaimPlan | Non
     for v in order:
         if left <= 0:
             break
-        if not (v.preemptible and v.state in PREEMPTIBLE_STATES and rnd.size[v.id] > 0):
+        if not (v.preemptible and v.state in ACTIVE and rnd.size[v.id] > 0):
             continue
         shrink = next((item for item in plan.shrinks if item[0].id == v.id), None)
         partial = rnd.size[v.id] - shrink[1] if shrink else 0

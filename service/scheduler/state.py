@@ -11,9 +11,6 @@ from dataclasses import dataclass, field
 
 from service.scheduler.goodput import Curve
 from service.scheduler.types import (
-    ACTIVE_STATES,
-    QUEUED_STATES,
-    RELEASING_STATES,
     ClusterSnapshot,
     Id,
     JobState,
@@ -21,6 +18,7 @@ from service.scheduler.types import (
     NodeId,
     TenantView,
 )
+from workers.states import ACTIVE, QUEUED, RELEASING
 
 
 def queue_key(job: JobView) -> tuple:
@@ -118,16 +116,16 @@ def build_round(snapshot: ClusterSnapshot) -> Round:
     releasing = 0
     for job in sorted(jobs.values(), key=lambda j: j.id):
         state = JobState(job.state) if not isinstance(job.state, JobState) else job.state
-        if state in ACTIVE_STATES or state in RELEASING_STATES:
+        if state in ACTIVE or state in RELEASING:
             mine = {n: k for n, k in sorted(job.allocated.items()) if n in healthy}
             for n, k in mine.items():
                 used[n] = used.get(n, 0) + k
-            if state in ACTIVE_STATES:
+            if state in ACTIVE:
                 placement[job.id] = mine
                 active.append(job)
             else:
                 releasing += sum(mine.values())
-        elif state in QUEUED_STATES:
+        elif state in QUEUED:
             pending.append(job)
     node_free: dict[NodeId, int] = {}
     for node_id in sorted(healthy):

@@ -14,32 +14,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import ClassVar, TypeAlias
+
+from workers.states import JobState
 
 Id: TypeAlias = int | str
 NodeId: TypeAlias = str
-
-
-class JobState(StrEnum):
-    """Job states of DESIGN.md; plain strings with the same values are accepted everywhere."""
-
-    PENDING = "PENDING"
-    ADMITTED = "ADMITTED"
-    RUNNING = "RUNNING"
-    RECOVERING = "RECOVERING"
-    PREEMPTED = "PREEMPTED"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-
-#: States whose allocation is in use and stays in use (the job is admitted and has not ended).
-ACTIVE_STATES = frozenset({JobState.ADMITTED, JobState.RUNNING, JobState.RECOVERING})
-#: A job waiting for GPUs.
-QUEUED_STATES = frozenset({JobState.PENDING})
-#: A job that is checkpointing after a ``Preempt``: its GPUs are still held but are being released.
-RELEASING_STATES = frozenset({JobState.PREEMPTED})
 
 
 def _copy(value: Mapping | None) -> dict:

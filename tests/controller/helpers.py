@@ -138,7 +138,7 @@ def transitions_to(engine: sa.Engine, job_id: int, new: str) -> list[Any]:
 
 def metrics(engine: sa.Engine, job_id: int) -> list[Any]:
     with engine.connect() as conn:
-        q = sa.select(Metric.__table__).where(Metric.job_id == job_id).order_by(Metric.step, Metric.attempt)
+        q = sa.select(Metric.__table__).where(Metric.job_id == job_id).order_by(Metric.step, Metric.epoch)
         return list(conn.execute(q))
 
 

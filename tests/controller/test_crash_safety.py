@@ -154,14 +154,14 @@ def test_kill9_during_admission_running_recovery_and_cancel(
         assert len(h.transitions_to(engine, b, "CANCELLED")) == 1
         assert [(x.number, x.state) for x in h.attempts(engine, a)] == [(1, "LOST"), (2, "SUCCEEDED")]
         steps = [m.step for m in h.metrics(engine, a)]
-        assert steps == list(range(STEPS)), steps  # one metric per step, none twice
+        assert steps == list(range(1, STEPS + 1)), steps  # one metric per step (1-based), none twice
         runtime = h.events(engine, a, source="runtime:a2")
         assert [e.seq for e in runtime] == list(range(1, len(runtime) + 1))  # no gap, no duplicate
         kinds = [e.type for e in runtime]
         assert "node_lost" in kinds and "resumed" in kinds and kinds[-1] == "finished"
         ckpt_events = sorted({e.payload["step"] for e in runtime if e.type == "checkpoint"})
         assert [c.step for c in h.checkpoints(engine, a)] == ckpt_events
-        assert all(c.attempt == 2 for c in h.checkpoints(engine, a))
+        assert all(c.epoch == 2 for c in h.checkpoints(engine, a))
         final = h.job(engine, a)
         assert final.final_step == STEPS and final.epoch == 2 and not final.cancel_requested
         print("crash-safety timings:", json.dumps({k: round(v, 1) for k, v in timings.items()}))

@@ -25,8 +25,8 @@ def _events() -> list[dict]:
 
 
 def test_report_from_api_rows(tmp_path: Path) -> None:
-    metrics = [{"step": s, "attempt": 1, "loss": 5.0 - 0.1 * s} for s in range(1, 7)]
-    metrics += [{"step": 5, "attempt": 2, "loss": 4.45}]  # a step redone after the recovery
+    metrics = [{"step": s, "epoch": 1, "loss": 5.0 - 0.1 * s} for s in range(1, 7)]
+    metrics += [{"step": 5, "epoch": 2, "loss": 4.45}]  # a step redone after the recovery
     rep = JobReport.from_api({"id": 3, "name": "j", "state": "SUCCEEDED"}, _events(), metrics, "alpha")
     assert rep.steps == [1, 2, 3, 4, 5, 6]
     assert rep.losses[4] == pytest.approx(4.45)  # the latest attempt's value wins

@@ -228,9 +228,9 @@ def test_rest_to_recovery_to_success_with_two_tenants(ray_cluster, empty_db_url:
         assert ("RUNNING", "RECOVERING") in moves and ("RECOVERING", "RUNNING") in moves, moves
         assert moves.count(("RUNNING", "SUCCEEDED")) == 1, moves
         rows = alpha.get(f"/v1/jobs/{a1}/metrics", params={"limit": 1000}).json()
-        pairs = [(m["step"], m["attempt"]) for m in rows]
+        pairs = [(m["step"], m["epoch"]) for m in rows]
         assert len(pairs) == len(set(pairs)), pairs  # never one step twice within an attempt
-        assert sorted({step for step, _ in pairs}) == list(range(STEPS)), pairs  # every step once at least
+        assert sorted({step for step, _ in pairs}) == list(range(1, STEPS + 1)), pairs  # every step once at least
         h.wait_for(
             lambda: not h.live_supervisors(a1) and not h.live_supervisors(b1), 60, "supervisors reaped"
         )

@@ -82,6 +82,10 @@ def test_nothing_fits_exits_1_with_reasons(tmp_path: Path) -> None:
         ({"model": {"name": "llama3-8b"}, "cluster": {"gpu_type": "Z9000", "num_gpus": 8},
           "training": {"global_batch": 8}}, "cluster.gpu_type"),
         ("{not json", "--spec"),
+        ({"model": {"name": "llama3-8b"}, "cluster": {"gpu_type": "A100", "num_gpus": 8},
+          "parallel": {"recompute": "layer:1"}, "training": {"global_batch": 8}}, "parallel.recompute"),
+        ({"model": {"name": "llama3-8b"}, "cluster": {"gpu_type": "A100", "num_gpus": 8},
+          "parallel": {"recompute": "sometimes"}, "training": {"global_batch": 8}}, "parallel.recompute"),
     ],
 )
 def test_bad_input_exits_2_naming_the_field(tmp_path: Path, spec: Any, field: str) -> None:
@@ -95,3 +99,12 @@ def test_bad_input_exits_2_naming_the_field(tmp_path: Path, spec: Any, field: st
 def test_missing_file_exits_2(tmp_path: Path) -> None:
     res = CliRunner().invoke(_app(), ["plan", "--spec", str(tmp_path / "nope.json")])
     assert res.exit_code == 2 and "--spec" in res.output
+
+
+def test_unknown_recompute_lists_the_known_modes(tmp_path: Path) -> None:
+    spec = {"model": {"name": "llama3-8b"}, "cluster": {"gpu_type": "A100", "num_gpus": 8},
+            "parallel": {"recompute": "sometimes"}, "training": {"global_batch": 8}}
+    res = _run(tmp_path, spec)
+    assert res.exit_code == 2
+    for known in ("none", "selective", "op", "layer:N", "full"):
+        assert known in res.output

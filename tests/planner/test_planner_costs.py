@@ -47,8 +47,12 @@ def test_model_state_bytes_and_zero() -> None:
     z1 = _plan(spec, "tp=1,pp=1,dp=32,zero=1,micro_batch=1").estimate.memory_breakdown_gb
     z3 = _plan(spec, "tp=1,pp=1,dp=32,zero=3,micro_batch=1").estimate.memory_breakdown_gb
     assert z1["optimizer"] == pytest.approx(z0["optimizer"] / 32)
-    assert z1["weights"] == z0["weights"] and z3["weights"] == pytest.approx(z0["weights"] / 32)
+    assert z1["weights"] == z0["weights"]
     assert z3["grads"] < z1["grads"]
+    # ZeRO-3 (FSDP2): fp32 master weights, fp32 grads and Adam m, v, all sharded: 16 B per parameter
+    total3 = z3["weights"] + z3["grads"] + z3["optimizer"]
+    assert total3 == pytest.approx((z0["weights"] + z0["grads"] + z0["optimizer"]) * 16 / 18 / 32)
+    assert z3["weights"] == pytest.approx(2 * z0["weights"] / 32)
     # bf16: 2 (weights) + 4 (fp32 grads) + 12 (Adam) bytes per parameter
     assert z0["optimizer"] == pytest.approx(6 * z0["weights"]) and z0["grads"] == pytest.approx(2 * z0["weights"])
 
@@ -126,7 +130,8 @@ def test_cp_ring_hides_under_long_attention_and_fp8_is_faster() -> None:
     h100 = a100_spec(cluster={"gpu_type": "H100", "num_gpus": 32})
     bf16 = _plan(h100, "tp=2,pp=2,dp=8,micro_batch=1").estimate
     fp8 = _plan({**h100, "precision": "fp8"}, "tp=2,pp=2,dp=8,micro_batch=1").estimate
-    assert fp8.time_breakdown_s["gemm"] < 0.75 * bf16.time_breakdown_s["gemm"]
+    # faster, but well short of the 2x peak ratio: deeper tiles, casts and amax reductions
+    assert 0.5 * bf16.time_breakdown_s["gemm"] < fp8.time_breakdown_s["gemm"] < 0.85 * bf16.time_breakdown_s["gemm"]
     assert math.isclose(fp8.time_breakdown_s["attention"], bf16.time_breakdown_s["attention"])
 
 
@@ -137,3 +142,22 @@ def test_slow_node_slows_compute() -> None:
     fast = _plan(a100_spec(), "tp=1,dp=32,micro_batch=1").estimate.time_breakdown_s["gemm"]
     slow = _plan(spec, "tp=1,dp=32,micro_batch=1").estimate.time_breakdown_s["gemm"]
     assert slow == pytest.approx(2 * fast)
+
+
+def test_torchtitan_recompute_modes_order_memory_and_time() -> None:
+    """Op-level and layer-level checkpointing sit between none and full, in memory and in time;
+    layer:N converges to no recompute as N grows; TorchTitan's names are accepted."""
+    spec = {"model": {"name": "llama3-8b"}, "cluster": {"gpu_type": "H100", "num_gpus": 8},
+            "training": {"global_batch": 16}}
+    base = "dp=8,zero=3,micro_batch=2"
+    est = {rc: _plan(spec, f"{base},recompute={rc}").estimate for rc in ("none", "op", "layer:2", "layer:4", "full")}
+    act = {rc: e.memory_breakdown_gb["activations"] for rc, e in est.items()}
+    assert act["full"] < act["layer:2"] < act["layer:4"] < act["none"]
+    assert act["full"] < act["op"] < act["none"]
+    rc_time = {rc: e.time_breakdown_s["recompute"] for rc, e in est.items()}
+    assert rc_time["none"] == 0 < rc_time["op"] < rc_time["full"]
+    assert rc_time["layer:2"] == pytest.approx(rc_time["full"] / 2)
+    assert rc_time["layer:4"] == pytest.approx(rc_time["full"] / 4)
+    assert est["op"].hfu > est["op"].mfu
+    assert Layout.parse("recompute=layer").recompute == "layer:2"
+    assert parse_spec({**spec, "parallel": {"recompute": "selective_op"}}).fixed["recompute"] == "op"

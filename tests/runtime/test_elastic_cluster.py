@@ -101,7 +101,7 @@ def test_node_loss_replans_onto_8_gpus_and_matches_the_no_failure_loss(ray_clust
     last_ckpt = max(e["step"] for e in events if e["type"] == "checkpoint" and e["seq"] < lost_at)
     assert resumed["from_step"] == last_ckpt
     steps_after = sorted({e["step"] for e in events if e["type"] == "step" and e["seq"] > resumed["seq"]})
-    assert steps_after == list(range(last_ckpt, STEPS))
+    assert steps_after == list(range(last_ckpt + 1, STEPS + 1))  # steps completed, 1-based
     assert all(e["world_size"] == 8 for e in events if e["type"] == "step" and e["seq"] > resumed["seq"])
     rec = next(e for e in events if e["type"] == "recovery" and e["cause"] == "node_lost")
     assert set(rec["phases"]) == {"detect", "plan", "place", "start", "load", "first_step"}
@@ -110,14 +110,14 @@ def test_node_loss_replans_onto_8_gpus_and_matches_the_no_failure_loss(ray_clust
     assert all(e["ts"] >= events[0]["ts"] for e in events)
     # per-step metrics and the printed summary
     metrics = [json.loads(x) for x in met.read_text().splitlines()]
-    assert {m["step"] for m in metrics} == set(range(STEPS))
+    assert {m["step"] for m in metrics} == set(range(1, STEPS + 1))
     assert "recovery (node_lost)" in res.output and "final loss" in res.output
     # the loss: final 10-step mean within 1% of the same run without the failure
     final = {}
     for e in events:
         if e["type"] == "step":
             final[e["step"]] = e["loss"]
-    elastic = [final[s] for s in range(STEPS)]
+    elastic = [final[s] for s in range(1, STEPS + 1)]
     reference = _reference_losses(str(tmp_path / "ref-ckpt"), STEPS)
     assert abs(_mean_last(elastic) - _mean_last(reference)) <= 0.01 * abs(_mean_last(reference)), (
         elastic, reference)

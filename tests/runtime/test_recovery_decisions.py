@@ -69,7 +69,7 @@ def finished_cleanly(m: AttemptMachine, cluster: MemoryCluster) -> list[ev.Event
     events = typed(m)
     assert isinstance(events[-1], ev.Finished) and events[-1].final_step == m.job.steps
     assert cluster.held == {}, "a reservation leaked"
-    assert sorted(m.losses) == list(range(m.job.steps))
+    assert sorted(m.losses) == list(range(1, m.job.steps + 1))
     return events
 
 

@@ -7,8 +7,6 @@ from collections.abc import Iterable
 
 from service.scheduler.policy import decide
 from service.scheduler.types import (
-    ACTIVE_STATES,
-    RELEASING_STATES,
     Admit,
     ClusterSnapshot,
     Decision,
@@ -21,6 +19,7 @@ from service.scheduler.types import (
     TenantView,
     Wait,
 )
+from workers.states import ACTIVE, RELEASING
 
 
 def nodes(*sizes: int, unhealthy: Iterable[int] = ()) -> list[NodeView]:
@@ -54,7 +53,7 @@ def held_by_tenant(s: ClusterSnapshot) -> dict:
     healthy = {n.id for n in s.nodes if n.healthy}
     out = {t.id: 0 for t in s.tenants}
     for j in s.jobs:
-        if j.state in ACTIVE_STATES:
+        if j.state in ACTIVE:
             out[j.tenant_id] = out.get(j.tenant_id, 0) + sum(
                 k for n, k in j.allocated.items() if n in healthy
             )
@@ -74,14 +73,14 @@ def check_round(s: ClusterSnapshot, decisions: list[Decision]) -> None:
         if isinstance(d, (Admit, Wait)):
             assert job.state == JobState.PENDING, d
         else:
-            assert job.state in ACTIVE_STATES, d
+            assert job.state in ACTIVE, d
     for j in s.jobs:  # every pending job gets an Admit or a Wait
         if j.state == JobState.PENDING:
             assert j.id in seen, f"no decision for pending job {j.id}"
     # no GPU given twice: what is held now plus everything handed out must fit every healthy node
     used = {n: 0 for n in cap}
     for j in s.jobs:
-        if j.state in ACTIVE_STATES or j.state in RELEASING_STATES:
+        if j.state in ACTIVE or j.state in RELEASING:
             for n, k in j.allocated.items():
                 if n in used:
                     used[n] += k

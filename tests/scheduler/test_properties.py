@@ -11,9 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.scheduler.policy import decide
-from service.scheduler.types import ACTIVE_STATES, Admit, Grow, JobState, Shrink
+from service.scheduler.types import Admit, Grow, JobState, Shrink
 from tests.scheduler.helpers import check_round, held_by_tenant, settle
 from tests.scheduler.strategies import backfill_snapshots, snapshots
+from workers.states import ACTIVE
 
 pytestmark = pytest.mark.unit
 
@@ -76,7 +77,7 @@ def test_no_tenant_below_quota_with_demand_while_another_borrows(s):
     quota = {t.id: t.gpu_quota for t in s.tenants}
     limit = {t.id: t.max_jobs for t in s.tenants}
     active = {
-        t.id: sum(1 for j in s.jobs if j.tenant_id == t.id and j.state in ACTIVE_STATES) for t in s.tenants
+        t.id: sum(1 for j in s.jobs if j.tenant_id == t.id and j.state in ACTIVE) for t in s.tenants
     }
     borrowers = [t for t in quota if held[t] > quota[t]]
     for j in s.jobs:
@@ -107,13 +108,13 @@ def test_backfill_never_delays_the_head_jobs_estimated_start(s):
     used = sum(
         k
         for j in s.jobs
-        if j.state in ACTIVE_STATES or j.state == JobState.PREEMPTED
+        if j.state in ACTIVE or j.state == JobState.PREEMPTED
         for n, k in j.allocated.items()
         if n in healthy
     )
     free_at_start = sum(n.gpus for n in s.nodes if n.healthy) - used
     for j in s.jobs:
-        if j.state in ACTIVE_STATES and j.id not in touched and j.est_end is not None and j.est_end <= start:
+        if j.state in ACTIVE and j.id not in touched and j.est_end is not None and j.est_end <= start:
             free_at_start += sum(k for n, k in j.allocated.items() if n in healthy)
     for d in decisions:
         if isinstance(d, Admit):

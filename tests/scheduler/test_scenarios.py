@@ -354,3 +354,24 @@ def test_invalid_views_are_rejected():
         tenant("a", weight=0.0)
     with pytest.raises(ValueError, match="duplicate"):
         decide(snap([tenant("a")], [pending(1, "a", 1), pending(1, "a", 1)], nodes(1)))
+
+
+# ------------------------------------------------------------------ waiting reasons a user can act on
+
+
+def test_wait_reasons_name_the_cause_and_the_jobs_behind_it():
+    # no GPUs at all (a Ray cluster whose nodes declare none)
+    _, k = run(snap([tenant("a")], [pending(1, "a", 1)], nodes(0)))
+    assert k["wait"][1].reason == "needs at least 1 GPU(s); the cluster has 0 (no healthy node declares GPUs)"
+    # quota: a non-preemptible job names the jobs that use its tenant's quota
+    jobs = [running(3, "a", {"n0": 2}), running(7, "a", {"n0": 2}), pending(9, "a", 2, preemptible=False)]
+    _, k = run(snap([tenant("a", quota=4)], jobs, nodes(8)))
+    assert "tenant quota of 4 GPUs, 4 in use by jobs 3, 7; job needs 2" in k["wait"][9].reason
+    # job limit: names the running job
+    _, k = run(snap([tenant("a", max_jobs=1)], [running(5, "a", {"n0": 1}), pending(6, "a", 1)], nodes(8)))
+    assert k["wait"][6].reason.endswith("maximum of 1 job(s): job 5")
+    # capacity: the head of the queue names the job whose end frees its GPUs
+    _, k = run(_backfill_case(True))
+    assert "needs 16 GPUs, 4 free; next release expected when job r1 ends" in k["wait"]["head"].reason
+    _, k = run(_backfill_case(False))
+    assert "no running job has an end estimate" in k["wait"]["head"].reason

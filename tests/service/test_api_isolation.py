@@ -132,7 +132,7 @@ def test_owner_sees_history(client, world) -> None:
     assert [e["type"] for e in events] == ["submitted", "attempt_started", "transition", "step"]
     assert client.get(f"/v1/jobs/{a0}/events", params={"since": events[1]["id"]}, headers=h).json() == events[2:]
     metrics = client.get(f"/v1/jobs/{a0}/metrics", headers=h).json()
-    assert [(m["step"], m["loss"], m["attempt"]) for m in metrics] == [(1, 3.0, 1)]
+    assert [(m["step"], m["loss"], m["epoch"]) for m in metrics] == [(1, 3.0, 1)]
 
 
 def test_tenant_tokens_cannot_use_admin_routes(client, pg_sessions, world) -> None:

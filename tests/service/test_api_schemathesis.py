@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,12 +33,12 @@ EXAMPLES = int(os.environ.get("ORTHOPLEX_SCHEMATHESIS_EXAMPLES", "100"))
 ADMIN_PATHS = ("/v1/tenants", "/v1/tokens")
 
 
-def _schema(pg_url: str, tenant_token: str) -> Any:
+def _schema(pg_url: str, tenant_token: str, storage: Path) -> Any:
     from service.api.app import create_app
     from service.api.config import ApiSettings
     from service.settings import Settings
 
-    app = create_app(Settings(database_url=pg_url, admin_token=ADMIN_TOKEN),
+    app = create_app(Settings(database_url=pg_url, admin_token=ADMIN_TOKEN, storage_path=storage),
                      ApiSettings(plan_timeout_s=0.5, dryrun_timeout_s=1.0, sse_max_s=0.5))
     config = SchemathesisConfig.from_dict({
         "generation": {"max-examples": EXAMPLES, "mode": "all", "deterministic": True},
@@ -45,8 +46,15 @@ def _schema(pg_url: str, tenant_token: str) -> Any:
         "operations": [{
             "include-path-regex": "^/v1/(jobs|plans)$",
             "include-method": "POST",
+            # 503 + Retry-After: the planner is busy or over its budget (admission never fails open)
             "checks": {"positive_data_acceptance": {
-                "expected-statuses": ["2xx", "401", "403", "404", "409", "422", "429"]}},
+                "expected-statuses": ["2xx", "401", "403", "404", "409", "422", "429", "503"]},
+                "not_a_server_error": {"expected-statuses": ["1xx", "2xx", "3xx", "4xx", "503"]}},
+        }, {
+            # a data path must also stay inside the area (no '..', names of at most 255 bytes): 422
+            "include-path-regex": "^/v1/data/",
+            "checks": {"positive_data_acceptance": {
+                "expected-statuses": ["2xx", "401", "403", "404", "409", "413", "422"]}},
         }],
     })
     schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=config)
@@ -63,7 +71,7 @@ def _schema(pg_url: str, tenant_token: str) -> Any:
 
 
 @pytest.mark.timeout(900)
-def test_schemathesis_all_checks(pg_url: str, pg_sessions) -> None:
+def test_schemathesis_all_checks(pg_url: str, pg_sessions, tmp_path: Path) -> None:
     # the tenant the fuzzer acts as; its token id is one no generator picks, so a fuzzed
     # DELETE /v1/tokens/{id} cannot revoke it mid-run
     secret, prefix, digest = new_token()
@@ -73,7 +81,7 @@ def test_schemathesis_all_checks(pg_url: str, pg_sessions) -> None:
         s.flush()
         s.add(ApiToken(id=1_999_999_937, tenant_id=t.id, prefix=prefix, token_hash=digest))
         s.commit()
-    schema = _schema(pg_url, secret)
+    schema = _schema(pg_url, secret, tmp_path / "storage")  # uploads land in the test's own storage
 
     cases: Counter[str] = Counter()
     phases: Counter[str] = Counter()

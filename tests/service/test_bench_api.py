@@ -68,6 +68,10 @@ def test_api_bench_runs_end_to_end(pg_server_url: str, tmp_path: Path) -> None:
         assert r["errors"] == 0, r["first_error"]
         assert r["ok"] > 0 and r["p50_ms"] is not None
     assert set(result["load_avg"]) == {"before", "after"}
+    streams = result["streams"]
+    assert [(r["store"], r["stream_open"]) for r in streams] == [
+        ("SQLite", False), ("SQLite", True), ("PostgreSQL", False), ("PostgreSQL", True)]
+    assert all(r["errors"] == 0 and r["submit_p50_ms"] is not None for r in streams), streams
     json_path, md_path = write_result(result, tmp_path)
     assert json.loads(json_path.read_text())["rows"][1]["operation"] == "POST /v1/jobs (submit)"
     text = md_path.read_text()

@@ -70,9 +70,33 @@ def test_submit_status_events_cancel(cli: typer.Typer, live, tenant_token: str, 
     assert r.exit_code == 0 and f"job {jid}: CANCELLED" in r.stdout
     r = _run(cli, live, tenant_token, "cancel", jid)
     assert r.exit_code == 1 and "409" in r.output and "ended" in r.output
-    r = _run(cli, live, tenant_token, "events", jid, "--follow")
+    r = _run(cli, live, tenant_token, "status", jid)
     assert r.exit_code == 0, r.output
+    assert "CANCELLED" in r.stdout and "0/20" in r.stdout and "last event" in r.stdout
+    r = _run(cli, live, tenant_token, "status", jid, "--json")
+    prog = json.loads(r.stdout)["progress"]
+    assert prog["steps"] == 20 and prog["eta_s"] is None and prog["last_event"]["type"] == "transition"
+    # --follow of a job that ended without succeeding: the events, then exit 4 (scripts can tell)
+    r = _run(cli, live, tenant_token, "events", jid, "--follow")
+    assert r.exit_code == client_cli.EXIT_JOB_UNSUCCESSFUL, r.output
     assert "PENDING -> CANCELLED" in r.stdout and f"job {jid} ended: CANCELLED" in r.stdout
+    r = _run(cli, live, tenant_token, "events", jid, "--follow", "--json")
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert lines[-1] == {"type": "end", "job": int(jid), "state": "CANCELLED"}
+    r = _run(cli, live, tenant_token, "cancel", jid, "--json")
+    assert r.exit_code == 1 and "409" in r.output
+
+
+def test_cli_prints_no_library_log_lines(live, tenant_token: str) -> None:
+    """The real ``orthoplex`` app: no ``httpx`` request lines unless ``-v`` asks for them."""
+    from service.cli.main import app
+
+    args = ["status", "--url", live.url, "--token", tenant_token]
+    quiet = CliRunner().invoke(app, args)
+    assert quiet.exit_code == 0, quiet.output
+    assert "HTTP Request" not in quiet.output
+    loud = CliRunner().invoke(app, ["-v", *args])
+    assert loud.exit_code == 0 and "HTTP Request" in loud.output
 
 
 def test_submit_errors(cli: typer.Typer, live, tenant_token: str, tmp_path: Path) -> None:
@@ -110,6 +134,5 @@ def test_serve_migrated_the_schema(live, pg_url: str) -> None:
 
     from service.db import migrate
 
-    head = ScriptDirectory.from_config(migrate.alembic_config(pg_url)).get_current_head()
-    assert migrate.current(pg_url) == head
+    assert migrate.current(pg_url) == ScriptDirectory.from_config(migrate.alembic_config()).get_current_head()
     assert httpx.get(f"{live.url}/healthz").json() == {"status": "ok"}

@@ -18,6 +18,7 @@ from service.db.models import Base
 from service.db.session import make_engine
 from tests.conftest import make_empty_database
 
+HEAD = "0003_attempt_placement"
 EXPECTED_TABLES = {"tenants", "api_tokens", "jobs", "attempts", "events", "checkpoints", "metrics", "leases"}
 
 
@@ -102,9 +103,7 @@ def test_postgres_round_trip(scratch_pg: Callable[[], str]) -> None:
     url = scratch_pg()
     migrate.upgrade(url)
     first = _schema(url)
-    from alembic.script import ScriptDirectory
-
-    assert migrate.current(url) == ScriptDirectory.from_config(migrate.alembic_config(url)).get_current_head()
+    assert migrate.current(url) == HEAD
     migrate.downgrade(url, "base")
     assert _tables(url) == set()
     assert migrate.current(url) is None
@@ -142,3 +141,52 @@ def test_sqlite_upgrade_round_trip_and_no_drift(tmp_path: Path) -> None:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     engine.dispose()
+
+
+def _attempt_epoch_round_trip(url: str) -> None:
+    """0001 rows written with ``attempt`` read back as ``epoch`` at head, and back again on downgrade."""
+    migrate.upgrade(url, "0001")
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO tenants (name, gpu_quota, weight, max_jobs, submit_per_minute) "
+                             "VALUES ('t', 0, 1.0, 10, 10)")
+        tid = conn.exec_driver_sql("SELECT id FROM tenants").scalar()
+        conn.exec_driver_sql(
+            "INSERT INTO jobs (tenant_id, name, spec, state, reason, priority, min_gpus, max_gpus, "
+            "cancel_requested, attempt, epoch, event_seq, gpus_allocated) "
+            f"VALUES ({tid}, 'j', '{{}}', 'RUNNING', '', 0, 1, 1, false, 2, 2, 0, 1)")
+        jid = conn.exec_driver_sql("SELECT id FROM jobs").scalar()
+        conn.exec_driver_sql(f"INSERT INTO events (job_id, attempt, source, seq, type, payload) "
+                             f"VALUES ({jid}, 2, 'runtime:a2', 1, 'step', '{{}}')")
+        conn.exec_driver_sql(f"INSERT INTO checkpoints (job_id, attempt, step, location, verified) "
+                             f"VALUES ({jid}, 2, 5, '/c', true)")
+        conn.exec_driver_sql(f"INSERT INTO metrics (job_id, attempt, step, loss) VALUES ({jid}, 2, 5, 1.5)")
+    engine.dispose()
+    migrate.upgrade(url)
+    assert migrate.current(url) == HEAD
+    assert _diff(url) == []
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        for table in ("events", "checkpoints", "metrics"):
+            assert conn.exec_driver_sql(f"SELECT epoch FROM {table}").scalar() == 2, table
+    # the renamed unique constraint still holds: one metric per (job, step, epoch)
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        conn.exec_driver_sql(f"INSERT INTO metrics (job_id, epoch, step, loss) VALUES ({jid}, 2, 5, 1.0)")
+    engine.dispose()
+    migrate.downgrade(url, "0001")
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT attempt FROM metrics").scalar() == 2
+        names = {u["name"] for u in sa.inspect(conn).get_unique_constraints("metrics")}
+        assert "uq_metrics_job_id_step_attempt" in names
+    engine.dispose()
+
+
+@pytest.mark.unit
+def test_sqlite_attempt_column_renamed_to_epoch_keeping_rows(tmp_path: Path) -> None:
+    _attempt_epoch_round_trip(f"sqlite:///{tmp_path / 'o.db'}")
+
+
+@pytest.mark.postgres
+def test_postgres_attempt_column_renamed_to_epoch_keeping_rows(scratch_pg: Callable[[], str]) -> None:
+    _attempt_epoch_round_trip(scratch_pg())

@@ -10,9 +10,12 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.db import transitions as tr
-from service.db.models import JOB_STATES, TERMINAL_STATES, Attempt, Checkpoint, Event, Job, Metric
+from service.db.models import Attempt, Checkpoint, Event, Job, Metric
 from service.db.session import make_engine, make_sessionmaker
 from tests.service.conftest import new_job, new_tenant
+from workers.states import TERMINAL, JobState
+
+STATES = tuple(s.value for s in JobState)
 
 pytestmark = pytest.mark.postgres
 
@@ -21,7 +24,7 @@ DESIGN_EDGES = {
     ("RUNNING", "SUCCEEDED"), ("RUNNING", "FAILED"), ("RECOVERING", "SUCCEEDED"), ("RECOVERING", "FAILED"),
     ("RUNNING", "PREEMPTED"), ("PREEMPTED", "PENDING"),
     ("ADMITTED", "PENDING"), ("ADMITTED", "FAILED"),  # undoing an admission that could not launch
-} | {(s, "CANCELLED") for s in JOB_STATES if s not in TERMINAL_STATES}
+} | {(s, "CANCELLED") for s in STATES if s not in TERMINAL}
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +55,10 @@ def _force(s: sessionmaker[Session], job_id: int, state: str) -> None:
 def test_edge_table_is_design() -> None:
     table = {(a, b) for a, nexts in tr.TRANSITIONS.items() for b in nexts}
     assert table == DESIGN_EDGES
-    assert set(tr.TRANSITIONS) == set(JOB_STATES)
+    assert set(tr.TRANSITIONS) == set(STATES)
 
 
-@pytest.mark.parametrize("old,new", list(itertools.product(JOB_STATES, JOB_STATES)))
+@pytest.mark.parametrize("old,new", list(itertools.product(STATES, STATES)))
 def test_every_pair(pg_sessions: sessionmaker[Session], tenant: int, old: str, new: str) -> None:
     job_id = new_job(pg_sessions, tenant)
     _force(pg_sessions, job_id, old)

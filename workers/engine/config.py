@@ -127,6 +127,9 @@ class DataConfig:
     kind: str = "builtin"
     paths: tuple[str, ...] = ()
     dtype: str = "uint16"
+    #: ``workers.data_area.DataArea.to_dict()`` when a tenant's job reads: paths are then relative
+    #: to it and resolved by ``workers.data_area`` again where the engine reads (None: paths as given)
+    area: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("builtin", "text", "tokens"):
@@ -136,12 +139,15 @@ class DataConfig:
         object.__setattr__(self, "paths", tuple(str(p) for p in self.paths))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "paths": list(self.paths), "dtype": self.dtype}
+        d = {"kind": self.kind, "paths": list(self.paths), "dtype": self.dtype}
+        if self.area is not None:
+            d["area"] = dict(self.area)
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DataConfig:
         return cls(kind=data.get("kind", "builtin"), paths=tuple(data.get("paths", ())),
-                   dtype=data.get("dtype", "uint16"))
+                   dtype=data.get("dtype", "uint16"), area=data.get("area"))
 
     @classmethod
     def from_path(cls, path: str | None) -> DataConfig:

@@ -8,7 +8,7 @@ the Layout's rank grid indexed ``[pp, dp, cp, tp]`` (Megatron order: tp fastest)
 pieces (TP/SP, FSDP2) need a DeviceMesh; the flattened ``dp_cp`` dimension is the group that
 reduces gradients of parameters replicated over DP *and* CP. Every dimension, including the
 flattened one, is created with explicit backend options carrying the timeout: the default-group
-timeout given to ``init_process_group`` does not reach sub-groups (see shared/notes/feasibility.md).
+timeout given to ``init_process_group`` does not reach sub-groups (docs/feasibility.md §1).
 """
 
 from __future__ import annotations

@@ -7,12 +7,13 @@ rank is re-raised in the caller with that rank's traceback; the other ranks are 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +26,32 @@ def free_port() -> int:
 
 class RankError(RuntimeError):
     """A rank raised; the message carries its traceback."""
+
+
+@contextlib.contextmanager
+def single_rank_group(timeout_s: float = 600.0) -> Iterator[str]:
+    """A default process group of one in this process (NCCL on CUDA, else gloo); yields the backend.
+
+    The one-GPU path of the engine (``bench/gpu_mfu.py``, the ``gpu`` tests) and its CPU twin run
+    ``RankTrainer`` inside it exactly as a rank of :func:`run_ranks` does."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise RuntimeError("a default process group already exists in this process")
+    use_cuda = torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(0)
+    backend = "nccl" if use_cuda else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=timeout_s))
+    try:
+        yield backend
+    finally:
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 def _entry(rank: int, world_size: int, port: int, timeout_s: float, fn: Callable[..., Any],
@@ -115,16 +142,25 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: fl
 
 
 def train_rank(rank: int, world_size: int, cfg_dict: dict[str, Any], layout_dict: dict[str, Any],
-               resume: bool, stop_at_step: int | None, events: Any = None) -> dict[str, Any]:
+               resume: bool, stop_at_step: int | None, events: Any = None,
+               async_checkpoints: bool | None = None) -> dict[str, Any]:
     """One rank of ``orthoplex train``: restore (optional), step, save every ``save_every`` and at
-    the stop step; rank 0 reports each step to ``events``."""
+    the stop step; rank 0 reports each step and each committed checkpoint to ``events``.
+    ``async_checkpoints``: see :class:`~workers.engine.trainer.RankTrainer` (default: on CUDA)."""
     from planner.layout import Layout
     from workers.engine.config import TrainConfig
     from workers.engine.trainer import RankTrainer
 
     cfg = TrainConfig.from_dict(cfg_dict)
-    trainer = RankTrainer(cfg, Layout.from_dict(layout_dict), rank, world_size)
+    trainer = RankTrainer(cfg, Layout.from_dict(layout_dict), rank, world_size, async_checkpoints=async_checkpoints)
     saved: list[int] = []
+
+    def report(infos: list[Any]) -> None:
+        for info in infos:
+            saved.append(info.step)
+            if events is not None and rank == 0:
+                events.put({"event": "checkpoint", "step": info.step, "path": info.path,
+                            "seconds": info.seconds, "bytes": info.bytes})
     try:
         start = trainer.restore() if resume else 0
         if events is not None and rank == 0:
@@ -138,11 +174,10 @@ def train_rank(rank: int, world_size: int, cfg_dict: dict[str, Any], layout_dict
             last = res.step == end
             periodic = cfg.save_every and res.step % cfg.save_every == 0
             if cfg.checkpoint_dir and (periodic or (last and stop_at_step is not None)):
-                info = trainer.save()
-                saved.append(info.step)
-                if events is not None and rank == 0:
-                    events.put({"event": "checkpoint", "step": info.step, "path": info.path,
-                                "seconds": info.seconds, "bytes": info.bytes})
+                # background write and commit where the trainer saves asynchronously (CUDA); the
+                # checkpoint is reported once committed
+                report(trainer.start_save())
+        report(trainer.finish_saves())
         return {"start": start, "end": trainer.next_step, "saved": saved}
     finally:
         trainer.close()

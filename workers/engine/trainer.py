@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,9 +25,6 @@ from workers.engine.parallel.pipeline import InFlightCounter, build_schedule
 from workers.engine.parallel.tensor import vocab_parallel_cross_entropy
 from workers.engine.parallelize import ModelParts, build_parts
 from workers.engine.validate import layout_problems
-
-if TYPE_CHECKING:
-    from workers.engine.checkpoint.dcp_io import CheckpointInfo
 
 
 @dataclass(frozen=True)
@@ -46,11 +43,21 @@ class StepResult:
     seconds: float
 
 
+@dataclass(frozen=True)
+class CheckpointInfo:
+    step: int
+    path: str
+    seconds: float
+    bytes: int
+
+
 class RankTrainer:
     """One rank's share of model, optimizer and schedule for ``layout``."""
 
     def __init__(self, cfg: TrainConfig, layout: Layout, rank: int, world_size: int,
-                 collective_timeout_s: float = 60.0) -> None:
+                 collective_timeout_s: float = 60.0, async_checkpoints: bool | None = None) -> None:
+        """``async_checkpoints``: :meth:`start_save` writes and commits in the background (DCP async
+        save); ``None`` = on CUDA only, where the host CPU is otherwise idle (docs/checkpoints.md)."""
         if layout.num_micro_batches == 0:
             layout = layout.with_global_batch(cfg.global_batch)
         problems = layout_problems(cfg.model, layout, cfg.global_batch, world_size)
@@ -87,6 +94,10 @@ class RankTrainer:
         self.next_step = 0  # the step step() runs next
         self._sampler: Any = None
         self._closed = False
+        self.async_checkpoints = self.device.type == "cuda" if async_checkpoints is None else async_checkpoints
+        self._ckpt: Any = None  # Checkpointer, built by the first save (a collective point on every rank)
+        self._in_flight: Any = None  # the background save started by start_save()
+        self._committed: list[CheckpointInfo] = []
 
     # ------------------------------------------------------------------ numerics
     def _loss_fn(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -208,27 +219,59 @@ class RankTrainer:
                          "seed": self.cfg.seed, "global_batch": self.cfg.global_batch},
                 "rng": capture_rng_state()}
 
-    def save(self) -> CheckpointInfo:
-        """Checkpoint of the state after the last step (collective over all ranks)."""
+    def _checkpointer(self) -> Any:
         if not self.cfg.checkpoint_dir:
-            raise ValueError("save() needs cfg.checkpoint_dir")
-        from workers.engine.checkpoint import save_checkpoint
-        from workers.engine.checkpoint.dcp_io import CheckpointInfo  # the one record of a save
+            raise ValueError("saving a checkpoint needs cfg.checkpoint_dir")
+        if self._ckpt is None:
+            from workers.engine.checkpoint import Checkpointer
 
+            self._ckpt = Checkpointer(self.cfg.checkpoint_dir, rank=self.rank, world_size=self.world_size,
+                                      keep=self.cfg.keep_checkpoints, async_save=self.async_checkpoints)
+        return self._ckpt
+
+    def save(self) -> CheckpointInfo:
+        """Checkpoint of the state after the last step, committed when this returns (collective over
+        all ranks). A background save must have been finished (:meth:`finish_saves`) first."""
+        if self._in_flight is not None:
+            raise RuntimeError("a background checkpoint is in flight; call finish_saves() first")
         t0 = time.perf_counter()
-        res = save_checkpoint(self.cfg.checkpoint_dir, self.next_step, self.app_state(), self._manifest_extra(),
-                              self.rank, self.world_size, self.cfg.keep_checkpoints, None)
+        res = self._checkpointer().save(self.next_step, self.app_state(), manifest_extra=self._manifest_extra())
         return CheckpointInfo(step=self.next_step, path=str(res.path), seconds=time.perf_counter() - t0,
                               bytes=int(res.bytes))
+
+    def start_save(self) -> list[CheckpointInfo]:
+        """Begin a checkpoint of the state after the last step (collective); returns the checkpoints
+        committed since the last call. With ``async_checkpoints`` the loop is blocked only while the
+        state is copied to host memory; the write and the commit run in the background and come back
+        from the next :meth:`start_save` or :meth:`finish_saves`. Otherwise it is :meth:`save`."""
+        done = self.finish_saves()
+        if not self.async_checkpoints:
+            return [*done, self.save()]
+        self._in_flight = self._checkpointer().save(self.next_step, self.app_state(),
+                                                    manifest_extra=self._manifest_extra(), async_save=True)
+        return done
+
+    def finish_saves(self) -> list[CheckpointInfo]:
+        """Wait for the background checkpoint in flight (collective: raises on every rank if it
+        failed); returns the checkpoints committed since the last call."""
+        if self._in_flight is not None:
+            pending, self._in_flight = self._in_flight, None
+            res = pending.wait()
+            self._committed.append(CheckpointInfo(step=res.step, path=str(res.path), seconds=res.seconds,
+                                                  bytes=int(res.bytes)))
+        done, self._committed = self._committed, []
+        return done
 
     def restore(self) -> int:
         """Load the newest verified checkpoint (any layout); returns the next step to run (0 if none).
 
         The learning rate is a function of the step and the sampler is addressed by step, so the
-        step is the whole position; RNG is not consumed by training (no dropout)."""
+        step is the data position. The RNG states the checkpoint carries (rank 0's torch, numpy and
+        Python generators at save time; every rank seeds them alike) are restored on every rank, so
+        whatever draws random numbers after a resume sees what the uninterrupted run would have."""
         if not self.cfg.checkpoint_dir:
             return 0
-        from workers.engine.checkpoint import load_latest
+        from workers.engine.checkpoint import load_latest, restore_rng_state
 
         state = self.app_state()
         res = load_latest(self.cfg.checkpoint_dir, state)
@@ -239,6 +282,8 @@ class RankTrainer:
             raise ValueError(f"checkpoint {res.path} was written with global_batch {saved_batch}, "
                              f"this run has {self.cfg.global_batch}; the sample order would differ")
         self.next_step = int(state.extra.get("next_step", res.step))
+        if res.manifest.rng:
+            restore_rng_state(res.manifest.rng)
         return self.next_step
 
     # ------------------------------------------------------------------ teardown
@@ -247,7 +292,12 @@ class RankTrainer:
         if self._closed:
             return
         self._closed = True
-        if self.in_flight is not None:
-            self.in_flight.remove()
-        self.schedule = None
-        self.groups.close()
+        try:
+            if self._ckpt is not None:
+                self._ckpt.close()  # finishes a background save, destroys its group
+        finally:
+            self._ckpt = self._in_flight = None
+            if self.in_flight is not None:
+                self.in_flight.remove()
+            self.schedule = None
+            self.groups.close()

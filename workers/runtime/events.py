@@ -209,7 +209,7 @@ class Started(Event):
 @_register
 @dataclass(frozen=True, kw_only=True)
 class StepDone(Event):
-    """One optimizer step done; ``step`` is the runtime's 0-based step index."""
+    """One optimizer step done; ``step`` counts the steps completed (1-based, as a checkpoint does)."""
 
     type: ClassVar[str] = "step"
     step: int

@@ -349,24 +349,25 @@ class AttemptMachine:
         wall = max(float(o["wall_s"]) for o in out.values())
         run.walls.append(wall)
         loss = float(out[0]["loss"])
+        done = step + 1  # steps completed, the 1-based number every output uses (as a checkpoint does)
         with self.lock:
             self.last_loss = loss
-            self.losses[step] = loss
-            self.step_ts[step] = t_launch
-            self.next_step = step + 1
+            self.losses[done] = loss
+            self.step_ts[done] = t_launch
+            self.next_step = done
         self.cadence.observe_step(wall)
         busy = {r: float(o["busy_s"]) for r, o in out.items()}
-        self.log.emit(ev.StepDone(step=step, loss=round(loss, 6), wall_s=round(wall, 4),
+        self.log.emit(ev.StepDone(step=done, loss=round(loss, 6), wall_s=round(wall, 4),
                                   busy_max_s=round(max(busy.values()), 4), world_size=gang.world_size,
                                   tokens_per_s=round(float(out[0]["tokens"]) / max(wall, 1e-9), 1)))
-        self._metrics(step, out, gang)
+        self._metrics(done, out, gang)
         if run.recovery is not None:
             self._event_recovery(run.recovery, time.time() - run.recovery["t0"])
             run.recovery = None
             self._set_state(AttemptState.RUNNING)
         run.step = step = step + 1
         run.since_save += 1
-        findings = run.scorer.observe(step - 1, busy)
+        findings = run.scorer.observe(step, busy)
         if self.cancel_requested:
             return Switch("cancelled")
         if self.resize_to is not None and step < self.job.steps:

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.runtime.rank_env import minimal_env
+
 # Fast failure detection for local clusters (defaults would take ~15 s to mark a node dead).
 FAST_HEALTH_CHECK: dict[str, Any] = {
     "health_check_initial_delay_ms": 1000,
@@ -38,7 +40,8 @@ FAST_HEALTH_CHECK: dict[str, Any] = {
 
 
 def local_env() -> None:
-    """Environment every local cluster needs (idempotent)."""
+    """Environment every local cluster needs (idempotent; never overrides what is set: an
+    operator's ``RAY_AUTH_MODE`` stays; unset, the local cluster listens on 127.0.0.1 only)."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -162,8 +165,9 @@ def cluster_up(nodes: int, gpus_per_node: int, *, cpus_per_node: float = 2.0, da
         path.unlink()
     port = port or free_port()
     temp_dir = Path(f"/tmp/orthoplex-ray-{os.getpid()}-{port}")
-    env = dict(os.environ)
-    env["RAY_AUTH_MODE"] = "disabled"
+    # the nodes (and every rank process) get no service secrets; the head and the workers listen on
+    # 127.0.0.1 only; an operator's RAY_AUTH_MODE (e.g. token) is kept as set
+    env = minimal_env()
     address = f"127.0.0.1:{port}"
     common = ["--disable-usage-stats", f"--temp-dir={temp_dir}"]
     system_config = json.dumps(FAST_HEALTH_CHECK)

@@ -11,17 +11,19 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 
 from service.api import repo
-from service.api.deps import CurrentTenant, Db
+from service.api.deps import AnyPrincipal, CurrentTenant, Db
 from service.api.errors import field_error, responses
-from service.api.fit_check import PlannerRefused, check_fit
+from service.api.fit_check import PlannerRefused, PlannerUnavailable, check_fit, planner_unavailable
 from service.api.schemas import EventPublic, JobList, JobPublic, JobSpec, JobStateName, MetricPublic
-from service.api.sse import SSE_EVENT_SCHEMA, event_stream, wants_stream
+from service.api.sse import SSE_EVENT_SCHEMA, open_stream, wants_stream
 from service.db import transitions as tr
 from service.db.models import Job
+from service.settings import data_area
+from workers.data_area import DataArea, DataPathError, resolve_data_paths, split_path
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -62,10 +64,11 @@ def validate_spec(spec: JobSpec) -> None:
             errors.append((["data", "paths"], "must be empty for the builtin corpus"))
         if spec.data.kind != "builtin" and not spec.data.paths:
             errors.append((["data", "paths"], f"required for kind {spec.data.kind!r}"))
-        for i, p in enumerate(spec.data.paths):
-            scheme = p.split("://", 1)[0].lower() if "://" in p else ""
-            if scheme and scheme not in ("s3", "gs"):
-                errors.append((["data", "paths", i], "only paths, s3:// or gs:// are allowed"))
+        for i, p in enumerate(spec.data.paths):  # the syntax; submit_job then resolves them in the area
+            try:
+                split_path(p, None, i)
+            except DataPathError as exc:
+                errors.append((["data", "paths", i], exc.msg))
     hint = spec.layout_hint
     if hint is not None:
         used = (hint.tp or 1) * (hint.pp or 1) * (hint.cp or 1) * (hint.dp or 1)
@@ -75,6 +78,16 @@ def validate_spec(spec: JobSpec) -> None:
         raise RequestValidationError(
             [{"loc": ("body", *loc), "msg": msg, "type": "value_error"} for loc, msg in errors]
         )
+
+
+def check_data_paths(paths: list[str], area: DataArea) -> None:
+    """422 naming ``data.paths[i]`` unless every path selects files inside the tenant's area or a
+    shared root, within the bounds (``workers.data_area``; the engine checks again where it reads)."""
+    try:
+        resolve_data_paths(paths, area)
+    except DataPathError as exc:
+        loc = ("body", "data", "paths") if exc.index is None else ("body", "data", "paths", exc.index)
+        raise RequestValidationError([{"loc": loc, "msg": exc.msg, "type": "value_error"}]) from None
 
 
 def _public(job: Job) -> JobPublic:
@@ -90,14 +103,21 @@ def _public(job: Job) -> JobPublic:
     responses={
         200: {"model": JobPublic, "description": "a retry: the job created earlier with this Idempotency-Key"},
         201: {"description": "created", "links": _JOB_LINKS},
-        **responses(400, 401, 403, 409, 413, 429),
+        **responses(400, 401, 403, 409, 413, 429, 503),
     },
 )
 def submit_job(spec: JobSpec, request: Request, response: Response, tenant: CurrentTenant, db: Db,
                idempotency_key: IdemKey = None) -> Any:
     """Queue a declarative job for the caller's tenant. 422 names the field of an invalid spec,
     including one the planner says fits on no GPU count in ``min_gpus..max_gpus``."""
-    validate_spec(spec)
+    attempts = request.app.state.attempts
+    try:
+        validate_spec(spec)
+        if spec.data is not None and spec.data.paths:
+            check_data_paths(spec.data.paths, data_area(request.app.state.settings, tenant.id))
+    except RequestValidationError:
+        attempts.record(tenant.id)  # a refused submission counts toward the rate
+        raise
     stored = spec.stored()
     digest = hashlib.sha256(json.dumps(stored, sort_keys=True).encode()).hexdigest()
     if idempotency_key is not None:
@@ -106,15 +126,27 @@ def submit_job(spec: JobSpec, request: Request, response: Response, tenant: Curr
             return _replay(existing, digest, response)
     api = request.app.state.api
     if api.fit_check:
-        try:
+        db.rollback()  # no transaction stays open while the planner searches
+
+        def over_limits() -> None:
             # a tenant over its limits is refused before any planning (create_job checks again, locked)
-            check_fit(spec, api, before_planning=lambda: repo.check_limits(db, tenant, lock=False))
+            try:
+                repo.check_limits(db, tenant, lock=False, attempts=attempts.recent(tenant.id, tenant.submit_per_minute))
+            finally:
+                db.rollback()
+
+        try:
+            check_fit(spec, api, before_planning=over_limits)
         except PlannerRefused as exc:
+            attempts.record(tenant.id)
             raise field_error(["body", *exc.loc], exc.msg, "plan_infeasible") from None
+        except PlannerUnavailable as exc:
+            attempts.record(tenant.id)
+            raise planner_unavailable(exc) from None
     try:
         job = repo.create_job(db, tenant, name=spec.name, spec=stored, min_gpus=spec.min_gpus,
                               max_gpus=spec.max_gpus, priority=spec.priority, key=idempotency_key,
-                              request_hash=digest)
+                              request_hash=digest, attempts=attempts.recent(tenant.id, tenant.submit_per_minute))
         db.commit()
     except sa_exc.IntegrityError:
         db.rollback()
@@ -182,13 +214,14 @@ def cancel_job(job_id: JobId, tenant: CurrentTenant, db: Db) -> JobPublic:
     responses={
         200: {"content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
               "description": "JSON list, or a server-sent event stream (Accept: text/event-stream)"},
-        **responses(401, 403, 404),
+        **responses(401, 403, 404, 429),
     },
 )
 def job_events(
     request: Request,
     job_id: JobId,
     tenant: CurrentTenant,
+    principal: AnyPrincipal,
     db: Db,
     since: Annotated[int, Query(ge=0, le=2**63 - 1, description="only events with a larger id")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -202,8 +235,7 @@ def job_events(
     if job is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "job not found")
     if stream or wants_stream(request):
-        return StreamingResponse(event_stream(request.app, job_id, since), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return open_stream(request.app, tenant.id, principal.token_id, job_id, since)
     rows = repo.list_events(db, job_id, since=since, limit=limit)
     return JSONResponse([EventPublic.model_validate(e).model_dump(mode="json") for e in rows])
 
@@ -214,7 +246,10 @@ def job_metrics(
     job_id: JobId,
     tenant: CurrentTenant,
     db: Db,
-    since_step: Annotated[int, Query(ge=-1, le=2**31 - 1, description="only steps after this one")] = -1,
+    since_step: Annotated[
+        int, Query(ge=-1, le=2**31 - 1, description="only steps after this one (steps are numbered from 1; "
+                                                      "0 or -1: from the first)")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 1000,
 ) -> list[MetricPublic]:
     """Loss and throughput per step (per attempt: a step re-run after a recovery appears twice)."""

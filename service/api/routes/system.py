@@ -12,16 +12,17 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from service.api import repo
 from service.api.deps import AnyPrincipal
 from service.api.errors import field_error, responses
-from service.api.fit_check import PlannerBusy, PlannerRefused, dry_run
+from service.api.fit_check import PlannerRefused, PlannerUnavailable, dry_run
 from service.api.routes.jobs import validate_spec
 from service.api.schemas import ClusterJob, ClusterOut, Health, JobSpec, PlanOut, Ready
+from service.api.security import is_admin_token
 from service.db.models import Job
+from workers.states import HOLDING
 
 router = APIRouter(tags=["system"])
-#: states in which a job may hold GPUs
-GPU_STATES = ("ADMITTED", "RUNNING", "RECOVERING", "PREEMPTED")
 _RAY_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cluster-view")
 
 
@@ -75,7 +76,16 @@ def readyz(request: Request) -> Any:
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                              "description": "Prometheus text format"}})
 def metrics(request: Request) -> Response:
-    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
+    """Aggregate series for anyone; per-tenant series (tenant names) only with the admin token or
+    ``ORTHOPLEX_METRICS_TOKEN`` (any other caller gets the aggregate series only)."""
+    body = generate_latest(request.app.state.registry)
+    settings = request.app.state.settings
+    # read by hand, not as a security dependency: the endpoint is public, a token only adds series
+    scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and presented and (is_admin_token(presented, settings.admin_token)
+                                                     or is_admin_token(presented, settings.metrics_token)):
+        body += generate_latest(request.app.state.tenant_registry)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 @router.post("/v1/plans", response_model=PlanOut, operation_id="plan_job", summary="Plan a job (dry run)",
@@ -83,19 +93,28 @@ def metrics(request: Request) -> Response:
 def plan_job(
     spec: JobSpec,
     request: Request,
-    _: AnyPrincipal,
+    principal: AnyPrincipal,
     top_k: Annotated[int, Query(ge=1, le=20, description="how many plans")] = 3,
 ) -> PlanOut:
     """The planner's ranked layouts for this spec on the cluster profile, for some GPU count in
-    ``min_gpus..max_gpus``; 422 names the field when nothing fits."""
+    ``min_gpus..max_gpus``; 422 names the field when nothing fits. A tenant's dry runs count toward
+    its submission rate (429 over it); 429 with ``Retry-After`` when every planner slot is busy."""
+    tenant = principal.tenant
+    if tenant is not None:
+        attempts = request.app.state.attempts
+        with request.app.state.sessions() as db:
+            repo.check_limits(db, tenant, lock=False, jobs=False,
+                              attempts=attempts.recent(tenant.id, tenant.submit_per_minute))
+        attempts.record(tenant.id)
     validate_spec(spec)
     try:
         return dry_run(spec, request.app.state.api, top_k)
     except PlannerRefused as exc:
         raise field_error(["body", *exc.loc], exc.msg, "plan_infeasible") from None
-    except PlannerBusy:
-        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, "the planner is busy; retry shortly",
-                            headers={"Retry-After": "1"}) from None
+    except PlannerUnavailable as exc:
+        # a dry run finding the planner busy is load shedding (429); a submission's is 503
+        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, f"{exc}; retry shortly",
+                            headers={"Retry-After": str(exc.retry_after)}) from None
 
 
 def _view() -> ClusterViewLike:
@@ -126,7 +145,7 @@ async def cluster(request: Request, principal: AnyPrincipal) -> ClusterOut:
 
 def _jobs(request: Request, tenant_id: int | None) -> list[ClusterJob]:
     with request.app.state.sessions() as db:
-        q = sa.select(Job).where(Job.state.in_(GPU_STATES)).order_by(Job.id).limit(10_000)
+        q = sa.select(Job).where(Job.state.in_(sorted(HOLDING))).order_by(Job.id).limit(10_000)
         if tenant_id is not None:
             q = q.where(Job.tenant_id == tenant_id)
         return [

@@ -5,7 +5,7 @@ True)``: keys are parameter FQNs (``layers.3.attention.wq.weight``, ``state.laye
 checkpoint does not depend on how the model was split into pipeline stages, and DTensor/FSDP2
 parameters are saved as global tensors with each rank's slice (DCP reshards on load). Without the
 flattening, optimizer param groups are deduplicated across stages and a PP->PP reload fails with
-``KeyError: 'betas'`` (shared/notes/feasibility.md §2c).
+``KeyError: 'betas'`` (docs/feasibility.md §2c).
 """
 
 from __future__ import annotations

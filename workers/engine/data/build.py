@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from workers.data_area import DataArea, resolve_data_paths
 from workers.engine.data.builtin import builtin_dataset
-from workers.engine.data.text import collect_text_files, text_dataset
+from workers.engine.data.text import TEXT_SUFFIXES, collect_text_files, text_dataset
 from workers.engine.data.tokens import TokenDataset, open_token_file
 
 TOKEN_SUFFIXES = (".bin", ".tok", ".tokens", ".npy", ".u16", ".u32")
@@ -53,12 +54,24 @@ def build_dataset(data_cfg: Any, seq_len: int, cache_dir: str | os.PathLike | No
     kind = _field(data_cfg, "kind", "builtin")
     paths = _paths(_field(data_cfg, "paths", ()))
     dtype = _field(data_cfg, "dtype", None)
+    area = _field(data_cfg, "area", None)
     if kind not in KINDS:
         raise ValueError(f"data kind must be one of {'|'.join(KINDS)}, got {kind!r}")
     if kind == "builtin":
         return builtin_dataset(seq_len, cache_dir=cache_dir)
     if not paths:
         raise ValueError(f"data kind {kind!r} needs at least one path")
+    if area is not None:
+        # a tenant's job: the same confinement as at submission, again where the files are read
+        # (a symlink swapped in since then is caught here); names stay the tenant's own
+        suffixes = TEXT_SUFFIXES if kind == "text" else TOKEN_SUFFIXES
+        files = resolve_data_paths(paths, DataArea.from_dict(area), suffixes)
+        shown = paths[0] if len(paths) == 1 else f"{len(paths)} paths"
+        ds = (text_dataset([str(f) for f in files], seq_len) if kind == "text"
+              else tokens_dataset([str(f) for f in files], seq_len, dtype))
+        ds.name = f"{kind}:{shown}"
+        ds.sources = list(paths)  # what the tenant wrote, never the absolute paths
+        return ds
     if kind == "text":
         return text_dataset(paths, seq_len, name="text:" + (Path(paths[0]).name if len(paths) == 1
                                                                else f"{len(paths)} paths"))

@@ -1,7 +1,7 @@
 """Context parallelism: zigzag sequence split, ring attention and Ulysses (all-to-all) attention.
 
 Written by hand because torch's ``context_parallel`` only shards the CUDA SDPA kernels (flash,
-efficient, cudnn) and fails on CPU (shared/notes/feasibility.md, 2e).
+efficient, cudnn) and fails on CPU (docs/feasibility.md §2e).
 
 **Zigzag split.** The sequence is cut into ``2*cp`` chunks; CP rank ``i`` holds chunks ``i`` and
 ``2*cp-1-i``. Under the causal mask, chunk ``a`` attends chunks ``<= a``, so rank ``i`` computes

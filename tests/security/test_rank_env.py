@@ -1,0 +1,48 @@
+"""Rank processes do not see the service's secrets: a local Ray started by the service (as
+``orthoplex serve`` does) gives its workers an environment without the admin token or the
+database URL, so a job reading ``/proc/self/environ`` finds nothing to steal."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from workers.runtime.rank_env import minimal_env
+
+SECRETS = {"ORTHOPLEX_ADMIN_TOKEN": "admin-secret-xyz", "ORTHOPLEX_DATABASE_URL": "postgresql://u:pw@db/x",
+           "ORTHOPLEX_METRICS_TOKEN": "scrape-xyz", "PGPASSWORD": "pw"}
+
+
+@pytest.mark.unit
+def test_minimal_env_drops_secrets_keeps_the_rest() -> None:
+    env = minimal_env({**SECRETS, "PATH": "/bin", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "ray",
+                       "OMP_NUM_THREADS": "1", "ORTHOPLEX_LOG_LEVEL": "INFO"})
+    assert env == {"PATH": "/bin", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "ray", "OMP_NUM_THREADS": "1",
+                   "ORTHOPLEX_LOG_LEVEL": "INFO"}
+
+
+@pytest.mark.cluster
+def test_local_ray_workers_get_no_service_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    from service.controller.runner import connect_ray
+    from service.settings import Settings
+
+    assert not ray.is_initialized()
+    for k, v in SECRETS.items():
+        monkeypatch.setenv(k, v)
+    assert connect_ray(Settings(database_url="sqlite:///unused.db"))
+    try:
+        @ray.remote(num_cpus=0)
+        def environ() -> dict[str, str]:
+            with open("/proc/self/environ", "rb") as f:
+                raw = f.read().decode(errors="replace")
+            return dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+
+        seen = ray.get(environ.remote(), timeout=120)
+        assert not set(SECRETS) & set(seen), sorted(set(SECRETS) & set(seen))
+        assert not any(v in "\0".join(seen.values()) for v in SECRETS.values())
+        assert all(os.environ[k] == v for k, v in SECRETS.items())  # the service keeps its own
+    finally:
+        ray.shutdown()
