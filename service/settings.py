@@ -48,6 +48,9 @@ class Settings(BaseSettings):
                                       "with it (or the admin token) /metrics includes per-tenant series")
     api_url: str = Field(default="http://127.0.0.1:8470", description="Where the CLI finds the service")
     api_token: str | None = Field(default=None, description="Bearer token the CLI sends")
+    gpu_type: str = Field(default="CPU", description="GPU profile of the cluster: what submissions are "
+                          "fit-checked against and what the controller and the runtime plan on (e.g. H100)")
+    gpus_per_node: int = Field(default=4, ge=1, le=64, description="GPUs per node of that profile")
     host: str = "127.0.0.1"
     port: int = Field(default=8470, ge=1, le=65535)
 

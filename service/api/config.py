@@ -1,8 +1,8 @@
 """Knobs of the API that ``service.settings.Settings`` does not carry (prefix ``ORTHOPLEX_API_``).
 
-The cluster profile (``gpu_type``, ``gpus_per_node``) is what the submission path plans against to
-refuse jobs that cannot fit on any GPU count in their ``min_gpus..max_gpus`` range; the default
-matches the runtime's CPU stand-in GPUs of the demo. Production sets e.g. ``ORTHOPLEX_API_GPU_TYPE=H100``.
+The cluster's GPU profile, which the submission path plans against to refuse jobs that cannot fit
+on any GPU count in their ``min_gpus..max_gpus`` range, is a service setting
+(``ORTHOPLEX_GPU_TYPE``, ``ORTHOPLEX_GPUS_PER_NODE``): the controller and the runtime plan on it too.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ class ApiSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ORTHOPLEX_API_", env_file=None, extra="ignore")
 
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="larger request bodies get 413")
-    gpu_type: str = Field(default="CPU", description="GPU profile the fit check plans against")
-    gpus_per_node: int = Field(default=4, ge=1, le=64)
     fit_check: bool = Field(default=True, description="plan every submitted spec; 422 when nothing fits")
     plan_timeout_s: float = Field(default=2.0, gt=0, description="fit-check budget (then 503, retry)")
     dryrun_timeout_s: float = Field(default=10.0, gt=0, description="POST /v1/plans budget (then 422)")

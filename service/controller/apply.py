@@ -17,8 +17,7 @@ so even a zombie could write nothing.
 
 Preempt asks the supervisor to checkpoint and stop (``preempt()``); the ``preempted`` event it then
 reports moves the job ``RUNNING → PREEMPTED → PENDING`` (see ``events_pull``). Shrink/Grow ask the
-supervisor to re-plan onto the new GPU count at its next checkpoint boundary (``resize(gpus)``)
-when the runtime has that method; otherwise the decision is logged and left alone.
+supervisor to re-plan onto the new GPU count at its next step boundary (``resize(gpus)``).
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ from service.db.models import Event
 from service.log import get_logger
 from service.scheduler.types import Admit, Decision, Grow, Preempt, Shrink, Wait
 from workers.data_area import DataArea, tenant_area
+from workers.runtime.jobspec import SPEC_KEYS
 
 log = get_logger("service.controller.apply")
 
@@ -53,34 +53,12 @@ class Applied:
     reason: str
 
 
-#: job-spec keys handed to the runtime as they are (``workers.runtime.jobspec.parse_job``)
-RUNTIME_KEYS = (
-    "model",
-    "steps",
-    "global_batch",
-    "seed",
-    "lr",
-    "min_lr",
-    "warmup_steps",
-    "weight_decay",
-    "grad_clip",
-    "beta1",
-    "beta2",
-    "data",
-    "keep_checkpoints",
-    "train",
-    "layout_hint",
-    "checkpoint",
-    "runtime",
-    "faults",
-)
-
-
-def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int) -> dict[str, Any]:
+def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int, placement: dict[str, int] | None = None) -> dict[str, Any]:
     """The runtime spec of an attempt: the job's declarative spec, the GPUs the scheduler granted
-    (the runtime plans within ``min_gpus..gpus``) and the job's checkpoint directory, which every
-    attempt shares so that a new attempt resumes from the newest verified checkpoint."""
-    spec = {k: job.spec[k] for k in RUNTIME_KEYS if k in job.spec}
+    (the runtime plans within ``min_gpus..gpus``, on ``placement``'s nodes when given) and the job's
+    checkpoint directory, which every attempt shares so that a new attempt resumes from the newest
+    verified checkpoint."""
+    spec = {k: job.spec[k] for k in SPEC_KEYS if k in job.spec}
     spec["checkpoint_dir"] = str(ctx.job_storage(job.id) / "checkpoints")
     data = spec.get("data")
     if isinstance(data, dict) and data.get("kind", "builtin") != "builtin":
@@ -93,6 +71,8 @@ def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int) -> dict[str, Any]:
     spec["gpu_type"] = ctx.gpu_type
     spec["min_gpus"] = max(1, min(job.min_gpus, gpus))
     spec["max_gpus"] = gpus
+    if placement:
+        spec["placement"] = {str(n): int(g) for n, g in placement.items()}
     # capacity belongs to the scheduler: the runtime must not grow onto returning nodes by itself
     spec["runtime"] = {**dict(spec.get("runtime") or {}), "grow": False}
     for key, value in ctx.config.spec_overrides.items():
@@ -103,10 +83,10 @@ def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int) -> dict[str, Any]:
     return spec
 
 
-def launch_attempt(ctx: Ctx, job: JobRow, epoch: int, gpus: int) -> str:
+def launch_attempt(ctx: Ctx, job: JobRow, epoch: int, gpus: int, placement: dict[str, int] | None = None) -> str:
     """Steps 2 and 3 above for the job's attempt ``job.attempt`` (already persisted)."""
     key = AttemptKey(job.id, job.attempt)
-    spec = supervisor_spec(ctx, job, gpus)
+    spec = supervisor_spec(ctx, job, gpus, placement)
     crash_point("admit:persisted")
     try:
         ctx.sups.start(key, spec)
@@ -159,16 +139,16 @@ def admit(ctx: Ctx, job: JobRow, decision: Admit) -> str:
             new="ADMITTED",
             expected_epoch=job.epoch,
             reason=f"admitted with {decision.gpus} GPUs: {decision.reason}"[:1000],
-            plan={"placement": dict(decision.placement)},
             gpus=decision.gpus,
+            placement=dict(decision.placement),
             supervisor=key.actor_name,
             commit=False,
         )
     if epoch is None:
         return "lost_race"
-    ctx.placements[(job.id, number)] = dict(decision.placement)
     job.attempt, job.epoch, job.state, job.gpus_allocated = number, epoch, "ADMITTED", decision.gpus
-    return launch_attempt(ctx, job, epoch, decision.gpus)
+    job.placement = dict(decision.placement)
+    return launch_attempt(ctx, job, epoch, decision.gpus, job.placement)
 
 
 def retry_attempt(ctx: Ctx, job: JobRow, reason: str) -> str:
@@ -191,6 +171,7 @@ def retry_attempt(ctx: Ctx, job: JobRow, reason: str) -> str:
             expected_epoch=job.epoch,
             reason=f"new attempt {job.attempt + 1}: {reason}"[:1000],
             gpus=gpus,
+            placement=job.placement,  # where the GPUs are until the new gang reports its own placement
             supervisor=AttemptKey(job.id, job.attempt + 1).actor_name,
             commit=False,
         )
@@ -218,15 +199,12 @@ def preempt(ctx: Ctx, job: JobRow, decision: Preempt) -> str:
 
 
 def resize(ctx: Ctx, job: JobRow, decision: Shrink | Grow) -> str:
-    """Ask the supervisor to re-plan onto ``decision.gpus`` at a checkpoint boundary, if it can."""
+    """Ask the supervisor to re-plan onto ``decision.gpus`` at its next step boundary."""
     key = AttemptKey(job.id, job.attempt)
-    handle = ctx.sups.find(key)
-    if handle is None:
+    if ctx.sups.find(key) is None:
         return "supervisor_gone"
-    if not hasattr(handle, "resize"):
-        return "unsupported"  # recorded as a decision event with this outcome
     try:
-        ctx.sups.call(key, "resize", decision.gpus)
+        ctx.sups.call(key, "resize", decision.gpus, dict(decision.placement))
     except (SupervisorGone, SupervisorUnreachable) as exc:
         return f"error: {exc}"
     return "requested"

@@ -8,18 +8,17 @@ simply admits nothing that round.
 Ray 2.60 here runs without a dashboard, so ``ray.util.state`` is not available; everything comes from
 ``ray.nodes()`` (static resources and liveness) and ``ray.util.placement_group_table()`` (which
 bundle of which placement group sits on which node). A GPU is *used* when a bundle of a placement
-group that is not removed reserves it; the job that holds it is read from the group's name
-(``orthoplex-{job_id}-a{attempt}``, the runtime's naming; ``orthoplex-job-...`` too).
+group that is not removed reserves it. Which job holds which GPUs is not read from here: the
+database records it on each attempt row (``attempts.placement``, from the runtime's ``placed``
+event), see ``snapshot``.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-_PG_NAME = re.compile(r"^orthoplex-(?:job-)?(?P<job>.+?)-a(?P<attempt>\d+)(?:$|[-_.])")
 _HOLDING_STATES = {"CREATED", "RESCHEDULING"}
 
 
@@ -30,13 +29,13 @@ class Allocation:
     placement_group_id: str
     name: str
     gpus: int
-    job_id: str | None = None
-    attempt: int | None = None
 
 
 @dataclass(frozen=True)
-class NodeView:
-    """One Ray node as the control plane sees it."""
+class RayNode:
+    """One Ray node as the control plane sees it (health, GPUs used, placement groups); the scheduler
+    gets it as a ``service.scheduler.types.NodeView``, a job's supervisor plans on a
+    ``workers.runtime.placement.NodeCapacity``."""
 
     node_id: str
     alive: bool
@@ -57,12 +56,12 @@ class ClusterView:
     """The cluster at ``observed_at``; ``available`` is False when Ray could not be asked."""
 
     available: bool
-    nodes: tuple[NodeView, ...] = ()
+    nodes: tuple[RayNode, ...] = ()
     reason: str | None = None
     observed_at: float = field(default_factory=time.time)
 
     @property
-    def alive_nodes(self) -> tuple[NodeView, ...]:
+    def alive_nodes(self) -> tuple[RayNode, ...]:
         return tuple(n for n in self.nodes if n.alive)
 
     @property
@@ -76,15 +75,6 @@ class ClusterView:
     @property
     def free_gpus(self) -> int:
         return sum(n.gpus_free for n in self.alive_nodes)
-
-    def gpus_by_job(self) -> dict[str, int]:
-        """GPUs held per job id (alive nodes only), from the placement groups' names."""
-        out: dict[str, int] = {}
-        for node in self.alive_nodes:
-            for alloc in node.allocations:
-                if alloc.job_id is not None:
-                    out[alloc.job_id] = out.get(alloc.job_id, 0) + alloc.gpus
-        return out
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (nodes with their free GPUs and allocations, plus totals)."""
@@ -110,13 +100,6 @@ def unavailable(reason: str) -> ClusterView:
     return ClusterView(available=False, reason=reason)
 
 
-def _parse_pg_name(name: str) -> tuple[str | None, int | None]:
-    m = _PG_NAME.match(name or "")
-    if not m:
-        return None, None
-    return m.group("job"), int(m.group("attempt"))
-
-
 def _allocations(pg_table: dict[str, Any]) -> dict[str, list[Allocation]]:
     """Per node id, the GPUs each live placement group reserves there."""
     per_node: dict[str, dict[str, int]] = {}
@@ -136,8 +119,7 @@ def _allocations(pg_table: dict[str, Any]) -> dict[str, list[Allocation]]:
     out: dict[str, list[Allocation]] = {}
     for node, by_pg in per_node.items():
         for pg_id, gpus in sorted(by_pg.items()):
-            job, attempt = _parse_pg_name(names[pg_id])
-            out.setdefault(node, []).append(Allocation(pg_id, names[pg_id], gpus, job, attempt))
+            out.setdefault(node, []).append(Allocation(pg_id, names[pg_id], gpus))
     return out
 
 
@@ -160,7 +142,7 @@ def build_view(
         if available is not None and node_id in available:
             used = max(used, total - int(float(available[node_id].get("GPU", 0))))
         views.append(
-            NodeView(
+            RayNode(
                 node_id=node_id,
                 alive=bool(raw.get("Alive")),
                 address=str(raw.get("NodeManagerAddress", "")),

@@ -56,11 +56,9 @@ class Ctx:
     #: attempts this controller already asked to preempt / cancel (asked again after a restart)
     preempting: set[AttemptKey] = field(default_factory=set)
     cancelling: dict[AttemptKey, float] = field(default_factory=dict)
-    #: the placement each attempt was admitted with, until Ray reports its placement group
-    placements: dict[tuple[int, int], dict[str, int]] = field(default_factory=dict)
     #: the last decision recorded per job (kind, gpus, reason): a decision is stored when it changes
     decided: dict[int, tuple[str, int | None, str]] = field(default_factory=dict)
-    #: the GPU profile the runtime and the goodput curves plan on (``ORTHOPLEX_API_GPU_TYPE``)
+    #: the GPU profile the runtime and the goodput curves plan on (``ORTHOPLEX_GPU_TYPE``, ``_GPUS_PER_NODE``)
     gpu_type: str = "CPU"
     gpus_per_node: int = 4
     #: the planner's goodput curve per elastic job (``None``: none, linear), computed once per job

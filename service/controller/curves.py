@@ -6,7 +6,7 @@ linearly, so two elastic jobs would be told apart by quota and priority only. He
 (``min_gpus < max_gpus``) gets the best plan's tokens/s at a handful of sizes in its range: its
 minimum and maximum, powers of two, and whole nodes (``gpus_per_node`` multiples), at most
 ``MAX_POINTS``. A size with no plan is left out (the job cannot run there). The cluster profile is
-the API's (``ORTHOPLEX_API_GPU_TYPE``, ``ORTHOPLEX_API_GPUS_PER_NODE``), the one submissions were
+the service's (``ORTHOPLEX_GPU_TYPE``, ``ORTHOPLEX_GPUS_PER_NODE``), the one submissions were
 checked against. Curves are computed once per job (specs never change) and cached by the caller; a
 planner error gives no curve (linear scaling), never a failed round.
 
@@ -57,27 +57,17 @@ def goodput_curve(
     if max_gpus <= min_gpus:
         return None
     import planner
-    from workers.engine.config import planner_model
+    from workers.planner_spec import PlanCluster, to_planner_spec
 
     try:
-        model = planner_model(spec.get("model", "tiny"))
-        parallel: dict[str, Any] = {"global_batch": int(spec["global_batch"])}
-        parallel.update(dict(spec.get("layout_hint") or {}) if isinstance(spec.get("layout_hint"), dict) else {})
         curve: dict[int, float] = {}
         started = time.monotonic()
         for n in curve_sizes(min_gpus, max_gpus, gpus_per_node):
             if curve and time.monotonic() - started >= budget_s:
                 log.warning("goodput curve cut at its time budget", extra={"sizes": sorted(curve)})
                 break
-            pspec = {
-                "model": model,
-                "cluster": {"gpu_type": gpu_type, "num_gpus": n, "min_gpus": n,
-                            "gpus_per_node": min(gpus_per_node, n)},
-                "parallel": parallel,
-                "precision": "bf16",
-                "engine_only": True,
-            }
-            result = planner.plan(pspec, top_k=1)
+            cluster = PlanCluster(gpu_type=gpu_type, num_gpus=n, min_gpus=n, gpus_per_node=gpus_per_node)
+            result = planner.plan(to_planner_spec(spec, cluster), top_k=1)
             if result.plans:
                 curve[n] = float(result.plans[0].estimate.tokens_per_s)
     except Exception as exc:  # a planner error must not stop scheduling: the job scales linearly

@@ -15,7 +15,8 @@ where the database says, not where its memory said). Then, in **one** lease-guar
       failed                               → FAILED
       cancelled                            → CANCELLED
       preempted                            RUNNING → PREEMPTED → PENDING
-      placed (any state holding GPUs)      gpus_allocated = the new gang's size (re-plan, resize)
+      placed (any state holding GPUs)      gpus_allocated = the new gang's size, and the attempt row's
+                                           placement (GPUs per node) and placement group
 
 Events and the transitions they cause commit together, so a crash between them cannot leave an
 event stored whose transition is lost. Every write is fenced on the attempt's epoch: once a newer
@@ -37,22 +38,10 @@ from service.controller.supervisors import AttemptKey
 from service.db import transitions as tx
 from service.db.models import Event
 from service.log import get_logger
+from workers.runtime import events as ev
 from workers.states import TERMINAL
 
 log = get_logger("service.controller.events")
-
-FAILURE_EVENTS = frozenset({"node_lost", "rank_failed", "hang"})
-#: events that show an admitted attempt is under way (ADMITTED → RUNNING)
-PROGRESS_EVENTS = frozenset({"step", "resumed", "started", "placed", "ranks_mapped"})
-#: events that end a recovery: training resumed (a new attempt has no ``resumed``: its first step)
-RESUMED_EVENTS = frozenset({"step", "resumed"})
-FINAL_EVENTS = {
-    "finished": "SUCCEEDED",
-    "failed": "FAILED",
-    "cancelled": "CANCELLED",
-    "preempted": "PREEMPTED",
-}
-
 
 def source_of(attempt: int) -> str:
     """The ``events.source`` of a runtime event of attempt number ``attempt``."""
@@ -88,13 +77,6 @@ def load_cursor(session: Session, job_id: int, attempt: int) -> int:
     return int(session.execute(q).scalar() or 0)
 
 
-def _ts(event: dict[str, Any]) -> dt.datetime | None:
-    ts = event.get("ts")
-    if isinstance(ts, int | float):
-        return dt.datetime.fromtimestamp(float(ts), dt.UTC)
-    return None
-
-
 def _payload(event: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in event.items() if k not in ("seq", "ts", "type")}
 
@@ -118,48 +100,29 @@ def _move(s: Session, job: JobRef, new: str, reason: str, **fields: Any) -> bool
     return ok
 
 
-def apply_event(s: Session, job: JobRef, event: dict[str, Any]) -> str | None:
+def apply_event(s: Session, job: JobRef, event: ev.Event) -> str | None:
     """The state change one event implies (already written in ``s``); returns a final outcome."""
-    kind = event.get("type", "")
-    why = str(event.get("reason") or kind)
-    if kind in FAILURE_EVENTS and job.state == "RUNNING":
-        _move(s, job, "RECOVERING", f"{kind}: {why}")
+    why = event.reason or event.type
+    if isinstance(event, ev.FAILURES) and job.state == "RUNNING":
+        _move(s, job, "RECOVERING", f"{event.type}: {why}")
         tx.set_attempt_state(s, job.id, epoch=job.epoch, state="RECOVERING", reason=why, commit=False)
-    elif (kind in PROGRESS_EVENTS and job.state == "ADMITTED") or (
-        kind in RESUMED_EVENTS and job.state == "RECOVERING"
+    elif (isinstance(event, ev.PROGRESS) and job.state == "ADMITTED") or (
+        isinstance(event, ev.RESUMING) and job.state == "RECOVERING"
     ):
-        if _move(s, job, "RUNNING", f"{kind}: training goes on (attempt {job.attempt})"):
+        if _move(s, job, "RUNNING", f"{event.type}: training goes on (attempt {job.attempt})"):
             tx.set_attempt_state(s, job.id, epoch=job.epoch, state="RUNNING", commit=False)
-    elif kind in ("plan", "replan") and _plan_of(event) is not None:
+    elif isinstance(event, ev.PlanChosen | ev.Replanned) and (plan := event.in_force()) is not None:
         tx.set_attempt_state(
-            s, job.id, epoch=job.epoch, state=_attempt_state(job.state), plan=_plan_of(event), commit=False
+            s, job.id, epoch=job.epoch, state=_attempt_state(job.state), plan=plan.to_dict(), commit=False
         )
-    elif kind in FINAL_EVENTS:
-        return _finalize(s, job, kind, event)
-    gpus = event.get("gpus")
+    elif isinstance(event, ev.ENDINGS):
+        return _finalize(s, job, event)
     # "placed": the gang's size after a start, a re-plan or a resize is what the job holds from now on
-    placed = kind == "placed" and isinstance(gpus, int) and gpus > 0
-    if placed and tx.set_allocation(s, job.id, epoch=job.epoch, gpus=int(gpus), commit=False):
-        job.gpus_allocated = int(gpus)
-    return None
-
-
-def _plan_of(event: dict[str, Any]) -> dict[str, Any] | None:
-    """The plan an attempt now runs, from a ``plan`` event or a ``replan`` that switched layout."""
-    if event.get("type") == "plan" and isinstance(event.get("layout"), dict):
-        keys = ("layout", "short", "num_gpus", "nodes", "predicted_tokens_per_s", "predicted_step_time_s")
-        return {k: event[k] for k in keys if k in event}
-    if (
-        event.get("type") == "replan"
-        and event.get("decision") != "keep"
-        and isinstance(event.get("new"), dict)
+    if isinstance(event, ev.Placed) and event.gpus > 0 and tx.set_allocation(
+        s, job.id, epoch=job.epoch, gpus=event.gpus, placement=event.gpus_per_node,
+        placement_group=event.placement_group, commit=False,
     ):
-        return {
-            "layout": event["new"],
-            "short": event.get("new_short"),
-            "nodes": event.get("nodes"),
-            "predicted_tokens_per_s": event.get("new_tokens_per_s"),
-        }
+        job.gpus_allocated = event.gpus
     return None
 
 
@@ -167,9 +130,10 @@ def _attempt_state(job_state: str) -> str:
     return "RECOVERING" if job_state == "RECOVERING" else "RUNNING"
 
 
-def _finalize(s: Session, job: JobRef, kind: str, event: dict[str, Any]) -> str | None:
-    target = FINAL_EVENTS[kind]
-    why = str(event.get("reason") or kind)
+def _finalize(s: Session, job: JobRef, event: ev.Event) -> str | None:
+    target = str(event.outcome)  # type: ignore[attr-defined]  # every ENDINGS class has one
+    kind = event.type
+    why = event.reason or kind
     if job.state == "ADMITTED" and target != "CANCELLED":
         _move(s, job, "RUNNING", f"{kind} reported before the admission was confirmed")
     if target == "PREEMPTED":
@@ -181,76 +145,75 @@ def _finalize(s: Session, job: JobRef, kind: str, event: dict[str, Any]) -> str 
         tx.end_attempt(s, job.id, epoch=job.epoch, state="PREEMPTED", reason=why, commit=False)
         return "PREEMPTED"
     fields: dict[str, Any] = {}
-    if target == "SUCCEEDED":
-        if event.get("final_loss", event.get("loss")) is not None:
-            fields["final_loss"] = float(event.get("final_loss", event.get("loss")))
-        step = event.get("final_step", event.get("step", event.get("steps")))
-        if step is not None:
-            fields["final_step"] = int(step)
+    if isinstance(event, ev.Finished):
+        fields["final_step"] = event.final_step
+        if event.final_loss is not None:
+            fields["final_loss"] = event.final_loss
     if not _move(s, job, target, f"{kind}: {why}", **fields):
         return None
     tx.end_attempt(s, job.id, epoch=job.epoch, state=target, reason=why, commit=False)
     return target
 
 
-def _record(s: Session, job: JobRef, event: dict[str, Any]) -> tx.Recorded:
-    seq = int(event["seq"])
+def _record(s: Session, job: JobRef, event: ev.Event) -> tx.Recorded:
     res = tx.record_event(
         s,
         job.id,
         epoch=job.epoch,
         source=source_of(job.attempt),
-        seq=seq,
-        type=str(event.get("type", "?")),
-        payload=_payload(event),
-        ts=_ts(event),
+        seq=event.seq,
+        type=event.type,
+        payload=_payload(event.to_dict()),
+        ts=dt.datetime.fromtimestamp(event.ts, dt.UTC),
         commit=False,
     )
     if res is not tx.Recorded.WRITTEN:
         return res
-    kind = event.get("type")
-    if kind == "step" and event.get("step") is not None:
-        loss = event.get("loss")
-        tps = event.get("tokens_per_s")
+    if isinstance(event, ev.StepDone):
         tx.record_metric(
             s,
             job.id,
             epoch=job.epoch,
-            step=int(event["step"]),
-            loss=None if loss is None else float(loss),
-            tokens_per_s=None if tps is None else float(tps),
-            ts=_ts(event),
+            step=event.step,
+            loss=event.loss,
+            tokens_per_s=event.tokens_per_s,
+            ts=dt.datetime.fromtimestamp(event.ts, dt.UTC),
             commit=False,
         )
-    elif kind == "checkpoint" and event.get("step") is not None:
+    elif isinstance(event, ev.CheckpointSaved):
         tx.record_checkpoint(
             s,
             job.id,
             epoch=job.epoch,
-            step=int(event["step"]),
-            location=str(event.get("path") or event.get("location") or ""),
-            layout=event.get("layout") if isinstance(event.get("layout"), dict) else None,
-            verified=bool(event.get("verified", True)),
-            manifest_sha256=event.get("manifest_sha256"),
-            nbytes=int(event["bytes"]) if event.get("bytes") is not None else None,
+            step=event.step,
+            location=event.path,
+            layout=None,
+            verified=True,  # the runtime reports a checkpoint only once it is committed and verified
+            manifest_sha256=None,
+            nbytes=event.bytes,
             commit=False,
         )
     return res
 
 
 def store_events(ctx: Ctx, job: JobRef, events: list[dict[str, Any]]) -> PullResult:
-    """Store a batch for ``job``'s current attempt and apply its transitions, in one transaction."""
+    """Store a batch for ``job``'s current attempt and apply its transitions, in one transaction.
+
+    ``events`` are in wire form; each is read back into its typed class first, so a malformed
+    event (a contract break between runtime and service) raises ``ValueError`` before anything of
+    the batch is written."""
+    typed = [ev.event_from_dict(e) for e in events]
     out = PullResult()
     if not events:
         return out
     with ctx.txn() as s:
         last = ctx.cursors.get(job.key, 0)
-        for event in events:
+        for event in typed:
             res = _record(s, job, event)
             if res is tx.Recorded.STALE or res is tx.Recorded.MISSING:
                 out.stale = True
                 break
-            last = max(last, int(event["seq"]))
+            last = max(last, event.seq)
             if res is tx.Recorded.WRITTEN:
                 out.stored += 1
                 final = apply_event(s, job, event)
@@ -273,7 +236,11 @@ def pull(ctx: Ctx, job: JobRef) -> PullResult:
     events = [e for e in ctx.sups.events(key, since) if int(e["seq"]) > since]
     if events:
         crash_point("events:pulled")
-    result = store_events(ctx, job, events)
+    try:
+        result = store_events(ctx, job, events)
+    except ValueError as exc:  # the runtime broke the event contract: nothing stored, loudly, every round
+        log.error("malformed runtime event; batch not stored", extra={"job_id": job.id, "error": str(exc)})
+        return PullResult()
     if result.stored:
         log.debug("events stored", extra={"job_id": job.id, "attempt": job.attempt, "n": result.stored})
     return result

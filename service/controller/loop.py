@@ -33,7 +33,7 @@ from service.controller.crashpoints import crash_point
 from service.controller.events_pull import pull
 from service.controller.lease import LeaderLease, LeaseLost
 from service.controller.reconcile import ACTIVE, ReconcileReport, reconcile
-from service.controller.snapshot import HOLDING, DbState, JobRow, build_snapshot, load_db_state
+from service.controller.snapshot import DbState, JobRow, build_snapshot, load_db_state
 from service.controller.supervisors import AttemptKey, SupervisorGone, Supervisors, SupervisorUnreachable
 from service.db import transitions as tx
 from service.log import get_logger
@@ -72,9 +72,9 @@ class Controller:
         self._last_connect = 0.0
         lease = LeaderLease(engine, holder, ttl_s=self.config.lease_ttl_s)
         self.ctx = Ctx(engine, lease, Supervisors(self.config.call_timeout_s), self.config)
-        from service.api.config import ApiSettings
+        from service.settings import Settings
 
-        profile = ApiSettings()
+        profile = Settings()  # read now, not the process-wide cache: the environment is the truth
         self.ctx.gpu_type, self.ctx.gpus_per_node = profile.gpu_type, profile.gpus_per_node
         from service.controller.curves import CurveBook
 
@@ -117,7 +117,6 @@ class Controller:
             if not self._leading or epoch != self._leading_epoch:
                 # a new term (first, or the lease was lost and won back): trust no cached state
                 self.ctx.sups = Supervisors(self.config.call_timeout_s)
-                self.ctx.placements.clear()
                 self.ctx.decided.clear()
                 result.reconciled = reconcile(self.ctx)
                 self._leading, self._leading_epoch = True, epoch
@@ -167,7 +166,6 @@ class Controller:
         self.ctx.sups.kill(key)
         self.ctx.preempting.discard(key)
         self.ctx.cancelling.pop(key, None)
-        self.ctx.placements.pop((key.job_id, key.attempt), None)
 
     def _cancel_requested(self, result: TickResult) -> None:
         """Ask each cancel-requested job's supervisor to stop; its ``cancelled`` event (pulled next
@@ -217,13 +215,8 @@ class Controller:
             return
         with self.ctx.read() as s:
             db = load_db_state(s)
-        live = {(j.id, j.attempt) for j in db.jobs if j.state in HOLDING}
-        for k in [k for k in self.ctx.placements if k not in live]:
-            del self.ctx.placements[k]
         self._update_curves(db)
-        snapshot = build_snapshot(
-            db, view, self.ctx.placements, resizable=self.config.runtime_resizes, curves=self.ctx.curves
-        )
+        snapshot = build_snapshot(db, view, resizable=self.config.runtime_resizes, curves=self.ctx.curves)
         decisions = decide(snapshot)
         jobs = {j.id: j for j in db.jobs}
         result.applied = apply.apply_decisions(self.ctx, jobs, decisions)

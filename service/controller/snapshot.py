@@ -1,12 +1,11 @@
 """Build the scheduler's :class:`ClusterSnapshot` from the job store and the Ray cluster view.
 
-Jobs: every non-terminal job. A job that holds GPUs (ADMITTED, RUNNING, RECOVERING, PREEMPTED while
-it checkpoints) is given its per-node allocation from the placement groups Ray reports for its
-current attempt; before its group exists (just admitted), from the placement this controller
-admitted it with; after a controller restart, before placement, its ``gpus_allocated`` count is
-spread over the nodes with the most free GPUs (the count is right, the nodes are a guess, which the
-next round corrects from Ray). Nodes: alive nodes with GPUs, their free GPUs as Ray reports them
-(the scheduler takes the lower of that and what the allocations leave).
+Jobs: every non-terminal job, from the database alone. A job that holds GPUs (ADMITTED, RUNNING,
+RECOVERING, PREEMPTED while it checkpoints) is given the per-node allocation recorded on its current
+attempt row (``attempts.placement``): the scheduler's placement when the attempt started, replaced
+by where the gang landed when its ``placed`` event is stored. Nodes: alive nodes with GPUs, their
+free GPUs as Ray reports them (the scheduler takes the lower of that and what the allocations
+leave); an allocation on a node that is gone is gone with it.
 """
 
 from __future__ import annotations
@@ -20,11 +19,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from service.controller.cluster import ClusterView
-from service.db.models import Job, Tenant
+from service.db.models import Attempt, Job, Tenant
 from service.scheduler.types import ClusterSnapshot, JobView, NodeView, TenantView
-from workers.states import TERMINAL
-
-HOLDING = frozenset({"ADMITTED", "RUNNING", "RECOVERING", "PREEMPTED"})
+from workers.states import HOLDING, TERMINAL
 
 
 @dataclass
@@ -45,6 +42,7 @@ class JobRow:
     spec: dict[str, Any]
     created_at: float
     admitted_at: float | None
+    placement: dict[str, int] = field(default_factory=dict)  # the live attempt's GPUs per node
 
 
 @dataclass
@@ -64,8 +62,11 @@ def load_db_state(session: Session) -> DbState:
         for t in session.execute(sa.select(Tenant).order_by(Tenant.id)).scalars()
     ]
     rows = session.execute(
-        sa.select(Job).where(Job.state.not_in(sorted(TERMINAL))).order_by(Job.id)
-    ).scalars()
+        sa.select(Job, Attempt.placement)
+        .outerjoin(Attempt, sa.and_(Attempt.job_id == Job.id, Attempt.epoch == Job.epoch))
+        .where(Job.state.not_in(sorted(TERMINAL)))
+        .order_by(Job.id)
+    ).all()
     jobs = [
         JobRow(
             id=j.id,
@@ -82,30 +83,16 @@ def load_db_state(session: Session) -> DbState:
             spec=dict(j.spec or {}),
             created_at=_epoch_s(j.created_at) or 0.0,
             admitted_at=_epoch_s(j.admitted_at),
+            placement={str(n): int(g) for n, g in (placement or {}).items()},
         )
-        for j in rows
+        for j, placement in rows
     ]
     return DbState(tenants=tenants, jobs=jobs)
-
-
-def _spread(count: int, free: dict[str, int]) -> dict[str, int]:
-    """``count`` GPUs over the nodes with the most free GPUs (a stand-in allocation)."""
-    out: dict[str, int] = {}
-    for node, avail in sorted(free.items(), key=lambda kv: (-kv[1], kv[0])):
-        if count <= 0:
-            break
-        take = min(count, avail)
-        if take:
-            out[node] = take
-            free[node] -= take
-            count -= take
-    return out
 
 
 def build_snapshot(
     db: DbState,
     view: ClusterView,
-    admitted_placements: Mapping[tuple[int, int], Mapping[str, int]] | None = None,
     *,
     resizable: bool = False,
     curves: Mapping[int, Mapping[int, float] | None] | None = None,
@@ -117,24 +104,13 @@ def build_snapshot(
     scheduler sizes a ``min..max`` job once, at admission, and reclaims GPUs by preemption only).
     ``curves``: the planner's predicted tokens/s per GPU count of elastic jobs (``curves.py``).
     """
-    admitted_placements = admitted_placements or {}
     nodes = [n for n in view.alive_nodes if n.gpus_total > 0]
-    free = {n.node_id: n.gpus_free for n in nodes}
-    by_attempt: dict[tuple[str, int], dict[str, int]] = {}
-    for n in nodes:
-        for a in n.allocations:
-            if a.job_id is not None and a.attempt is not None:
-                slot = by_attempt.setdefault((a.job_id, a.attempt), {})
-                slot[n.node_id] = slot.get(n.node_id, 0) + a.gpus
+    alive = {n.node_id for n in nodes}
     jobs = []
     for j in db.jobs:
         allocated: dict[str, int] = {}
         if j.state in HOLDING:
-            allocated = by_attempt.get((str(j.id), j.attempt), {})
-            if not allocated:
-                allocated = dict(admitted_placements.get((j.id, j.attempt), {}))
-            if not allocated and j.gpus_allocated:
-                allocated = _spread(j.gpus_allocated, free)
+            allocated = {n: g for n, g in j.placement.items() if n in alive and g > 0}
         jobs.append(
             JobView(
                 id=j.id,

@@ -153,6 +153,11 @@ class Attempt(Base):
     supervisor: Mapped[str | None] = mapped_column(sa.String(255), doc="Ray actor name of the supervisor")
     started_at: Mapped[dt.datetime] = mapped_column(default=utcnow, server_default=sa.func.now())
     ended_at: Mapped[dt.datetime | None]
+    placement: Mapped[dict[str, Any] | None] = mapped_column(
+        doc="node id -> GPUs the attempt holds there: the scheduler's placement at the start, then where "
+        "the runtime's gang was placed (its ``placed`` event)"
+    )
+    placement_group: Mapped[str | None] = mapped_column(sa.String(255), doc="name of the gang's placement group")
 
 
 class Event(Base):

@@ -20,7 +20,7 @@ writer holding an older epoch writes nothing. The names are a contract with the 
     ``fields`` may set ``gpus_allocated``, ``final_loss``, ``final_step``, ``cancel_requested``.
     Timestamps are kept: ``admitted_at`` (→ADMITTED), ``started_at`` (first →RUNNING),
     ``finished_at`` (→terminal); ``gpus_allocated`` drops to 0 on →PENDING and →terminal.
-``start_attempt(session, job_id, *, expected, new, expected_epoch, reason, plan, gpus, supervisor)``
+``start_attempt(session, job_id, *, expected, new, expected_epoch, reason, plan, gpus, placement, supervisor)``
     -> the new epoch or None. Bumps ``jobs.epoch`` and ``jobs.attempt`` by one (compare-and-set on
     state and on the current epoch), moves the job to ``new`` (a legal edge, or staying in the same
     state, e.g. RECOVERING → RECOVERING with a fresh attempt) and inserts the ``attempts`` row
@@ -29,6 +29,9 @@ writer holding an older epoch writes nothing. The names are a contract with the 
     Closes an attempt row (sets its state and ``ended_at``) once.
 ``set_attempt_state(session, job_id, *, epoch, state, plan=None, reason="") -> bool``
     Updates a live attempt (e.g. STARTING → RUNNING, a new plan after a re-plan); fenced.
+``set_allocation(session, job_id, *, epoch, gpus, placement=None, placement_group=None) -> bool``
+    The GPUs the live attempt holds (``jobs.gpus_allocated``) and where (``attempts.placement``:
+    node id -> GPUs, and its placement group); fenced.
 ``request_cancel(session, job_id, *, tenant_id=None, reason) -> CancelOutcome``
     PENDING/PREEMPTED jobs become CANCELLED at once; ADMITTED/RUNNING/RECOVERING get
     ``cancel_requested=true`` (the controller stops the supervisor, then transitions); terminal
@@ -217,10 +220,13 @@ def start_attempt(
     reason: str,
     plan: dict[str, Any] | None = None,
     gpus: int = 0,
+    placement: dict[str, int] | None = None,
     supervisor: str | None = None,
     commit: bool = True,
 ) -> int | None:
-    """Open a new attempt with epoch ``expected_epoch + 1``; returns it, or None if the CAS failed."""
+    """Open a new attempt with epoch ``expected_epoch + 1``; returns it, or None if the CAS failed.
+    ``placement``: node id -> GPUs the scheduler granted (where the attempt's GPUs are until its
+    gang reports where it landed, see ``set_allocation``)."""
     exp = frozenset(expected)
     if not exp <= NON_TERMINAL or new not in NON_TERMINAL or any(s != new and not is_legal(s, new) for s in exp):
         raise IllegalTransition(f"cannot start an attempt moving {sorted(exp)} -> {new}")
@@ -242,7 +248,8 @@ def start_attempt(
     session.execute(
         sa.insert(Attempt).values(
             job_id=job_id, number=number, epoch=epoch, state="STARTING", plan=plan, gpus=gpus,
-            reason=reason[:1024], supervisor=supervisor, started_at=utcnow(),
+            placement=dict(placement) if placement else None, reason=reason[:1024], supervisor=supervisor,
+            started_at=utcnow(),
         )
     )
     body = {"from": row.state, "to": new, "reason": reason, "attempt": number, "epoch": epoch, "gpus": gpus}
@@ -281,9 +288,19 @@ def set_attempt_state(
     return res.rowcount == 1
 
 
-def set_allocation(session: Session, job_id: int, *, epoch: int, gpus: int, commit: bool = True) -> bool:
+def set_allocation(
+    session: Session,
+    job_id: int,
+    *,
+    epoch: int,
+    gpus: int,
+    placement: dict[str, int] | None = None,
+    placement_group: str | None = None,
+    commit: bool = True,
+) -> bool:
     """Record the GPUs the live attempt holds now (its gang was placed: at start, after a re-plan or a
-    resize); fenced on the epoch and only while the job holds GPUs (a state change is not implied)."""
+    resize) and, when given, on which nodes (``placement``) in which placement group; fenced on the
+    epoch and only while the job holds GPUs (a state change is not implied)."""
     res = session.execute(
         sa.update(Job)
         .where(Job.id == job_id, Job.epoch == epoch, Job.state.in_(sorted(ACTIVE)))
@@ -291,10 +308,15 @@ def set_allocation(session: Session, job_id: int, *, epoch: int, gpus: int, comm
         .execution_options(synchronize_session=False)
     )
     if res.rowcount == 1:
+        values: dict[str, Any] = {"gpus": int(gpus)}
+        if placement is not None:
+            values["placement"] = {str(n): int(g) for n, g in placement.items()}
+        if placement_group is not None:
+            values["placement_group"] = placement_group[:255]
         session.execute(
             sa.update(Attempt)
             .where(Attempt.job_id == job_id, Attempt.epoch == epoch, Attempt.ended_at.is_(None))
-            .values(gpus=int(gpus))
+            .values(**values)
             .execution_options(synchronize_session=False)
         )
         _expire_job(session, job_id)

@@ -34,9 +34,15 @@ pytestmark = [pytest.mark.postgres, pytest.mark.cluster]
 STEPS = 200  # long enough to be still running at stage 4 on a quiet machine (a tiny step is ~0.1 s)
 
 
-def _job_nodes(job_id: int) -> set[str]:
+def _job_nodes(engine, job_id: int) -> set[str]:
+    """The nodes of the job's GPUs as its attempt row records them (from the runtime's ``placed``
+    event), checked against the placement group Ray reports under the name recorded with them."""
+    live = h.attempts(engine, job_id)[-1]
+    recorded = set((live.placement or {}).keys())
     view = cluster_view()
-    return {n.node_id for n in view.alive_nodes for a in n.allocations if a.job_id == str(job_id)}
+    in_ray = {n.node_id for n in view.alive_nodes for a in n.allocations if a.name == live.placement_group}
+    assert recorded == in_ray, (live.placement, live.placement_group, in_ray)
+    return recorded
 
 
 @pytest.mark.timeout(900)  # a few minutes on an idle machine; far longer on a loaded one
@@ -114,7 +120,7 @@ def test_kill9_during_admission_running_recovery_and_cancel(
 
         # 4. kill the worker node the job trains on; kill -9 the controller while RECOVERING
         assert h.state(engine, a) == "RUNNING", "the job ended before its node could be killed: raise STEPS"
-        nodes = _job_nodes(a)
+        nodes = _job_nodes(engine, a)
         assert nodes, "the job holds no GPUs on any node"
         victim = sorted(nodes)[0]
         node_killed_at = time.monotonic()

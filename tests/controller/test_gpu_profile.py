@@ -1,4 +1,4 @@
-"""The cluster's GPU profile (``ORTHOPLEX_API_GPU_TYPE``) reaches the runtime's planner: the controller
+"""The cluster's GPU profile (``ORTHOPLEX_GPU_TYPE``, a service setting) reaches the runtime's planner: the controller
 reads it, every attempt's spec carries it, and the supervisor's first plan is priced on it."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from service.controller.apply import supervisor_spec
 from service.controller.loop import Controller
 from service.controller.snapshot import JobRow
 from workers.runtime.jobspec import parse_job
-from workers.runtime.placement import NodeView
-from workers.runtime.planning import first_plan, planner_spec
+from workers.runtime.placement import NodeCapacity
+from workers.runtime.planner_bridge import first_plan, planner_spec
 
 pytestmark = pytest.mark.unit
 
@@ -32,15 +32,15 @@ def _ctx(gpu_type: str) -> types.SimpleNamespace:
     return types.SimpleNamespace(gpu_type=gpu_type, config=config, job_storage=lambda job_id: Path("/jobs") / str(job_id))
 
 
-def test_controller_takes_the_api_gpu_profile(monkeypatch) -> None:
-    monkeypatch.setenv("ORTHOPLEX_API_GPU_TYPE", "H100")
-    monkeypatch.setenv("ORTHOPLEX_API_GPUS_PER_NODE", "8")
+def test_controller_takes_the_service_gpu_profile(monkeypatch) -> None:
+    monkeypatch.setenv("ORTHOPLEX_GPU_TYPE", "H100")
+    monkeypatch.setenv("ORTHOPLEX_GPUS_PER_NODE", "8")
     ctl = Controller(sa.create_engine("sqlite://"))
     assert (ctl.ctx.gpu_type, ctl.ctx.gpus_per_node) == ("H100", 8)
 
 
 def test_attempt_spec_carries_the_profile_and_the_first_plan_is_priced_on_it() -> None:
-    nodes = [NodeView(id=f"n{i}", gpus=2, free_gpus=2, cpus=4.0, is_head=False) for i in range(2)]
+    nodes = [NodeCapacity(id=f"n{i}", gpus=2, free_gpus=2, cpus=4.0, is_head=False) for i in range(2)]
     plans = {}
     for gpu in ("CPU", "H100"):
         spec = supervisor_spec(_ctx(gpu), _job(), gpus=4)

@@ -37,7 +37,7 @@ def pg(name: str, where: list[str], state: str = "CREATED") -> dict:
     }
 
 
-def test_view_counts_gpus_per_node_and_attributes_them_to_job_attempts() -> None:
+def test_view_counts_gpus_per_node_and_their_placement_groups() -> None:
     view = build_view(
         [HEAD, node("n1", 4), node("n2", 4), node("n3", 4, alive=False)],
         {
@@ -54,9 +54,9 @@ def test_view_counts_gpus_per_node_and_attributes_them_to_job_attempts() -> None
     # n2: one GPU of job 7 and one of an unknown group; Ray says 1 free, another is held elsewhere
     assert by_id["n2"].gpus_used == 3 and by_id["n2"].gpus_free == 1
     assert by_id["n3"].gpus_free == 0  # dead nodes offer nothing
-    assert view.total_gpus == 8 and view.free_gpus == 3 and view.gpus_by_job() == {"7": 3}
+    assert view.total_gpus == 8 and view.free_gpus == 3
     alloc = by_id["n1"].allocations[0]
-    assert (alloc.job_id, alloc.attempt, alloc.gpus) == ("7", 2, 2)
+    assert (alloc.placement_group_id, alloc.name, alloc.gpus) == ("p1", "orthoplex-7-a2", 2)
     d = view.to_dict()
     assert d["free_gpus"] == 3 and d["nodes"][1]["gpus_free"] == 2 and d["alive_nodes"] == 3
 
@@ -72,7 +72,8 @@ def test_view_is_unavailable_without_ray() -> None:
     assert unavailable("gcs down").to_dict()["reason"] == "gcs down"
 
 
-def _job(job_id: int, tenant: int, state: str, gpus: int = 0, attempt: int = 0) -> JobRow:
+def _job(job_id: int, tenant: int, state: str, gpus: int = 0, attempt: int = 0,
+         placement: dict[str, int] | None = None) -> JobRow:
     return JobRow(
         id=job_id,
         tenant_id=tenant,
@@ -88,31 +89,32 @@ def _job(job_id: int, tenant: int, state: str, gpus: int = 0, attempt: int = 0) 
         spec={},
         created_at=float(job_id),
         admitted_at=None,
+        placement=dict(placement or {}),
     )
 
 
-def test_snapshot_allocations_come_from_ray_then_admission_then_the_count() -> None:
+def test_snapshot_allocations_come_from_the_attempt_rows_alone() -> None:
     view = build_view(
-        [node("n1", 4), node("n2", 4)],
-        {"p": pg("orthoplex-1-a1", ["n1", "n1"])},
+        [node("n1", 4), node("n2", 4), node("n3", 4, alive=False)],
+        {"p": pg("some-name-no-one-parses", ["n1", "n1"])},
         available={"n1": {"GPU": 2.0}, "n2": {"GPU": 4.0}},
     )
     db = DbState(
         tenants=[TenantView(id=1, gpu_quota=4), TenantView(id=2, gpu_quota=4)],
         jobs=[
-            _job(1, 1, "RUNNING", 2, 1),
-            _job(2, 1, "ADMITTED", 2, 1),
-            _job(3, 2, "RECOVERING", 2, 1),
-            _job(4, 2, "PENDING"),
+            _job(1, 1, "RUNNING", 2, 1, {"n1": 2}),  # its gang's placed event
+            _job(2, 1, "ADMITTED", 2, 1, {"n2": 2}),  # the scheduler's placement, before its gang exists
+            _job(3, 2, "RECOVERING", 2, 1, {"n2": 1, "n3": 1}),  # n3 died: that GPU is gone with it
+            _job(4, 2, "PENDING", 0, 0, {"n1": 4}),  # an old attempt's placement: holds nothing now
         ],
     )
-    snap = build_snapshot(db, view, {(2, 1): {"n2": 2}})
+    snap = build_snapshot(db, view)
     jobs = {j.id: j for j in snap.jobs}
-    assert dict(jobs[1].allocated) == {"n1": 2}  # from its placement group
-    assert dict(jobs[2].allocated) == {"n2": 2}  # from the admission, before its group exists
-    assert jobs[3].held == 2  # after a restart: the count, spread over free GPUs
+    assert dict(jobs[1].allocated) == {"n1": 2}
+    assert dict(jobs[2].allocated) == {"n2": 2}
+    assert dict(jobs[3].allocated) == {"n2": 1}
     assert jobs[4].held == 0 and not jobs[4].elastic  # no resize in the runtime: fixed once admitted
     decisions = decide(snap)
     admits = [d for d in decisions if isinstance(d, Admit)]
-    # 8 GPUs, 6 held: job 4 (tenant 2, within quota) can only get what is left, never a GPU twice
-    assert sum(d.gpus for d in admits) <= 2
+    # 8 alive GPUs, 5 held: job 4 (tenant 2, within quota) can only get what is left, never a GPU twice
+    assert sum(d.gpus for d in admits) <= 3

@@ -179,13 +179,17 @@ def test_rest_to_recovery_to_success_with_two_tenants(ray_cluster, empty_db_url:
             240,
             "a checkpoint of alpha's job",
         )
-        nodes = {
+        # where its GPUs are: its newest `placed` event, checked against the placement group Ray reports
+        placed = [e["payload"] for e in alpha.get(f"/v1/jobs/{a1}/events", params={"limit": 1000}).json()
+                  if e["type"] == "placed"][-1]
+        nodes = set(placed["gpus_per_node"])
+        in_ray = {
             n["node_id"]
             for n in svc.admin.get("/v1/cluster").json()["nodes"]
             for a in n["allocations"]
-            if a["job_id"] == str(a1)
+            if a["name"] == placed["placement_group"]
         }
-        assert nodes, "alpha's job holds no GPUs"
+        assert nodes and nodes == in_ray, (placed, in_ray)
         victim = sorted(nodes)[0]
         killed_at = time.monotonic()
         ray_cluster.kill_node(victim)

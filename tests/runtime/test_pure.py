@@ -10,8 +10,9 @@ import time
 import pytest
 
 from planner.layout import Layout
+from workers.runtime import events as ev
 from workers.runtime.cadence import CheckpointCadence, young_interval_s
-from workers.runtime.events import EventLog, recovery_event_fields
+from workers.runtime.events import EventLog
 from workers.runtime.faults import Fault, FaultInjectionDisabled, FaultPlan, parse_faults
 from workers.runtime.jobspec import parse_hint, parse_job
 from workers.runtime.ranks import assign_ranks, spanning_groups
@@ -135,22 +136,53 @@ def test_cadence_tightens_with_failures_and_respects_bounds() -> None:
 def test_event_log_sequence_since_and_sink(tmp_path) -> None:
     sink = tmp_path / "ev.jsonl"
     log = EventLog(sink)
-    log.emit("plan", "initial", layout={"tp": 2})
-    log.emit("step", step=0, loss=1.0)
+    log.emit(ev.PlanChosen(reason="initial", layout={"tp": 2}, short="tp2", num_gpus=2, nodes=["a"],
+                           predicted_tokens_per_s=1.0, predicted_step_time_s=0.5))
+    stamped = log.emit(ev.StepDone(step=0, loss=1.0, wall_s=0.1, busy_max_s=0.1, world_size=2, tokens_per_s=3.0))
+    assert stamped.seq == 2 and stamped.ts > 0
     assert [e["seq"] for e in log.since(0)] == [1, 2]
     assert [e["type"] for e in log.since(1)] == ["step"]
     lines = [json.loads(x) for x in sink.read_text().splitlines()]
     assert lines[0]["type"] == "plan" and "ts" in lines[0] and lines[0]["reason"] == "initial"
-    with pytest.raises(ValueError):
-        log.emit("nonsense")
+    assert [ev.event_from_dict(x) for x in lines] == [ev.event_from_dict(x) for x in log.since(0)]
+    assert ev.event_from_dict(lines[1]) == stamped
+
+
+def test_events_round_trip_and_refuse_what_their_type_does_not_allow() -> None:
+    step = ev.StepDone(seq=3, ts=1.5, step=0, loss=1.0, wall_s=0.1, busy_max_s=0.1, world_size=2, tokens_per_s=3)
+    wire = step.to_dict()
+    assert wire["type"] == "step" and ev.event_from_dict(wire) == step
+    assert ev.event_from_dict(json.loads(json.dumps(wire))) == step
+    with pytest.raises(ValueError, match="unknown event type"):
+        ev.event_from_dict({**wire, "type": "nonsense"})
+    with pytest.raises(ValueError, match="'loss' missing"):
+        ev.event_from_dict({k: v for k, v in wire.items() if k != "loss"})
+    with pytest.raises(ValueError, match="unknown field"):
+        ev.event_from_dict({**wire, "final_loss": 1.0})
+    with pytest.raises(ValueError, match="'step'"):
+        ev.event_from_dict({**wire, "step": "7"})
+    with pytest.raises(ValueError, match="'step'"):
+        ev.event_from_dict({**wire, "step": True})
+    with pytest.raises(TypeError):
+        EventLog().emit(ev.Event(reason="untyped"))  # type: ignore[arg-type]
+    # every registered class knows its own type and its endings their attempt outcome
+    assert all(cls.type == name for name, cls in ev.EVENTS.items())
+    assert {c.outcome for c in ev.ENDINGS} == {"SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED"}
+    placed = ev.Placed(gpus=3, placement_group="orthoplex-1-a1", gpus_per_node={"a": 2, "b": 1},
+                       bundle_nodes=["a", "a", "b"], seconds=0.1, strategy="PACK")
+    assert ev.event_from_dict(placed.to_dict()) == placed
+    keep = ev.Replanned(decision="keep", old={}, new={}, old_short="a", new_short="b", old_tokens_per_s=1,
+                        new_tokens_per_s=1, switch_cost_s=0, change={}, nodes=["n"])
+    assert keep.in_force() is None
+    assert ev.Replanned.from_dict({**keep.to_dict(), "decision": "replan"}).in_force().short == "b"
 
 
 def test_recovery_fields_sum_the_phases() -> None:
-    body = recovery_event_fields({"detect": 1, "plan": 0.1, "place": 0.5, "start": 5, "load": 1, "first_step": 2},
-                                 "node_lost")
-    assert body["total_s"] == pytest.approx(9.6)
+    body = ev.Recovered.of({"detect": 1, "plan": 0.1, "place": 0.5, "start": 5, "load": 1, "first_step": 2},
+                           "node_lost", teardown_s=0.3)
+    assert body.total_s == pytest.approx(9.6) and body.cause == "node_lost"
     with pytest.raises(ValueError):
-        recovery_event_fields({"detect": 1}, "x")
+        ev.Recovered.of({"detect": 1}, "x", 0.0)
 
 
 # ------------------------------------------------------------------------------------ faults / spec
@@ -290,14 +322,21 @@ def test_raylet_probe_tells_a_listening_port_from_a_closed_one(monkeypatch) -> N
         server.close()
 
 
-def test_every_event_the_runtime_emits_is_a_known_type() -> None:
+def test_every_event_the_runtime_emits_is_a_registered_class() -> None:
     import re
     from pathlib import Path
 
     import workers.runtime as runtime
-    from workers.runtime.events import EVENT_TYPES
 
     emitted = {m for f in Path(runtime.__file__).parent.glob("*.py")
-               for m in re.findall(r"\.emit\(\s*\"([a-z_]+)\"", f.read_text())}
-    assert {"node_excluded", "waiting_for_gpus", "rank_failed"} <= emitted
-    assert emitted <= EVENT_TYPES, emitted - EVENT_TYPES
+               for m in re.findall(r"\bev\.([A-Z][A-Za-z]+)\(", f.read_text())}
+    registered = {cls.__name__ for cls in ev.EVENTS.values()}
+    assert {"NodeExcluded", "WaitingForGpus", "RankFailed"} <= emitted
+    assert emitted - {"Event"} <= registered, emitted - registered
+
+
+def test_the_log_refuses_an_event_whose_fields_do_not_fit_its_type() -> None:
+    log = EventLog()
+    with pytest.raises(ValueError, match="'nodes'"):
+        log.emit(ev.NodeLost(reason="x", nodes=[1, 2], ranks=[0], step=3))  # node ids are strings
+    assert log.last_seq == 0

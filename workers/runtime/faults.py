@@ -1,9 +1,13 @@
-"""Fault injection for tests and demos: kill a node, kill a rank's process, hang a rank, slow a node.
+"""Fault injection for tests, the demo and the benchmarks: kill a node, kill a rank's process, hang a
+rank, slow a node.
 
-Never active in a normal run: a job spec may only carry ``"faults"`` when the supervisor was
-started with ``enable_fault_injection=True`` (``launch.start_supervisor(..., enable_fault_injection=
-True)``, used by tests, the benchmark and ``orthoplex run --kill-node-at-step``); otherwise the
-supervisor refuses the spec. The control plane never sets the flag.
+:class:`FaultInjector` wraps the supervisor's cluster port (``workers.runtime.cluster_port``): it
+fires the due faults when a step is gathered and re-arms node properties on every new gang, so the
+supervisor's own loop has no fault code. Never active in a normal run: a job spec may only carry
+``"faults"`` when the supervisor was started with ``enable_fault_injection=True``
+(``launch.start_supervisor(..., enable_fault_injection=True)``, used by tests, the benchmark and
+``orthoplex run --kill-node-at-step``); otherwise the supervisor refuses the spec. The control plane
+never sets the flag.
 
 A fault fires once, before the given (global) step is launched. Targets are given by rank: the
 fault hits the rank ``rank`` of the layout in force then (``-1`` is the last rank), or the node that
@@ -15,8 +19,16 @@ node across re-plans (they are properties of the node, not of an actor).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
+
+from workers.runtime import events as ev
+from workers.runtime.cluster_port import ClusterPort, RankCall
+from workers.runtime.gang import Gang
+from workers.runtime.placement import NodeCapacity, Reservation
+from workers.runtime.watchdog import Failure, GatherResult
 
 FAULT_KINDS: tuple[str, ...] = ("kill_node", "kill_rank", "hang_rank", "slow_node", "jitter_node")
 
@@ -84,10 +96,77 @@ class FaultPlan:
         return list(self._pending)
 
 
+class InjectablePort(ClusterPort, Protocol):
+    def inject(self, gang: Gang, ranks: Sequence[int], kind: str, value: float = 0.0, *,
+               wait: bool = False) -> None:
+        """Arm ``kind`` (``slow``, ``jitter``, ``hang``, ``exit``, ``kill_node``) on ``ranks``."""
+        ...
+
+
+class FaultInjector:
+    """A cluster port that fires ``plan``'s faults into the port it wraps, before the step they name.
+
+    Node slowness and jitter are properties of the node: re-armed on every gang started there."""
+
+    def __init__(self, inner: InjectablePort, plan: FaultPlan, log: ev.EventLog, *, settle_s: float = 0.2) -> None:
+        self.inner = inner
+        self.plan = plan
+        self.log = log
+        self.settle_s = settle_s  # after kill_node: let the node die before the step is launched onto it
+        self.node_faults: dict[str, tuple[str, float]] = {}  # node -> ("slow"|"jitter", value)
+
+    def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[NodeCapacity]:
+        return self.inner.nodes(exclude=exclude, held=held)
+
+    def reserve(self, gpus: int, *, nodes: Sequence[str], name: str,
+                per_node: Mapping[str, int] | None = None) -> Reservation | None:
+        return self.inner.reserve(gpus, nodes=nodes, name=name, per_node=per_node)
+
+    def release(self, reservation: Reservation) -> None:
+        self.inner.release(reservation)
+
+    def start_gang(self, plan: Any, reservation: Reservation, *, on_created: Callable[[Gang], None]) -> Gang:
+        gang = self.inner.start_gang(plan, reservation, on_created=on_created)
+        for node, (kind, value) in self.node_faults.items():
+            self.inner.inject(gang, gang.rank_map.ranks_on(node), kind, value)
+        return gang
+
+    def gather(self, gang: Gang, call: RankCall, *, deadline_s: float, step: int | None = None) -> GatherResult:
+        if call == "step" and step is not None:
+            self._fire(gang, step)
+        return self.inner.gather(gang, call, deadline_s=deadline_s, step=step)
+
+    def classify(self, result: GatherResult, gang: Gang, what: str) -> Failure:
+        return self.inner.classify(result, gang, what)
+
+    def teardown(self, gang: Gang | None, *, graceful: bool = False) -> float:
+        return self.inner.teardown(gang, graceful=graceful)
+
+    def _fire(self, gang: Gang, step: int) -> None:
+        for f in self.plan.due(step):
+            rank = f.target_rank(gang.world_size)
+            node = gang.rank_nodes[rank]
+            targets: list[int] = [rank]
+            if f.kind == "kill_node":
+                self.inner.inject(gang, [rank], "kill_node")
+            elif f.kind == "kill_rank":
+                self.inner.inject(gang, [rank], "exit")
+            elif f.kind == "hang_rank":
+                self.inner.inject(gang, [rank], "hang", wait=True)
+            else:
+                kind, value = ("slow", f.factor) if f.kind == "slow_node" else ("jitter", f.amplitude)
+                self.node_faults[node] = (kind, value)
+                targets = gang.rank_map.ranks_on(node)
+                self.inner.inject(gang, targets, kind, value, wait=True)
+            self.log.emit(ev.FaultInjected(reason=f"test hook: {f.kind} before step {step}", step=step, node=node,
+                                           ranks=targets, kind=f.kind, at_step=f.at_step, factor=f.factor,
+                                           amplitude=f.amplitude))
+            if f.kind == "kill_node" and self.settle_s > 0:
+                time.sleep(self.settle_s)
+
+
 def burn_cpu(seconds: float) -> None:
     """Spend ``seconds`` of this thread's CPU time (a slow rank computes, it does not sleep)."""
-    import time
-
     if seconds <= 0:
         return
     end = time.thread_time() + seconds

@@ -7,6 +7,7 @@ A plain dict (JSON), so the control plane can store it with the attempt::
      "train": {...},                     # optional extra TrainConfig fields (data, keep_checkpoints, ...)
      "checkpoint_dir": "/data/job-7",    # where the engine's layout-independent checkpoints live
      "min_gpus": 4, "max_gpus": 12,      # elastic range (max defaults to every GPU Ray has)
+     "placement": {"<node id>": 4, ...}, # the scheduler's grant per node: the first plan stays within it
      "layout_hint": "tp=2,pp=2",         # fixes these fields of the first plan (re-plans are free)
      "checkpoint": {"min_every_steps": 1, "max_every_steps": 50, "mtbf_s": 3600},
      "runtime": {...RuntimeSettings fields...},
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.layout import Layout
+from workers.engine.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class JobSpec:
     train: dict[str, Any]  # TrainConfig.to_dict() shape
     min_gpus: int = 1
     max_gpus: int | None = None
+    placement: dict[str, int] = field(default_factory=dict)  # node id -> GPUs granted (empty: any node)
     layout_hint: dict[str, Any] = field(default_factory=dict)
     min_every_steps: int = 1
     max_every_steps: int = 50
@@ -84,8 +87,14 @@ class JobSpec:
         return dict(self.train["model"])
 
 
-_TRAIN_KEYS = ("steps", "global_batch", "seed", "lr", "min_lr", "warmup_steps", "weight_decay", "grad_clip",
-               "beta1", "beta2", "data", "checkpoint_dir", "keep_checkpoints")
+#: the ``TrainConfig`` fields a job spec sets at its top level (``model`` is parsed on its own; the
+#: supervisor decides ``save_every``): the one list of them
+TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainConfig)
+                                    if f.name not in ("model", "save_every"))
+#: the keys of a submitted job spec the control plane hands to the runtime as they are (it sets
+#: ``checkpoint_dir``, ``gpu_type``, ``min_gpus``, ``max_gpus`` and ``placement`` itself)
+SPEC_KEYS: tuple[str, ...] = ("model", *(k for k in TRAIN_KEYS if k != "checkpoint_dir"), "train", "layout_hint",
+                              "checkpoint", "runtime", "faults")
 
 
 def parse_hint(hint: str | dict[str, Any] | None) -> dict[str, Any]:
@@ -100,16 +109,24 @@ def parse_hint(hint: str | dict[str, Any] | None) -> dict[str, Any]:
     return dict(hint)
 
 
+def _placement(raw: Any) -> dict[str, int]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(g, int) and g > 0 for g in raw.values()):
+        raise ValueError("placement: must map node ids to positive GPU counts")
+    return {str(n): int(g) for n, g in raw.items()}
+
+
 def parse_job(spec: dict[str, Any]) -> JobSpec:
     """Validate a job spec dict; raises ``ValueError`` naming the field."""
-    from workers.engine.config import ModelConfig, TrainConfig
+    from workers.engine.config import ModelConfig
 
     if not isinstance(spec, dict):
         raise ValueError("spec: must be an object")
     model = spec.get("model", "tiny")
     mc = ModelConfig.preset(model) if isinstance(model, str) else ModelConfig.from_dict(dict(model))
     train: dict[str, Any] = {"model": mc.to_dict()}
-    for key in _TRAIN_KEYS:
+    for key in TRAIN_KEYS:
         if key in spec:
             train[key] = spec[key]
     train.update(dict(spec.get("train") or {}))
@@ -122,6 +139,7 @@ def parse_job(spec: dict[str, Any]) -> JobSpec:
         train=cfg.to_dict(),
         min_gpus=int(spec.get("min_gpus", 1)),
         max_gpus=int(spec["max_gpus"]) if spec.get("max_gpus") else None,
+        placement=_placement(spec.get("placement")),
         layout_hint=parse_hint(spec.get("layout_hint")),
         min_every_steps=int(ck.get("min_every_steps", 1)),
         max_every_steps=int(ck.get("max_every_steps", 50)),

@@ -20,7 +20,11 @@ HEAD_RESOURCE = "node:__internal_head__"
 
 
 @dataclass(frozen=True)
-class NodeView:
+class NodeCapacity:
+    """A node's GPUs as one job plans on them: ``free_gpus`` free for it (``service.controller.cluster.
+    RayNode`` is a node as the control plane shows it; ``service.scheduler.types.NodeView`` one as the
+    scheduler allocates it)."""
+
     id: str
     gpus: int
     free_gpus: int
@@ -28,7 +32,7 @@ class NodeView:
     is_head: bool
 
 
-def cluster_nodes(*, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[NodeView]:
+def cluster_nodes(*, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[NodeCapacity]:
     """Alive nodes that declare GPUs, minus ``exclude``; in a stable order (by node id).
 
     ``free_gpus`` counts the GPUs free now plus ``held[node]`` (GPUs this job holds there and would
@@ -49,7 +53,7 @@ def cluster_nodes(*, exclude: Iterable[str] = (), held: Mapping[str, int] | None
         gpus = int(res.get("GPU", 0))
         avail = int(free.get(n["NodeID"], {}).get("GPU", 0)) if free else gpus
         avail = min(gpus, avail + int((held or {}).get(n["NodeID"], 0)))
-        out.append(NodeView(n["NodeID"], gpus, avail, float(res.get("CPU", 0)), HEAD_RESOURCE in res))
+        out.append(NodeCapacity(n["NodeID"], gpus, avail, float(res.get("CPU", 0)), HEAD_RESOURCE in res))
     return sorted(out, key=lambda v: v.id)
 
 
@@ -95,10 +99,19 @@ class Reservation:
     bundle_nodes: list[str]
     seconds: float
     strategy: str
+    name: str = ""  # the placement group's name
 
     @property
     def size(self) -> int:
         return len(self.bundle_nodes)
+
+    @property
+    def gpus_per_node(self) -> dict[str, int]:
+        """GPUs (bundles) this reservation holds on each node."""
+        out: dict[str, int] = {}
+        for n in self.bundle_nodes:
+            out[n] = out.get(n, 0) + 1
+        return out
 
 
 def bundle_nodes_of(pg: Any) -> list[str]:
@@ -118,14 +131,23 @@ def reserve(
     timeout_s: float = 30.0,
     strategy: str = "PACK",
     name: str = "",
+    per_node: Mapping[str, int] | None = None,
 ) -> Reservation | None:
-    """Reserve ``num_gpus`` bundles (gang); ``None`` (and nothing left behind) when not ready in time."""
+    """Reserve ``num_gpus`` bundles (gang); ``None`` (and nothing left behind) when not ready in time.
+
+    ``nodes``: the bundles may land on any of these; ``per_node`` (node id -> bundles, summing to
+    ``num_gpus``): exactly that many bundles on each node (a scheduler's placement)."""
     import ray
     from ray.util import placement_group, remove_placement_group
 
     bundles = [{"GPU": 1.0, "CPU": float(cpu_per_bundle)} for _ in range(num_gpus)]
     kwargs: dict[str, Any] = {}
-    if nodes:
+    if per_node:
+        pinned = [n for n, k in sorted(per_node.items()) for _ in range(int(k))]
+        if len(pinned) != num_gpus:
+            raise ValueError(f"per_node places {len(pinned)} bundles, the gang has {num_gpus}")
+        kwargs["bundle_label_selector"] = [{NODE_ID_LABEL: f"in({n})"} for n in pinned]
+    elif nodes:
         selector = {NODE_ID_LABEL: f"in({','.join(sorted(nodes))})"}
         kwargs["bundle_label_selector"] = [dict(selector) for _ in bundles]
     t0 = time.monotonic()
@@ -134,7 +156,7 @@ def reserve(
     if not ready:
         remove_placement_group(pg)
         return None
-    return Reservation(pg, bundle_nodes_of(pg), time.monotonic() - t0, strategy)
+    return Reservation(pg, bundle_nodes_of(pg), time.monotonic() - t0, strategy, name)
 
 
 def release(reservation: Reservation | None) -> None:

@@ -25,7 +25,7 @@ from fastapi.concurrency import run_in_threadpool
 from service.api import job_story
 from service.api.deps import Admin, AnyPrincipal, Db, Principal
 from service.api.errors import responses
-from service.api.planning import PlannerBusy, PlannerRefused, dry_run
+from service.api.fit_check import PlannerBusy, PlannerRefused, dry_run
 from service.api.schemas import EventPublic, JobPublic, JobSpec, JobStateName
 from service.db.models import Event, Job, Metric, Tenant
 

@@ -17,7 +17,7 @@ from sqlalchemy import exc as sa_exc
 from service.api import repo
 from service.api.deps import AnyPrincipal, CurrentTenant, Db
 from service.api.errors import field_error, responses
-from service.api.planning import PlannerRefused, PlannerUnavailable, check_fit, planner_unavailable
+from service.api.fit_check import PlannerRefused, PlannerUnavailable, check_fit, planner_unavailable
 from service.api.schemas import EventPublic, JobList, JobPublic, JobSpec, JobStateName, MetricPublic
 from service.api.sse import SSE_EVENT_SCHEMA, open_stream, wants_stream
 from service.db import transitions as tr

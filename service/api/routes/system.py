@@ -15,11 +15,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from service.api import repo
 from service.api.deps import AnyPrincipal
 from service.api.errors import field_error, responses
-from service.api.planning import PlannerRefused, PlannerUnavailable, dry_run
+from service.api.fit_check import PlannerRefused, PlannerUnavailable, dry_run
 from service.api.routes.jobs import validate_spec
 from service.api.schemas import ClusterJob, ClusterOut, Health, JobSpec, PlanOut, Ready
 from service.api.security import is_admin_token
-from service.db.models import Job
+from service.db.models import Attempt, Job
 from workers.states import HOLDING
 
 router = APIRouter(tags=["system"])
@@ -135,12 +135,30 @@ async def cluster(request: Request, principal: AnyPrincipal) -> ClusterOut:
     except Exception as exc:  # Ray slow or broken: the API still answers
         d = {"available": False, "reason": f"{type(exc).__name__}: {exc}"[:200]}
     jobs = await run_in_threadpool(_jobs, request, principal.tenant.id if principal.tenant else None)
+    if principal.is_admin and d.get("nodes"):
+        await run_in_threadpool(_label_allocations, request, d["nodes"])
     return ClusterOut(
         available=bool(d.get("available")), reason=d.get("reason"), total_gpus=int(d.get("total_gpus", 0)),
         used_gpus=int(d.get("used_gpus", 0)), free_gpus=int(d.get("free_gpus", 0)),
         alive_nodes=int(d.get("alive_nodes", 0)), nodes=list(d.get("nodes", [])) if principal.is_admin else [],
         jobs=jobs,
     )
+
+
+def _label_allocations(request: Request, nodes: list[dict[str, Any]]) -> None:
+    """Name the job and attempt behind each placement group, from the attempt rows the controller
+    stores (``attempts.placement_group``, reported by the ``placed`` event): the admin's view."""
+    names = {a.get("name") for n in nodes for a in n.get("allocations") or [] if a.get("name")}
+    if not names:
+        return
+    with request.app.state.sessions() as db:
+        rows = db.execute(sa.select(Attempt.placement_group, Attempt.job_id, Attempt.number)
+                          .where(Attempt.placement_group.in_(sorted(names)))).all()
+    owner = {pg: (job_id, number) for pg, job_id, number in rows}
+    for n in nodes:
+        for a in n.get("allocations") or []:
+            if a.get("name") in owner:
+                a["job_id"], a["attempt"] = owner[a["name"]]
 
 
 def _jobs(request: Request, tenant_id: int | None) -> list[ClusterJob]:

@@ -1,5 +1,5 @@
-"""The bridge to the planner: job spec → planner spec, the fit check of the submission path, and
-the dry run of ``POST /v1/plans``.
+"""The submission path's fit check and the dry run of ``POST /v1/plans`` (the planner spec itself
+comes from the one builder, ``workers.planner_spec.to_planner_spec``).
 
 The planner (``planner.plan``) is imported lazily. Its ``SpecError.field`` (``model.heads``,
 ``parallel.tp``, ``cluster.num_gpus``, ...) is mapped to the job-spec field the user wrote, so a
@@ -27,8 +27,9 @@ from fastapi import HTTPException, status
 from service.api.config import ApiSettings
 from service.api.schemas import JobSpec, PlanOut
 from service.log import get_logger
+from service.settings import get_settings
 
-log = get_logger("service.api.planning")
+log = get_logger("service.api.fit_check")
 
 _WORKERS = 2
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="planner")
@@ -85,25 +86,19 @@ class FitResult:
     msg: str = ""
 
 
-def _model(spec: JobSpec) -> dict[str, Any]:
-    from workers.engine.config import planner_model
-
-    return planner_model(spec.model if isinstance(spec.model, str) else spec.model.model_dump())
-
-
 def planner_spec(spec: JobSpec, api: ApiSettings, gpus: int | None = None) -> dict[str, Any]:
     """The planner's input for ``spec`` on the configured cluster profile: ``gpus`` exactly, or any
     count in ``min_gpus..max_gpus`` when ``gpus`` is None."""
+    from workers.planner_spec import PlanCluster, to_planner_spec
+
     top = gpus or spec.max_gpus
-    cluster: dict[str, Any] = {"gpu_type": api.gpu_type, "num_gpus": top,
-                               "gpus_per_node": min(api.gpus_per_node, top)}
-    if gpus is None and spec.min_gpus < spec.max_gpus:
-        cluster["min_gpus"] = spec.min_gpus
-    parallel: dict[str, Any] = {"global_batch": spec.global_batch}
-    if spec.layout_hint is not None:
-        parallel.update(spec.layout_hint.model_dump(exclude_none=True))
-    return {"model": _model(spec), "cluster": cluster, "parallel": parallel, "precision": "bf16",
-            "engine_only": True}
+    profile = get_settings()
+    ranged = gpus is None and spec.min_gpus < spec.max_gpus
+    cluster = PlanCluster(gpu_type=profile.gpu_type, num_gpus=top, min_gpus=spec.min_gpus if ranged else None,
+                          gpus_per_node=profile.gpus_per_node)
+    model = spec.model if isinstance(spec.model, str) else spec.model.model_dump()
+    hint = spec.layout_hint.model_dump(exclude_none=True) if spec.layout_hint is not None else None
+    return to_planner_spec({"model": model, "global_batch": spec.global_batch, "layout_hint": hint}, cluster)
 
 
 def _loc(field: str) -> tuple[str, ...]:
@@ -125,7 +120,7 @@ def _summary(result: Any, spec: JobSpec, api: ApiSettings) -> str:
     where = f"{spec.min_gpus}..{spec.max_gpus}" if spec.min_gpus < spec.max_gpus else str(spec.max_gpus)
     detail = f"; e.g. {reasons[0]}" if reasons else ""
     kinds = f" ({', '.join(f'{k}: {v}' for k, v in list(counts.items())[:3])})" if counts else ""
-    return (f"no parallel layout fits on {where} {api.gpu_type} GPU(s): {result.searched} candidates "
+    return (f"no parallel layout fits on {where} {get_settings().gpu_type} GPU(s): {result.searched} candidates "
             f"rejected{kinds}{detail}")
 
 

@@ -11,10 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.planner_spec import PlanCluster, to_planner_spec
 from workers.runtime.jobspec import JobSpec
-from workers.runtime.placement import NodeView
-
-MODEL_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len")
+from workers.runtime.placement import NodeCapacity
 
 
 class PlanningError(RuntimeError):
@@ -50,7 +49,7 @@ class ClusterChange:
 
 def planner_spec(
     job: JobSpec,
-    nodes: Sequence[NodeView],
+    nodes: Sequence[NodeCapacity],
     *,
     speeds: Mapping[str, float] | None = None,
     max_gpus: int | None = None,
@@ -58,7 +57,8 @@ def planner_spec(
     restart_s: float | None = None,
     horizon_s: float | None = None,
 ) -> dict[str, Any]:
-    """A ``planner.plan`` spec for ``job`` over ``nodes`` (ids are Ray node ids)."""
+    """A ``planner.plan`` spec for ``job`` over ``nodes`` (ids are Ray node ids), built by the one
+    builder (``workers.planner_spec.to_planner_spec``)."""
     if not nodes:
         raise NoCapacity("no alive node with free GPUs")
     speeds = dict(speeds or {})
@@ -72,23 +72,19 @@ def planner_spec(
     need = min(job.min_gpus, limit)  # a grant below min_gpus (a scheduler's shrink) lowers the floor
     if cap < need:
         raise NoCapacity(f"{cap} GPUs available, the job needs at least {need}")
-    model = {k: job.model[k] for k in MODEL_KEYS}
     training: dict[str, Any] = {}
     if restart_s is not None:
         training["restart_s"] = max(float(restart_s), 1e-3)
     if horizon_s is not None:
         training["horizon_s"] = max(float(horizon_s), 1e-3)
-    return {
-        "model": model,
-        "cluster": {"gpu_type": job.raw.get("gpu_type", "CPU"), "nodes": node_list, "num_gpus": cap,
-                    "min_gpus": need},
-        "parallel": {"global_batch": job.global_batch, **dict(hint or {})},
-        "training": training,
-        "engine_only": True,
-    }
+    cluster = PlanCluster(gpu_type=str(job.raw.get("gpu_type", "CPU")), num_gpus=cap, min_gpus=need, nodes=node_list)
+    spec = to_planner_spec({"model": job.model, "global_batch": job.global_batch, "layout_hint": dict(hint or {})},
+                           cluster, training=training)
+    spec.setdefault("training", {})
+    return spec
 
 
-def first_plan(job: JobSpec, nodes: Sequence[NodeView], *, max_gpus: int | None = None) -> Any:
+def first_plan(job: JobSpec, nodes: Sequence[NodeCapacity], *, max_gpus: int | None = None) -> Any:
     """The best plan for ``nodes`` (honouring the job's layout hint when one is given)."""
     import planner
 
@@ -108,7 +104,7 @@ def replan(
     previous: Any,
     checkpoint_layout: Any,
     change: ClusterChange,
-    base_nodes: Sequence[NodeView],
+    base_nodes: Sequence[NodeCapacity],
     *,
     restart_s: float | None = None,
     horizon_s: float | None = None,

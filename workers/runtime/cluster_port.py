@@ -1,0 +1,108 @@
+"""The one narrow port through which a job's supervisor acts on the cluster, and its Ray implementation.
+
+Everything the state machine (``workers.runtime.lifecycle``) and the replanner do to the cluster goes
+through :class:`ClusterPort`: see the nodes, reserve a gang's GPUs, start the gang, gather one call
+per rank (restore, step, save), tell what a failed gather was, tear the gang down. :class:`RayCluster`
+is the production port (placement groups, ``RankWorker`` actors, ``watchdog.gather``). Tests drive
+the same machine with an in-memory cluster model, and fault injection is a wrapper of any port
+(``workers.runtime.faults.FaultInjector``), so the production loop carries no test hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal, Protocol
+
+from workers.runtime import placement
+from workers.runtime.gang import Gang, start_gang, teardown
+from workers.runtime.jobspec import RuntimeSettings
+from workers.runtime.watchdog import Failure, GatherResult, classify, gather
+
+#: the per-rank calls a supervisor gathers (``RankWorker`` methods)
+RankCall = Literal["restore", "step", "save"]
+
+
+class ClusterPort(Protocol):
+    def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[placement.NodeCapacity]:
+        """Alive nodes with GPUs, minus ``exclude``; ``held`` GPUs per node count as free."""
+        ...
+
+    def reserve(self, gpus: int, *, nodes: Sequence[str], name: str,
+                per_node: Mapping[str, int] | None = None) -> placement.Reservation | None:
+        """All-or-nothing reservation of ``gpus`` GPUs on ``nodes`` (exactly ``per_node`` GPUs on each
+        node when given); ``None`` when not ready in time."""
+        ...
+
+    def release(self, reservation: placement.Reservation) -> None:
+        """Give back a reservation no gang was started on."""
+        ...
+
+    def start_gang(self, plan: Any, reservation: placement.Reservation, *,
+                   on_created: Callable[[Gang], None]) -> Gang:
+        """Rank actors up, process group joined, trainers built; raises ``gang.StartFailed``.
+        ``on_created`` gets the gang as soon as its actors exist (so an error tears them down)."""
+        ...
+
+    def gather(self, gang: Gang, call: RankCall, *, deadline_s: float, step: int | None = None) -> GatherResult:
+        """Run ``call`` on every rank and wait (deadline, heartbeats); ``step`` is the global step
+        index a ``"step"`` call runs."""
+        ...
+
+    def classify(self, result: GatherResult, gang: Gang, what: str) -> Failure:
+        """What a failed gather was: ``node_lost``, ``rank_failed`` or ``hang``."""
+        ...
+
+    def teardown(self, gang: Gang | None, *, graceful: bool = False) -> float:
+        """Kill the gang's actors and release its reservation (seconds spent)."""
+        ...
+
+
+class RayCluster:
+    """The production port: Ray placement groups and ``RankWorker`` actors."""
+
+    def __init__(self, job_train: dict[str, Any], settings: RuntimeSettings) -> None:
+        self.train = job_train
+        self.settings = settings
+
+    def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[placement.NodeCapacity]:
+        return placement.cluster_nodes(exclude=exclude, held=held)
+
+    def reserve(self, gpus: int, *, nodes: Sequence[str], name: str,
+                per_node: Mapping[str, int] | None = None) -> placement.Reservation | None:
+        s = self.settings
+        return placement.reserve(gpus, nodes=nodes, cpu_per_bundle=s.cpu_per_bundle, timeout_s=s.placement_timeout_s,
+                                 strategy=s.strategy, name=name, per_node=per_node)
+
+    def release(self, reservation: placement.Reservation) -> None:
+        placement.release(reservation)
+
+    def start_gang(self, plan: Any, reservation: placement.Reservation, *,
+                   on_created: Callable[[Gang], None]) -> Gang:
+        from workers.runtime.planner_bridge import plan_nodes
+
+        s = self.settings
+        return start_gang(plan, reservation, self.train, plan_nodes=plan_nodes(plan), cpu_per_bundle=s.cpu_per_bundle,
+                          collective_timeout_s=s.collective_timeout_s, start_timeout_s=s.start_timeout_s,
+                          alive_nodes=placement.alive_node_ids, on_created=on_created)
+
+    def gather(self, gang: Gang, call: RankCall, *, deadline_s: float, step: int | None = None) -> GatherResult:
+        s = self.settings
+        refs = {r: getattr(w, call).remote() for r, w in enumerate(gang.workers)}
+        return gather(refs, deadline_s=deadline_s, workers=gang.workers, heartbeat_s=s.heartbeat_s,
+                      heartbeat_timeout_s=s.heartbeat_timeout_s)
+
+    def classify(self, result: GatherResult, gang: Gang, what: str) -> Failure:
+        return classify(result, gang.rank_nodes, alive_nodes=placement.alive_node_ids,
+                        unreachable=placement.raylet_unreachable, confirm_s=self.settings.node_confirm_s, what=what)
+
+    def teardown(self, gang: Gang | None, *, graceful: bool = False) -> float:
+        return teardown(gang, graceful=graceful)
+
+    # -------------------------------------------------------------- used by the fault-injection wrapper only
+    def inject(self, gang: Gang, ranks: Sequence[int], kind: str, value: float = 0.0, *, wait: bool = False) -> None:
+        """Arm ``kind`` (``RankWorker.inject``) on ``ranks``; ``wait`` until every rank armed it."""
+        import ray
+
+        refs = [gang.workers[r].inject.remote(kind, factor=value, amplitude=value) for r in ranks]
+        if wait:
+            ray.get(refs)
