@@ -269,6 +269,7 @@ class StragglerFound(Event):
     window: int
     steps: list[int]
     ranks: list[int]
+    cause: str = "compute"  # "compute" (busy time) or "link" (heartbeat round trips: a slow or lossy link)
 
 
 @_register

@@ -447,7 +447,7 @@ class AttemptMachine:
 
     def _on_straggler(self, gang: Gang, findings: list[Any], run: _Run, step: int) -> Switch | None:
         for f in findings:
-            self.log.emit(ev.StragglerFound(reason=f"node {f.node[:8]} at {f.score:.2f}x the median over window "
+            self.log.emit(ev.StragglerFound(reason=f"node {f.node[:8]} ({f.cause}) at {f.score:.2f}x the median over window "
                                             f"{f.window} (threshold {self.settings.straggler_threshold})",
                                             step=step, **f.to_dict()))
         decision = self.replanner.on_straggler(findings, gang.rank_nodes)

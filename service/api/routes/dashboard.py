@@ -28,11 +28,11 @@ from service.api.errors import responses
 from service.api.fit_check import PlannerBusy, PlannerRefused, dry_run
 from service.api.schemas import EventPublic, JobPublic, JobSpec, JobStateName
 from service.db.models import Event, Job, Metric, Tenant
+from workers.states import HOLDING
 
 router = APIRouter(prefix="/v1/dashboard", tags=["dashboard"])
 
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="job id")]
-GPU_STATES = ("ADMITTED", "RUNNING", "RECOVERING", "PREEMPTED")
 TIMELINE_LIMIT = 500
 
 
@@ -98,7 +98,7 @@ def dashboard_jobs(
             "steps": int(job.spec.get("steps") or 0),
             "gpus": job.gpus_allocated, "min_gpus": job.min_gpus, "max_gpus": job.max_gpus,
             "layout": layout,
-            "tokens_per_s": tps if job.state in GPU_STATES else None,
+            "tokens_per_s": tps if job.state in HOLDING else None,
             "last_event": None if ev is None else {"type": ev.type, "ts": ev.ts,
                                                    "reason": str(ev.payload.get("reason") or ev.payload.get("to")
                                                                  or "")[:200]},
@@ -195,7 +195,7 @@ def dashboard_tenants(_: Admin, db: Db) -> dict[str, Any]:
     """Every tenant (admin only): quota, fair-share weight, GPUs in use by its jobs, the GPUs it
     borrows over its quota, and its jobs per state."""
     used = dict(db.execute(sa.select(Job.tenant_id, sa.func.sum(Job.gpus_allocated))
-                           .where(Job.state.in_(GPU_STATES)).group_by(Job.tenant_id)).all())
+                           .where(Job.state.in_(sorted(HOLDING))).group_by(Job.tenant_id)).all())
     per_state: dict[int, dict[str, int]] = {}
     for tid, st, n in db.execute(sa.select(Job.tenant_id, Job.state, sa.func.count()).group_by(Job.tenant_id, Job.state)):
         per_state.setdefault(tid, {})[st] = n
