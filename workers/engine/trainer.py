@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from planner.layout import Layout
+from workers.engine.checkpoint.dcp_io import CheckpointInfo
 from workers.engine.config import TrainConfig
 from workers.engine.data.hf_tokenizer import tokenizer_files
 from workers.engine.groups import ParallelGroups
@@ -42,14 +43,6 @@ class StepResult:
     lr: float
     tokens: int
     seconds: float
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    step: int
-    path: str
-    seconds: float
-    bytes: int
 
 
 class RankTrainer:
