@@ -114,6 +114,11 @@ def _job_table(jobs: list[dict[str, Any]], title: str) -> None:
     console.print(table)
 
 
+def _say(as_json: bool, data: dict[str, Any], text: str) -> None:
+    """One result line: ``data`` as JSON for scripts (``--json``), else ``text`` for people."""
+    typer.echo(json.dumps(data) if as_json else text)
+
+
 def _run(fn: Any) -> None:
     try:
         fn()
@@ -357,7 +362,7 @@ data_app = typer.Typer(help="Your data area: upload files for jobs' data.paths, 
 def data_upload(
     file: Path = typer.Argument(..., help="Local file to upload."),
     dest: str | None = typer.Argument(None, help="Path inside your data area (default: the file's name)."),
-    url: str | None = UrlOpt, token: str | None = TokenOpt,
+    as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt,
 ) -> None:
     """Upload a file (streamed, with a progress bar) into your data area."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
@@ -386,7 +391,7 @@ def data_upload(
 
             out = _request(c, "PUT", f"/v1/data/{target}", retry=False, content=chunks(),
                            headers={"Content-Length": str(size)}).json()
-        typer.echo(f"uploaded {out['path']} ({out['bytes']} bytes)")
+        _say(as_json, out, f"uploaded {out['path']} ({out['bytes']} bytes)")
 
     _run(go)
 
@@ -412,7 +417,7 @@ def data_list(as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | No
 def data_download(
     path: str = typer.Argument(..., help="Path inside your data area."),
     out: Path = typer.Argument(..., help="Local file to write."),
-    url: str | None = UrlOpt, token: str | None = TokenOpt,
+    as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt,
 ) -> None:
     """Download a file of your data area (e.g. a job's exported results)."""
 
@@ -420,19 +425,19 @@ def data_download(
         with _client(url, token) as c:
             data = _request(c, "GET", f"/v1/data/{path}").content
         out.write_bytes(data)
-        typer.echo(f"wrote {out} ({len(data)} bytes)")
+        _say(as_json, {"path": path, "out": str(out), "bytes": len(data)}, f"wrote {out} ({len(data)} bytes)")
 
     _run(go)
 
 
 @data_app.command("rm")
 def data_rm(path: str = typer.Argument(..., help="Path inside your data area."),
-            url: str | None = UrlOpt, token: str | None = TokenOpt) -> None:
+            as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt) -> None:
     """Remove a file from your data area."""
 
     def go() -> None:
         with _client(url, token) as c:
             _request(c, "DELETE", f"/v1/data/{path}")
-        typer.echo(f"removed {path}")
+        _say(as_json, {"removed": path}, f"removed {path}")
 
     _run(go)

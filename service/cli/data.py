@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +21,7 @@ def prepare_cmd(
                                                             "(repeatable)")],
     out: Annotated[Path, typer.Option("--out", help="directory for train.tok, val.tok, prepare.json")],
     val_fraction: Annotated[float, typer.Option("--val-fraction", help="share of documents held out")] = 0.01,
+    as_json: Annotated[bool, typer.Option("--json", help="print the counts and files as JSON")] = False,
 ) -> None:
     """Tokenize documents in parallel into the engine's token files (EOS after each document)."""
     from rich.progress import (
@@ -51,6 +54,10 @@ def prepare_cmd(
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(code=EXIT_BAD_INPUT) from None
         progress.update(task, completed=total)
+    if as_json:
+        typer.echo(json.dumps({**dataclasses.asdict(res), "tokens_per_s": res.tokens_per_s,
+                               "train": str(out / "train.tok"), "val": str(out / "val.tok")}))
+        return
     typer.echo(f"train: {res.train_docs} documents, {res.train_tokens} tokens -> {out / 'train.tok'}\n"
                f"val:   {res.val_docs} documents, {res.val_tokens} tokens -> {out / 'val.tok'}\n"
                f"{res.tokens_per_s:,.0f} tokens/s")

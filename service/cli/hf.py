@@ -90,6 +90,7 @@ def export_cmd(
     out: Annotated[Path, typer.Option("--out", help="the HF directory to write")],
     layout: Annotated[str | None, typer.Option("--layout", help="ranks to gather with (default: the "
                                                                 "checkpoint's own layout)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print {\"checkpoint_dir\", \"out\"} as JSON")] = False,
 ) -> None:
     """Write the newest verified checkpoint as an HF Llama directory (config, sharded safetensors)."""
     from planner.layout import Layout
@@ -109,7 +110,10 @@ def export_cmd(
     except RankError as e:
         typer.echo(f"export failed: {e}", err=True)
         raise typer.Exit(code=1) from None
-    typer.echo(f"exported {checkpoint_dir} -> {path}")
+    if as_json:
+        typer.echo(json.dumps({"checkpoint_dir": str(checkpoint_dir), "out": str(path)}))
+    else:
+        typer.echo(f"exported {checkpoint_dir} -> {path}")
 
 
 def register(app: typer.Typer) -> None:

@@ -151,6 +151,7 @@ def register(app: typer.Typer) -> None:
                                                  help="Upper bound of the Young checkpoint interval (steps)."),
         hang_timeout_s: float = typer.Option(60.0, "--hang-timeout", help="A step without progress this long is a hang."),
         job_id: str | None = typer.Option(None, "--job-id"),
+        as_json: bool = typer.Option(False, "--json", help="Print the job's summary as JSON."),
     ) -> None:
         """Run a job elastically: plan, place, train; survive node loss and stragglers by re-planning."""
         ckpt = checkpoint_dir or tempfile.mkdtemp(prefix="orthoplex-run-")
@@ -161,7 +162,7 @@ def register(app: typer.Typer) -> None:
                           hang_timeout_s=hang_timeout_s)
         result = run_job(spec, address=address, nodes=nodes, gpus_per_node=gpus_per_node,
                          job_id=job_id or f"run-{int(time.time())}")
-        typer.echo(summarize(result))
+        typer.echo(json.dumps(result, default=str) if as_json else summarize(result))
         if result["state"] != "SUCCEEDED":
             raise typer.Exit(1)
 
@@ -176,6 +177,7 @@ def register(app: typer.Typer) -> None:
         data_dir: Path | None = typer.Option(None, "--data-dir", help="Where the cluster record lives."),
         netns: bool = typer.Option(False, "--netns", help="Every node in its own network namespace with its "
                                    "own IP on a bridge (needs root and `ip netns`), for real network faults."),
+        as_json: bool = typer.Option(False, "--json", help="Print only the cluster's JSON line."),
     ) -> None:
         """Start a head and NODES worker nodes as ``ray start`` processes that outlive this command."""
         from workers.runtime.local_cluster import cluster_up
@@ -189,23 +191,30 @@ def register(app: typer.Typer) -> None:
                 ips = {n["name"]: n["ip"] for n in rec["nodes"]}
                 typer.echo(json.dumps({"address": rec["address"], "mode": "netns", "nodes": nodes,
                                        "gpus_per_node": gpus_per_node, "ips": ips, "bridge": rec["bridge"]}))
-                typer.echo(f"use it with: orthoplex run --address {rec['address']} ...; "
-                           "stop it with: orthoplex cluster down")
+                if not as_json:
+                    typer.echo(f"use it with: orthoplex run --address {rec['address']} ...; "
+                               "stop it with: orthoplex cluster down")
                 return
             typer.echo(f"network namespaces unavailable ({why}): starting the single-IP local cluster instead",
                        err=True)
         rec = cluster_up(nodes, gpus_per_node, cpus_per_node=cpus_per_node, data_dir=data_dir)
         typer.echo(json.dumps({"address": rec["address"], "mode": "local", "nodes": nodes,
                                "gpus_per_node": gpus_per_node}))
-        typer.echo(f"use it with: orthoplex run --address {rec['address']} ...; stop it with: orthoplex cluster down")
+        if not as_json:
+            typer.echo(f"use it with: orthoplex run --address {rec['address']} ...; "
+                       "stop it with: orthoplex cluster down")
 
     @cluster_app.command("down")
-    def down(data_dir: Path | None = typer.Option(None, "--data-dir")) -> None:
+    def down(data_dir: Path | None = typer.Option(None, "--data-dir"),
+             as_json: bool = typer.Option(False, "--json", help="Print {\"stopped\": N} as JSON.")) -> None:
         """Stop the local cluster started by ``cluster up``: its own processes (Ray's agents included) and,
         for ``--netns``, its namespaces and links; also after a crash of ``up``."""
         from workers.runtime.local_cluster import cluster_down
 
         n = cluster_down(data_dir)
-        typer.echo(f"stopped {n} processes" if n else "no local cluster is recorded")
+        if as_json:
+            typer.echo(json.dumps({"stopped": n}))
+        else:
+            typer.echo(f"stopped {n} processes" if n else "no local cluster is recorded")
 
     app.add_typer(cluster_app, name="cluster")

@@ -10,6 +10,7 @@ once. Exit codes: 0 done, 1 refused (e.g. the tenant exists), 2 bad input.
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from typing import Any
 
@@ -110,6 +111,7 @@ def create_tenant(
     max_jobs: int = typer.Option(100, "--max-jobs", min=1, help="Most unfinished jobs at once."),
     rate: int = typer.Option(60, "--rate", min=1, help="Job submissions per minute."),
     database_url: str | None = typer.Option(None, "--database-url", help="Default: ORTHOPLEX_DATABASE_URL."),
+    as_json: bool = typer.Option(False, "--json", help="Print the tenant as JSON."),
 ) -> None:
     """Create a tenant (prints its id)."""
     import sqlalchemy as sa
@@ -137,7 +139,12 @@ def create_tenant(
             tenant = Tenant(**body.model_dump())
             s.add(tenant)
             s.commit()
-            typer.echo(f"tenant {tenant.name} id={tenant.id} quota={tenant.gpu_quota} weight={tenant.weight:g}")
+            if as_json:
+                typer.echo(json.dumps({"id": tenant.id, "name": tenant.name, "gpu_quota": tenant.gpu_quota,
+                                       "weight": tenant.weight, "max_jobs": tenant.max_jobs,
+                                       "submit_per_minute": tenant.submit_per_minute}))
+            else:
+                typer.echo(f"tenant {tenant.name} id={tenant.id} quota={tenant.gpu_quota} weight={tenant.weight:g}")
     finally:
         engine.dispose()
 
@@ -148,6 +155,7 @@ def create_token(
     name: str = typer.Option("cli", "--name", help="A label for the token."),
     expires_days: int = typer.Option(90, "--expires-days", min=0, help="Days until it expires; 0 = never."),
     database_url: str | None = typer.Option(None, "--database-url", help="Default: ORTHOPLEX_DATABASE_URL."),
+    as_json: bool = typer.Option(False, "--json", help="Print the token (secret included) as JSON."),
 ) -> None:
     """Create an API token for a tenant and print the secret (shown this once only)."""
     import datetime as dt
@@ -175,6 +183,10 @@ def create_token(
             expires = utcnow() + dt.timedelta(days=expires_days) if expires_days else None
             s.add(ApiToken(tenant_id=row.id, name=name[:64], prefix=prefix, token_hash=digest, expires_at=expires))
             s.commit()
+        if as_json:
+            typer.echo(json.dumps({"token": secret, "tenant": row.name, "tenant_id": row.id, "prefix": prefix,
+                                   "expires_at": expires.isoformat() if expires else None}))
+            return
         typer.echo(secret)
         typer.echo(f"token for tenant {row.name} (prefix {prefix}, "
                    f"{'expires ' + expires.date().isoformat() if expires else 'never expires'}); "

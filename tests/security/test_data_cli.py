@@ -4,6 +4,7 @@ path outside the area exits 1 naming the field."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -45,6 +46,10 @@ def test_data_commands(sqlite_url: str, tmp_path: Path) -> None:
         assert r.exit_code == 2 and "dest: must stay inside your data area" in r.output, r.output
         r = run("data", "upload", str(src), "/etc/escape.txt")
         assert r.exit_code == 2 and "dest:" in r.output, r.output
+        r = run("data", "upload", str(src), "texts/again.txt", "--json")
+        assert r.exit_code == 0 and json.loads(r.stdout) == {"path": "texts/again.txt", "bytes": 3 << 20}, r.output
+        r = run("data", "rm", "texts/again.txt", "--json")
+        assert r.exit_code == 0 and json.loads(r.stdout) == {"removed": "texts/again.txt"}, r.output
         r = run("data", "rm", "texts/corpus.txt")
         assert r.exit_code == 0, r.output
         r = run("data", "rm", "texts/corpus.txt")

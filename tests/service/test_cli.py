@@ -136,3 +136,23 @@ def test_serve_migrated_the_schema(live, pg_url: str) -> None:
 
     assert migrate.current(pg_url) == ScriptDirectory.from_config(migrate.alembic_config()).get_current_head()
     assert httpx.get(f"{live.url}/healthz").json() == {"status": "ok"}
+
+
+def test_admin_and_cluster_commands_speak_json(cli: typer.Typer, pg_url: str, tmp_path: Path) -> None:
+    """Scripts read every command's result as JSON (``--json``), not by scraping text."""
+    from service.cli import runtime as runtime_cli
+
+    runner = CliRunner()
+    name = f"json-{uuid.uuid4().hex[:6]}"
+    r = runner.invoke(cli, ["admin", "create-tenant", name, "--quota", "2", "--json", "--database-url", pg_url])
+    assert r.exit_code == 0, r.output
+    tenant = json.loads(r.stdout)
+    assert tenant["name"] == name and tenant["gpu_quota"] == 2 and isinstance(tenant["id"], int)
+    r = runner.invoke(cli, ["admin", "create-token", name, "--json", "--database-url", pg_url])
+    assert r.exit_code == 0, r.output
+    tok = json.loads(r.stdout)
+    assert tok["tenant_id"] == tenant["id"] and tok["token"].startswith(tok["prefix"])
+    app = typer.Typer()
+    runtime_cli.register(app)
+    r = runner.invoke(app, ["cluster", "down", "--data-dir", str(tmp_path), "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout) == {"stopped": 0}
