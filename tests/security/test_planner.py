@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api import planning
+from service.api import fit_check
 from tests.service.conftest import ADMIN_TOKEN, job_body, make_tenant
 
 pytestmark = pytest.mark.unit
@@ -40,7 +40,7 @@ def _jobs(c: TestClient, headers: dict[str, str]) -> int:
 def test_no_transaction_open_while_planning(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = client.app.state.engine
     seen: list[int] = []
-    real = planning._run_plan
+    real = fit_check._run_plan
 
     def watched(pspec: dict[str, Any], top_k: int) -> Any:
         seen.append(engine.pool.checkedout())
@@ -56,16 +56,16 @@ def test_no_transaction_open_while_planning(client: TestClient, monkeypatch: pyt
 
 def test_busy_planner_refuses_and_creates_nothing(client: TestClient) -> None:
     _, a = make_tenant(client, "planner-busy", submit_per_minute=1000)
-    for _ in range(planning._WORKERS):  # every planner slot taken by someone else's search
-        assert planning._SLOTS.acquire(timeout=5)
+    for _ in range(fit_check._WORKERS):  # every planner slot taken by someone else's search
+        assert fit_check._SLOTS.acquire(timeout=5)
     try:
         r = client.post("/v1/jobs", json=job_body(name="busy", global_batch=56), headers=a)
         assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1, r.text
         r = client.post("/v1/plans", json=job_body(name="busy", global_batch=56), headers=a)
         assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1, r.text  # a dry run: load shedding
     finally:
-        for _ in range(planning._WORKERS):
-            planning._SLOTS.release()
+        for _ in range(fit_check._WORKERS):
+            fit_check._SLOTS.release()
     assert _jobs(client, a) == 0
 
 
