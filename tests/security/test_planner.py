@@ -46,7 +46,7 @@ def test_no_transaction_open_while_planning(client: TestClient, monkeypatch: pyt
         seen.append(engine.pool.checkedout())
         return real(pspec, top_k)
 
-    monkeypatch.setattr(planning, "_run_plan", watched)
+    monkeypatch.setattr(fit_check, "_run_plan", watched)
     _, a = make_tenant(client, "planner-tx")
     assert client.post("/v1/jobs", json=job_body(name="tx", global_batch=24), headers=a).status_code == 201
     r = client.post("/v1/plans", json=job_body(name="tx2", global_batch=40), headers=a)
@@ -76,7 +76,7 @@ def test_timed_out_planner_is_503_not_acceptance(sqlite_url: str, monkeypatch: p
         release.wait(10)
         raise RuntimeError("abandoned search")  # its answer is not waited for
 
-    monkeypatch.setattr(planning, "_run_plan", slow)
+    monkeypatch.setattr(fit_check, "_run_plan", slow)
     for c in _client(sqlite_url, plan_timeout_s=0.05):
         _, a = make_tenant(c, "planner-slow", submit_per_minute=1000)
         # a model that fits nowhere, over a huge GPU range: it used to get 201 when the search timed out
