@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = [pytest.mark.chaos, pytest.mark.cluster]
+pytestmark = [pytest.mark.chaos, pytest.mark.cluster, pytest.mark.soak]
 
 
 @pytest.mark.timeout(1500)

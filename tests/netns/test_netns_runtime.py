@@ -147,6 +147,7 @@ def test_partition_declares_the_node_lost_recovers_and_fences_the_node_when_it_r
     netns_ray.cluster.restart_node(name)  # a repaired machine joins as a new node
 
 
+@pytest.mark.soak
 @pytest.mark.timeout(900)
 def test_partition_healed_before_the_deadline_costs_only_a_stall(netns_ray: Any, tmp_path: Path) -> None:
     job = Job("nn-blip", _spec(tmp_path))
@@ -167,6 +168,7 @@ def test_partition_healed_before_the_deadline_costs_only_a_stall(netns_ray: Any,
     _no_leaks(netns_ray)
 
 
+@pytest.mark.soak
 @pytest.mark.timeout(900)
 def test_lossy_link_the_job_survives(netns_ray: Any, tmp_path: Path) -> None:
     job = Job("nn-loss", _spec(tmp_path))
@@ -186,6 +188,7 @@ def test_lossy_link_the_job_survives(netns_ray: Any, tmp_path: Path) -> None:
     _no_leaks(netns_ray)
 
 
+@pytest.mark.soak
 @pytest.mark.timeout(900)
 def test_slow_link_shows_as_a_link_straggler_and_is_replanned_around(netns_ray: Any, tmp_path: Path) -> None:
     spec = _spec(tmp_path)
