@@ -22,27 +22,38 @@ def test_minimal_env_drops_secrets_keeps_the_rest() -> None:
                    "ORTHOPLEX_LOG_LEVEL": "INFO"}
 
 
+_PROBE = """
+import json, sys
+import ray
+from service.controller.runner import connect_ray
+from service.settings import Settings
+
+assert connect_ray(Settings(database_url="sqlite:///unused.db"))
+try:
+    @ray.remote(num_cpus=0)
+    def environ():
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read().decode(errors="replace")
+        return dict(kv.split("=", 1) for kv in raw.split("\\0") if "=" in kv)
+
+    print(json.dumps(ray.get(environ.remote(), timeout=120)))
+finally:
+    ray.shutdown()
+"""
+
+
 @pytest.mark.cluster
-def test_local_ray_workers_get_no_service_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ray
+def test_local_ray_workers_get_no_service_secrets() -> None:
+    """A service process (its own, so no Ray connection of the test session is reused) holding the
+    secrets starts a local Ray through ``connect_ray``; a Ray worker's ``/proc/self/environ`` has none."""
+    import json
+    import subprocess
+    import sys
 
-    from service.controller.runner import connect_ray
-    from service.settings import Settings
-
-    assert not ray.is_initialized()
-    for k, v in SECRETS.items():
-        monkeypatch.setenv(k, v)
-    assert connect_ray(Settings(database_url="sqlite:///unused.db"))
-    try:
-        @ray.remote(num_cpus=0)
-        def environ() -> dict[str, str]:
-            with open("/proc/self/environ", "rb") as f:
-                raw = f.read().decode(errors="replace")
-            return dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
-
-        seen = ray.get(environ.remote(), timeout=120)
-        assert not set(SECRETS) & set(seen), sorted(set(SECRETS) & set(seen))
-        assert not any(v in "\0".join(seen.values()) for v in SECRETS.values())
-        assert all(os.environ[k] == v for k, v in SECRETS.items())  # the service keeps its own
-    finally:
-        ray.shutdown()
+    env = {**os.environ, **SECRETS}
+    env.pop("ORTHOPLEX_RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not set(SECRETS) & set(seen), sorted(set(SECRETS) & set(seen))
+    assert not any(v in "\0".join(seen.values()) for v in SECRETS.values())
