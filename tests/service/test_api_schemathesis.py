@@ -116,7 +116,8 @@ def test_schemathesis_all_checks(pg_url: str, pg_sessions, tmp_path: Path) -> No
     assert not errors, "\n".join(errors[:5])
     assert not failures, f"{len(failures)} failures:\n" + "\n\n".join(sorted(set(failures))[:10])
     assert len(cases) >= 16
-    assert not any(code >= 500 for code in statuses)
+    # 503 (+ Retry-After) is the designed answer when the planner is busy or times out (never fail open)
+    assert not any(code >= 500 and code != 503 for code in statuses)
     # operations with inputs got at least EXAMPLES cases; parameterless ones have only a few to try, and
     # schemathesis's fuzzer ends DELETE /v1/tokens/{id} after about ten (its coverage phase adds ~20)
     few = ("GET /healthz", "GET /readyz", "GET /metrics", "GET /v1/cluster", "DELETE /v1/tokens/{token_id}")

@@ -29,12 +29,22 @@ class _SlowClient:
         return type("R", (), {"status_code": 200})()
 
 
+def _in_thread(fn):
+    """Run ``fn`` in a fresh thread: the benchmark starts its own event loop (``asyncio.run``), which
+    fails in a thread where an earlier test left one running."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result()
+
+
 @pytest.mark.unit
 def test_open_loop_bounds_in_flight_and_drops_what_it_cannot_send() -> None:
     # a server far slower than the rate: at most 2 in flight, and the backlog is dropped, not queued
     client = _SlowClient(delay_s=0.3)
-    row = asyncio.run(api.open_loop(client, rate=100, seconds=0.3, make=lambda i: ("GET", "/x", {}),
-                                    concurrency=2, max_late_s=0.05))
+    row = _in_thread(lambda: asyncio.run(api.open_loop(client, rate=100, seconds=0.3,
+                                                       make=lambda i: ("GET", "/x", {}), concurrency=2,
+                                                       max_late_s=0.05)))
     assert row["requests"] == 30
     assert client.most_in_flight <= 2
     assert client.sent == row["ok"] + row["errors"] < row["requests"]
@@ -59,7 +69,7 @@ def test_capacity_reads_the_ladder() -> None:
 def test_api_bench_runs_end_to_end(pg_server_url: str, tmp_path: Path) -> None:
     from bench.common import write_result
 
-    result = api.run(quick=True, rate=20, seconds=0.5, warmup_s=0.1, ladder=False)
+    result = _in_thread(lambda: api.run(quick=True, rate=20, seconds=0.5, warmup_s=0.1, ladder=False))
     ops = [r["operation"] for r in result["rows"]]
     assert ops == ["GET /healthz (baseline, no database)", "POST /v1/jobs (submit)", "GET /v1/jobs/{id} (get)"]
     for r in result["rows"]:
