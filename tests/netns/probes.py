@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from tests.controller.helpers import wait_for
 
 SERVER = """
 import socket, threading
@@ -94,11 +95,5 @@ print(count() - before)
 
 
 def wait_until(pred, timeout_s: float, what: str, poll_s: float = 0.5):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(poll_s)
+    """The controller tests' ``wait_for``, polled every half second."""
+    return wait_for(pred, timeout_s, what, interval_s=poll_s)
