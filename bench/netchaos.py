@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.runtime.reference import reference_losses
+from workers.states import ATTEMPT_TERMINAL
 
 GLOBAL_BATCH = 8
 
@@ -52,7 +53,7 @@ def _run_job(job_id: str, spec: dict[str, Any], during: Any = None) -> tuple[dic
     try:
         while True:
             events += ray.get(h.events.remote(events[-1]["seq"] if events else 0))
-            if ray.get(h.status.remote())["state"] in ("SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED"):
+            if ray.get(h.status.remote())["state"] in ATTEMPT_TERMINAL:
                 break
             if during is not None:
                 during(events)

@@ -4,7 +4,7 @@ Pure Python (no torch, no Ray), so the database models, the scheduler, the contr
 the CLI and the demo all import it. ``StrEnum`` members compare equal to their plain-string values,
 so rows read from the database and dicts from the runtime need no conversion.
 
-Job lifecycle (``service.db.transitions`` holds the legal edges)::
+Job lifecycle (``TRANSITIONS`` below holds the legal edges; ``service.db.transitions`` enforces them)::
 
     PENDING -> ADMITTED -> RUNNING <-> RECOVERING -> SUCCEEDED | FAILED | CANCELLED
                               RUNNING -> PREEMPTED -> PENDING      (checkpoint, release, requeue)
@@ -41,6 +41,20 @@ RELEASING = frozenset({JobState.PREEMPTED})
 HOLDING = ACTIVE | RELEASING
 #: Not ended.
 NON_TERMINAL = frozenset(JobState) - TERMINAL
+
+#: The legal edges of a job's lifecycle: from a state, the states a transition may go to.
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({JobState.ADMITTED, JobState.CANCELLED}),
+    JobState.ADMITTED: frozenset({JobState.RUNNING, JobState.PENDING, JobState.FAILED, JobState.CANCELLED}),
+    JobState.RUNNING: frozenset(
+        {JobState.RECOVERING, JobState.PREEMPTED, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
+    ),
+    JobState.RECOVERING: frozenset({JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}),
+    JobState.PREEMPTED: frozenset({JobState.PENDING, JobState.CANCELLED}),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
 
 
 class AttemptState(StrEnum):

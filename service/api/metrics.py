@@ -84,10 +84,10 @@ class StoreCollector(Collector):
                 .where(Job.admitted_at.is_not(None), Job.admitted_at > now - dt.timedelta(days=1))
                 .limit(100_000)
             ).all()
-            oldest = s.scalar(sa.select(sa.func.min(Job.created_at)).where(Job.state == "PENDING"))
+            oldest = s.scalar(sa.select(sa.func.min(Job.created_at)).where(Job.state == JobState.PENDING))
             recoveries = s.scalar(
                 sa.select(sa.func.count()).select_from(Event).where(
-                    Event.type == "transition", Event.payload["to"].as_string() == "RECOVERING"
+                    Event.type == "transition", Event.payload["to"].as_string() == str(JobState.RECOVERING)
                 )
             )
         jobs = GaugeMetricFamily("orthoplex_jobs", "Jobs by state", labels=["state"])

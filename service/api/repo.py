@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from service.db.models import Event, Job, Metric, Tenant, utcnow
-from workers.states import NON_TERMINAL
+from workers.states import NON_TERMINAL, JobState
 
 RATE_WINDOW_S = 60.0
 
@@ -96,14 +96,14 @@ def create_job(
     check_limits(db, tenant, lock=True, attempts=attempts)
     now = utcnow()
     job = Job(
-        tenant_id=tenant.id, name=name, spec=spec, state="PENDING", reason="submitted", priority=priority,
+        tenant_id=tenant.id, name=name, spec=spec, state=JobState.PENDING, reason="submitted", priority=priority,
         min_gpus=min_gpus, max_gpus=max_gpus, idempotency_key=key, request_hash=request_hash, event_seq=1,
         created_at=now, updated_at=now,
     )
     db.add(job)
     db.flush()
     db.add(Event(job_id=job.id, epoch=None, source="control", seq=1, type="submitted",
-                 payload={"state": "PENDING", "to": "PENDING"}, ts=now))
+                 payload={"state": str(JobState.PENDING), "to": str(JobState.PENDING)}, ts=now))
     return job
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import typer
 
+from workers.states import TERMINAL, JobState
+
 RETRIES = 4
 #: ``events --follow`` keeps reconnecting (with its cursor) this long while the service is down.
 FOLLOW_RECONNECT_S = 300.0
@@ -105,7 +107,7 @@ def _job_table(jobs: list[dict[str, Any]], title: str) -> None:
     for j in jobs:
         loss = f"{j['final_loss']:.4f}" if j.get("final_loss") is not None else ""
         state = j["state"] + (" (cancel requested)" if j.get("cancel_requested") and j["state"] not in
-                              ("CANCELLED", "FAILED", "SUCCEEDED") else "")
+                              TERMINAL else "")
         table.add_row(str(j["id"]), j["name"], state, str(j["gpus_allocated"]), f"{j['min_gpus']}..{j['max_gpus']}",
                       str(j["attempt"]), loss, j["created_at"][:19].replace("T", " "), j.get("reason", "")[:60])
     console = Console()
@@ -186,7 +188,7 @@ def _job_detail(job: dict[str, Any], prog: Any) -> None:
     t.add_column("field", style="bold")
     t.add_column("value")
     state = job["state"] + (" (cancel requested)" if job.get("cancel_requested") and job["state"] not in
-                            ("CANCELLED", "FAILED", "SUCCEEDED") else "")
+                            TERMINAL else "")
     t.add_row("state", f"{state}  {job.get('reason', '')}".strip())
     done = f"{prog.step}/{prog.steps}" if prog.step is not None else f"0/{prog.steps}"
     pct = f" ({100 * (prog.step or 0) / prog.steps:.0f} %)" if prog.steps else ""
@@ -312,7 +314,7 @@ def events(
         with _client(url, token) as c:
             if follow:
                 final = _follow(c, job, since, as_json)
-                if final != "SUCCEEDED":
+                if final != JobState.SUCCEEDED:
                     raise typer.Exit(EXIT_JOB_UNSUCCESSFUL)
                 return
             cursor = since
@@ -339,7 +341,7 @@ def cancel(
         if as_json:
             typer.echo(json.dumps(data, indent=2))
             return
-        note = " (cancel requested; the controller stops it)" if data["state"] != "CANCELLED" else ""
+        note = " (cancel requested; the controller stops it)" if data["state"] != JobState.CANCELLED else ""
         typer.echo(f"job {data['id']}: {data['state']}{note}")
 
     _run(go)

@@ -10,6 +10,8 @@ import datetime as dt
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from workers.states import TERMINAL
+
 #: How many of the newest metrics rows the step rate (and so the ETA) is measured over.
 RATE_WINDOW = 20
 
@@ -84,7 +86,7 @@ def progress(job: dict[str, Any], metrics: list[dict[str, Any]], events: list[di
     step = newest.get("step") if newest else job.get("final_step")
     loss = newest.get("loss") if newest else job.get("final_loss")
     rate = step_rate(metrics)
-    ended = job.get("state") in ("SUCCEEDED", "FAILED", "CANCELLED")
+    ended = job.get("state") in TERMINAL
     eta = None
     if rate and step is not None and steps and not ended:
         eta = max(0.0, (steps - step) / rate)

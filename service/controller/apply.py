@@ -38,6 +38,7 @@ from service.log import get_logger
 from service.scheduler.types import Admit, Decision, Grow, Preempt, Shrink, Wait
 from workers.data_area import DataArea, tenant_area
 from workers.runtime.jobspec import SPEC_KEYS
+from workers.states import AttemptState, JobState
 
 log = get_logger("service.controller.apply")
 
@@ -97,12 +98,12 @@ def launch_attempt(ctx: Ctx, job: JobRow, epoch: int, gpus: int, placement: dict
                 s,
                 job.id,
                 expected={job.state},
-                new="FAILED",
+                new=JobState.FAILED,
                 epoch=epoch,
                 reason=f"supervisor could not start: {exc}"[:1000],
                 commit=False,
             )
-            tx.end_attempt(s, job.id, epoch=epoch, state="FAILED", reason=str(exc)[:1000], commit=False)
+            tx.end_attempt(s, job.id, epoch=epoch, state=AttemptState.FAILED, reason=str(exc)[:1000], commit=False)
         return "failed"
     except Exception as exc:  # Ray could not create the actor now (e.g. the GCS is recovering)
         # the attempt stays persisted without a supervisor: the next round finds it gone and starts
@@ -113,17 +114,17 @@ def launch_attempt(ctx: Ctx, job: JobRow, epoch: int, gpus: int, placement: dict
         return "retry"
     crash_point("admit:started")
     with ctx.txn() as s:
-        if job.state == "ADMITTED":
+        if job.state == JobState.ADMITTED:
             tx.transition(
                 s,
                 job.id,
-                expected={"ADMITTED"},
-                new="RUNNING",
+                expected={JobState.ADMITTED},
+                new=JobState.RUNNING,
                 epoch=epoch,
                 reason=f"supervisor {key.actor_name} started",
                 commit=False,
             )
-            tx.set_attempt_state(s, job.id, epoch=epoch, state="RUNNING", commit=False)
+            tx.set_attempt_state(s, job.id, epoch=epoch, state=AttemptState.RUNNING, commit=False)
     return "started"
 
 
@@ -135,8 +136,8 @@ def admit(ctx: Ctx, job: JobRow, decision: Admit) -> str:
         epoch = tx.start_attempt(
             s,
             job.id,
-            expected={"PENDING"},
-            new="ADMITTED",
+            expected={JobState.PENDING},
+            new=JobState.ADMITTED,
             expected_epoch=job.epoch,
             reason=f"admitted with {decision.gpus} GPUs: {decision.reason}"[:1000],
             gpus=decision.gpus,
@@ -146,7 +147,7 @@ def admit(ctx: Ctx, job: JobRow, decision: Admit) -> str:
         )
     if epoch is None:
         return "lost_race"
-    job.attempt, job.epoch, job.state, job.gpus_allocated = number, epoch, "ADMITTED", decision.gpus
+    job.attempt, job.epoch, job.state, job.gpus_allocated = number, epoch, JobState.ADMITTED, decision.gpus
     job.placement = dict(decision.placement)
     return launch_attempt(ctx, job, epoch, decision.gpus, job.placement)
 
@@ -155,12 +156,12 @@ def retry_attempt(ctx: Ctx, job: JobRow, reason: str) -> str:
     """The current attempt's supervisor is gone: a new attempt, or FAILED after ``max_attempts``."""
     old = AttemptKey(job.id, job.attempt)
     if job.cancel_requested:
-        _end_lost_attempt(ctx, job, old, "CANCELLED", f"cancelled ({reason})", reason)
+        _end_lost_attempt(ctx, job, old, JobState.CANCELLED, f"cancelled ({reason})", reason)
         return "cancelled"
     if job.attempt >= ctx.config.max_attempts:
-        _end_lost_attempt(ctx, job, old, "FAILED", f"{reason}; gave up after {job.attempt} attempts", reason)
+        _end_lost_attempt(ctx, job, old, JobState.FAILED, f"{reason}; gave up after {job.attempt} attempts", reason)
         return "failed"
-    new_state = "RECOVERING" if job.state in ("RUNNING", "RECOVERING") else job.state
+    new_state = JobState.RECOVERING if job.state in (JobState.RUNNING, JobState.RECOVERING) else job.state
     gpus = job.gpus_allocated or job.min_gpus
     with ctx.txn() as s:
         epoch = tx.start_attempt(
@@ -176,7 +177,7 @@ def retry_attempt(ctx: Ctx, job: JobRow, reason: str) -> str:
             commit=False,
         )
         if epoch is not None:
-            tx.end_attempt(s, job.id, epoch=job.epoch, state="LOST", reason=reason, commit=False)
+            tx.end_attempt(s, job.id, epoch=job.epoch, state=AttemptState.LOST, reason=reason, commit=False)
     if epoch is None:
         return "lost_race"
     ctx.sups.kill(old)  # a zombie of the old attempt is fenced already; stop it burning GPUs too
@@ -187,7 +188,7 @@ def retry_attempt(ctx: Ctx, job: JobRow, reason: str) -> str:
 def preempt(ctx: Ctx, job: JobRow, decision: Preempt) -> str:
     """Ask the supervisor to checkpoint and stop; the ``preempted`` event requeues the job."""
     key = AttemptKey(job.id, job.attempt)
-    if job.state != "RUNNING":
+    if job.state != JobState.RUNNING:
         return "not_running"
     if key in ctx.preempting:
         return "already_asked"
@@ -257,7 +258,7 @@ def apply_decisions(ctx: Ctx, jobs: dict[int, JobRow], decisions: list[Decision]
         if isinstance(d, Wait):
             outcome = "waiting"
         elif isinstance(d, Admit):
-            if job.state != "PENDING" or job.cancel_requested:
+            if job.state != JobState.PENDING or job.cancel_requested:
                 continue
             outcome = admit(ctx, job, d)
             if outcome == "lost_race":
@@ -291,5 +292,5 @@ def _end_lost_attempt(ctx: Ctx, job: JobRow, old: AttemptKey, new: str, job_reas
     job's transition and the attempt's LOST record, then kill whatever is left of the old attempt."""
     with ctx.txn() as s:
         tx.transition(s, job.id, expected={job.state}, new=new, epoch=job.epoch, reason=job_reason, commit=False)
-        tx.end_attempt(s, job.id, epoch=job.epoch, state="LOST", reason=reason, commit=False)
+        tx.end_attempt(s, job.id, epoch=job.epoch, state=AttemptState.LOST, reason=reason, commit=False)
     ctx.sups.kill(old)

@@ -39,7 +39,7 @@ from service.db import transitions as tx
 from service.db.models import Event
 from service.log import get_logger
 from workers.runtime import events as ev
-from workers.states import TERMINAL
+from workers.states import TERMINAL, AttemptState, JobState
 
 log = get_logger("service.controller.events")
 
@@ -103,14 +103,14 @@ def _move(s: Session, job: JobRef, new: str, reason: str, **fields: Any) -> bool
 def apply_event(s: Session, job: JobRef, event: ev.Event) -> str | None:
     """The state change one event implies (already written in ``s``); returns a final outcome."""
     why = event.reason or event.type
-    if isinstance(event, ev.FAILURES) and job.state == "RUNNING":
-        _move(s, job, "RECOVERING", f"{event.type}: {why}")
-        tx.set_attempt_state(s, job.id, epoch=job.epoch, state="RECOVERING", reason=why, commit=False)
-    elif (isinstance(event, ev.PROGRESS) and job.state == "ADMITTED") or (
-        isinstance(event, ev.RESUMING) and job.state == "RECOVERING"
+    if isinstance(event, ev.FAILURES) and job.state == JobState.RUNNING:
+        _move(s, job, JobState.RECOVERING, f"{event.type}: {why}")
+        tx.set_attempt_state(s, job.id, epoch=job.epoch, state=AttemptState.RECOVERING, reason=why, commit=False)
+    elif (isinstance(event, ev.PROGRESS) and job.state == JobState.ADMITTED) or (
+        isinstance(event, ev.RESUMING) and job.state == JobState.RECOVERING
     ):
-        if _move(s, job, "RUNNING", f"{event.type}: training goes on (attempt {job.attempt})"):
-            tx.set_attempt_state(s, job.id, epoch=job.epoch, state="RUNNING", commit=False)
+        if _move(s, job, JobState.RUNNING, f"{event.type}: training goes on (attempt {job.attempt})"):
+            tx.set_attempt_state(s, job.id, epoch=job.epoch, state=AttemptState.RUNNING, commit=False)
     elif isinstance(event, ev.PlanChosen | ev.Replanned) and (plan := event.in_force()) is not None:
         tx.set_attempt_state(
             s, job.id, epoch=job.epoch, state=_attempt_state(job.state), plan=plan.to_dict(), commit=False
@@ -127,23 +127,23 @@ def apply_event(s: Session, job: JobRef, event: ev.Event) -> str | None:
 
 
 def _attempt_state(job_state: str) -> str:
-    return "RECOVERING" if job_state == "RECOVERING" else "RUNNING"
+    return AttemptState.RECOVERING if job_state == JobState.RECOVERING else AttemptState.RUNNING
 
 
 def _finalize(s: Session, job: JobRef, event: ev.Event) -> str | None:
     target = str(event.outcome)  # type: ignore[attr-defined]  # every ENDINGS class has one
     kind = event.type
     why = event.reason or kind
-    if job.state == "ADMITTED" and target != "CANCELLED":
-        _move(s, job, "RUNNING", f"{kind} reported before the admission was confirmed")
-    if target == "PREEMPTED":
-        if job.state == "RECOVERING":
-            _move(s, job, "RUNNING", "preempted while recovering")
-        if not _move(s, job, "PREEMPTED", f"preempted: {why}"):
+    if job.state == JobState.ADMITTED and target != JobState.CANCELLED:
+        _move(s, job, JobState.RUNNING, f"{kind} reported before the admission was confirmed")
+    if target == JobState.PREEMPTED:
+        if job.state == JobState.RECOVERING:
+            _move(s, job, JobState.RUNNING, "preempted while recovering")
+        if not _move(s, job, JobState.PREEMPTED, f"preempted: {why}"):
             return None
-        _move(s, job, "PENDING", "requeued after preemption")
-        tx.end_attempt(s, job.id, epoch=job.epoch, state="PREEMPTED", reason=why, commit=False)
-        return "PREEMPTED"
+        _move(s, job, JobState.PENDING, "requeued after preemption")
+        tx.end_attempt(s, job.id, epoch=job.epoch, state=AttemptState.PREEMPTED, reason=why, commit=False)
+        return JobState.PREEMPTED
     fields: dict[str, Any] = {}
     if isinstance(event, ev.Finished):
         fields["final_step"] = event.final_step
@@ -219,7 +219,7 @@ def store_events(ctx: Ctx, job: JobRef, events: list[dict[str, Any]]) -> PullRes
                 final = apply_event(s, job, event)
                 if final is not None:
                     out.final = final
-            if job.state in TERMINAL or job.state == "PENDING":
+            if job.state in TERMINAL or job.state == JobState.PENDING:
                 break
     if not out.stale:
         ctx.cursors[job.key] = last

@@ -37,6 +37,7 @@ from service.controller.snapshot import DbState, JobRow, build_snapshot, load_db
 from service.controller.supervisors import AttemptKey, SupervisorGone, Supervisors, SupervisorUnreachable
 from service.db import transitions as tx
 from service.log import get_logger
+from workers.states import AttemptState, JobState
 
 log = get_logger("service.controller.loop")
 
@@ -193,14 +194,14 @@ class Controller:
                     s,
                     job.id,
                     expected={job.state},
-                    new="CANCELLED",
+                    new=JobState.CANCELLED,
                     epoch=job.epoch,
                     reason="cancelled on request (supervisor stopped)",
                     commit=False,
                 )
                 if ok:
                     tx.end_attempt(
-                        s, job.id, epoch=job.epoch, state="CANCELLED", reason="cancelled", commit=False
+                        s, job.id, epoch=job.epoch, state=AttemptState.CANCELLED, reason="cancelled", commit=False
                     )
             if ok:
                 result.cancelled.append(job.id)

@@ -28,7 +28,7 @@ from service.controller.snapshot import JobRow, load_db_state
 from service.controller.supervisors import AttemptKey, SupervisorGone, SupervisorUnreachable
 from service.db import transitions as tx
 from service.log import get_logger
-from workers.states import ACTIVE
+from workers.states import ACTIVE, AttemptState, JobState
 
 log = get_logger("service.controller.reconcile")
 
@@ -47,13 +47,13 @@ def _confirm_running(ctx: Ctx, job: JobRow) -> None:
         if tx.transition(
             s,
             job.id,
-            expected={"ADMITTED"},
-            new="RUNNING",
+            expected={JobState.ADMITTED},
+            new=JobState.RUNNING,
             epoch=job.epoch,
             reason="supervisor found running after a controller restart",
             commit=False,
         ):
-            tx.set_attempt_state(s, job.id, epoch=job.epoch, state="RUNNING", commit=False)
+            tx.set_attempt_state(s, job.id, epoch=job.epoch, state=AttemptState.RUNNING, commit=False)
 
 
 def _alive(ctx: Ctx, job: JobRow) -> bool | None:
@@ -95,7 +95,7 @@ def reconcile(ctx: Ctx) -> ReconcileReport:
             report.unreachable.append(job.id)
             continue
         if alive:
-            if job.state == "ADMITTED":
+            if job.state == JobState.ADMITTED:
                 _confirm_running(ctx, job)
             report.reattached.append(job.id)
             continue

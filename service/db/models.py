@@ -112,7 +112,7 @@ class Job(Base):
     tenant_id: Mapped[int] = mapped_column(sa.ForeignKey("tenants.id", ondelete="RESTRICT"))
     name: Mapped[str] = mapped_column(sa.String(128))
     spec: Mapped[dict[str, Any]]
-    state: Mapped[str] = mapped_column(sa.String(16), default="PENDING")
+    state: Mapped[str] = mapped_column(sa.String(16), default=JobState.PENDING.value)
     reason: Mapped[str] = mapped_column(sa.String(1024), default="", doc="reason of the last transition")
     priority: Mapped[int] = mapped_column(default=0)
     min_gpus: Mapped[int]
@@ -146,7 +146,7 @@ class Attempt(Base):
     job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
     number: Mapped[int] = mapped_column(doc="1, 2, ... per job")
     epoch: Mapped[int]
-    state: Mapped[str] = mapped_column(sa.String(16), default="STARTING")
+    state: Mapped[str] = mapped_column(sa.String(16), default=AttemptState.STARTING.value)
     plan: Mapped[dict[str, Any] | None]
     gpus: Mapped[int] = mapped_column(default=0)
     reason: Mapped[str] = mapped_column(sa.String(1024), default="")

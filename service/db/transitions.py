@@ -61,18 +61,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from service.db.models import Attempt, Checkpoint, Event, Job, Metric, utcnow
-from workers.states import ACTIVE, NON_TERMINAL, TERMINAL, JobState
-
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "PENDING": frozenset({"ADMITTED", "CANCELLED"}),
-    "ADMITTED": frozenset({"RUNNING", "PENDING", "FAILED", "CANCELLED"}),
-    "RUNNING": frozenset({"RECOVERING", "PREEMPTED", "SUCCEEDED", "FAILED", "CANCELLED"}),
-    "RECOVERING": frozenset({"RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"}),
-    "PREEMPTED": frozenset({"PENDING", "CANCELLED"}),
-    "SUCCEEDED": frozenset(),
-    "FAILED": frozenset(),
-    "CANCELLED": frozenset(),
-}
+from workers.states import ACTIVE, NON_TERMINAL, TERMINAL, TRANSITIONS, AttemptState, JobState
 
 _SETTABLE_FIELDS = frozenset({"gpus_allocated", "final_loss", "final_step", "cancel_requested"})
 _jobs = Job.__table__
@@ -153,13 +142,13 @@ def _transition_values(new: str, fields: Mapping[str, Any] | None) -> dict[str, 
         raise ValueError(f"transition cannot set {sorted(unknown)}; allowed: {sorted(_SETTABLE_FIELDS)}")
     now = utcnow()
     values: dict[str, Any] = {"state": new}
-    if new == "ADMITTED":
+    if new == JobState.ADMITTED:
         values["admitted_at"] = now
-    if new == "RUNNING":
+    if new == JobState.RUNNING:
         values["started_at"] = sa.func.coalesce(_jobs.c.started_at, now)
     if new in TERMINAL:
         values["finished_at"] = now
-    if new in TERMINAL or new == "PENDING":
+    if new in TERMINAL or new == JobState.PENDING:
         values["gpus_allocated"] = 0
     values.update(extra)
     return values
@@ -193,9 +182,9 @@ def transition(
     if row is None or row.state not in exp or (epoch is not None and row.epoch != epoch):
         _finish(session, commit)
         return False
-    if new == "PENDING" and row.cancel_requested:
+    if new == JobState.PENDING and row.cancel_requested:
         # the cancel wins a race with a preemption or a requeue: the job never goes back to the queue
-        new, reason = "CANCELLED", f"cancelled by user (requested before: {reason})"
+        new, reason = JobState.CANCELLED, f"cancelled by user (requested before: {reason})"
     values = _transition_values(new, fields)
     where = [_jobs.c.state == row.state]
     if epoch is not None:
@@ -247,7 +236,7 @@ def start_attempt(
     number, epoch = session.execute(sa.select(_jobs.c.attempt, _jobs.c.epoch).where(_jobs.c.id == job_id)).one()
     session.execute(
         sa.insert(Attempt).values(
-            job_id=job_id, number=number, epoch=epoch, state="STARTING", plan=plan, gpus=gpus,
+            job_id=job_id, number=number, epoch=epoch, state=AttemptState.STARTING, plan=plan, gpus=gpus,
             placement=dict(placement) if placement else None, reason=reason[:1024], supervisor=supervisor,
             started_at=utcnow(),
         )
@@ -350,8 +339,8 @@ def request_cancel(
     if row.state in TERMINAL:
         _finish(session, commit)
         return CancelOutcome.TERMINAL
-    if row.state in ("PENDING", "PREEMPTED"):
-        ok = transition(session, job_id, expected={row.state}, new="CANCELLED", epoch=None, reason=reason,
+    if row.state in (JobState.PENDING, JobState.PREEMPTED):
+        ok = transition(session, job_id, expected={row.state}, new=JobState.CANCELLED, epoch=None, reason=reason,
                         commit=commit)
         return CancelOutcome.CANCELLED if ok else CancelOutcome.MISSING
     if row.cancel_requested:
@@ -455,7 +444,7 @@ def set_wait_reason(session: Session, job_id: int, *, epoch: int, reason: str, c
     the row changed."""
     stmt = (
         _jobs.update()
-        .where(_jobs.c.id == job_id, _jobs.c.state == "PENDING", _jobs.c.epoch == epoch,
+        .where(_jobs.c.id == job_id, _jobs.c.state == JobState.PENDING, _jobs.c.epoch == epoch,
                _jobs.c.reason != reason[:1024])
         .values(reason=reason[:1024], updated_at=utcnow())
     )

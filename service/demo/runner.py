@@ -39,7 +39,7 @@ from rich.text import Text
 from service.api.process import free_port
 from service.api.scrub import scrub_text
 from service.demo.report import JobReport, save_loss_png, terminal_loss_chart
-from workers.states import TERMINAL
+from workers.states import TERMINAL, JobState
 
 SHOWN_EVENTS = {"plan", "placed", "ranks_mapped", "checkpoint", "node_lost", "rank_failed", "hang", "straggler",
                 "replan", "resumed", "recovery", "finished", "failed", "cancelled", "preempted", "transition",
@@ -454,7 +454,7 @@ class Demo:
                     f"(relative difference {abs(a - b) / abs(b):.1e})")
         c.print(f"loss curve: {png}")
         c.print(f"service log: {self.workdir / 'service.log'}; wall time {wall_s:.0f}s")
-        ok = all(r.state == "SUCCEEDED" for r in reports)
+        ok = all(r.state == JobState.SUCCEEDED for r in reports)
         recovered = any(r.recoveries for r in reports)
         if self.killed_node and not recovered:
             c.print("[red]a node was killed but no recovery was recorded")

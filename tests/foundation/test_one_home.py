@@ -2,7 +2,9 @@
 
 Scans the source tree the way a reviewer's ``grep`` would: a class named like a state enum, an
 assignment to one of the set names (old or new), or any module-level set/tuple literal made only of
-job-state names is a definition, and each may exist in one place only.
+job-state names is a definition, and each may exist in one place only. In the product code (not the
+tests) any such literal counts, inline ones too (``state in ("FAILED", "CANCELLED")`` is a copy of a
+set that has a name).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ HOME = "workers/states.py"
 SET_NAMES = {
     "TERMINAL", "ACTIVE", "QUEUED", "RELEASING", "HOLDING", "NON_TERMINAL", "ATTEMPT_TERMINAL",
     "JOB_STATES", "TERMINAL_STATES", "ATTEMPT_STATES", "ACTIVE_STATES", "QUEUED_STATES", "RELEASING_STATES",
-    "GPU_STATES", "PREEMPTIBLE_STATES", "NON_TERMINAL_STATES",
+    "GPU_STATES", "PREEMPTIBLE_STATES", "NON_TERMINAL_STATES", "TRANSITIONS",
 }
 STATE_NAMES = {s.value for s in JobState} | {s.value for s in AttemptState}
 #: definitions allowed outside ``workers/states.py`` (none: the runtime consolidation removed the last)
@@ -64,6 +66,9 @@ def definitions() -> list[tuple[str, str]]:
             for t in targets:
                 if isinstance(t, ast.Name) and (t.id in SET_NAMES or (value is not None and _state_literal(value))):
                     found.append((rel, t.id))
+        if rel != HOME and not rel.startswith("tests/"):
+            found += [(rel, f"literal at line {n.lineno}") for n in ast.walk(tree)
+                      if isinstance(n, ast.expr) and _state_literal(n)]
     return found
 
 
