@@ -70,7 +70,7 @@ def _alive(ctx: Ctx, job: JobRow) -> bool | None:
         return False
     except SupervisorUnreachable:
         return None
-    if isinstance(status, dict) and status.get("state") == "PENDING":
+    if isinstance(status, dict) and not status.get("run_called", True):
         ctx.sups.tell(key, "run")
         log.info("supervisor had not started; run() sent", extra={"job_id": job.id, "attempt": job.attempt})
     return True

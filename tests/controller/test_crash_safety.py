@@ -46,7 +46,6 @@ def _job_nodes(engine, job_id: int) -> set[str]:
 
 
 @pytest.mark.timeout(900)  # a few minutes on an idle machine; far longer on a loaded one
-@pytest.mark.quarantine  # after reattaching, no step was stored within 240 s in the clean-clone run
 def test_kill9_during_admission_running_recovery_and_cancel(
     ray_cluster, migrated_db_url: str, tmp_path: Path
 ):

@@ -39,10 +39,12 @@ class JobSupervisor:
         self._run_lock = threading.Lock()
         self._summary: dict[str, Any] | None = None
         self._started_at = time.time()
+        self._run_called = False
 
     # ------------------------------------------------------------------ public API
     def run(self) -> dict[str, Any]:
         """Drive the job to an end; idempotent (a second call waits and returns the same summary)."""
+        self._run_called = True
         with self._run_lock:
             if self._summary is None:
                 self.machine.run()
@@ -58,6 +60,10 @@ class JobSupervisor:
             return {
                 "job_id": self.job_id,
                 "attempt": self.attempt,
+                # False until run() arrives: the run() a controller sent right after creating the
+                # actor is lost if that controller dies before the actor is alive (the call waits in
+                # the dead caller's queue), so a reattaching controller must send it again
+                "run_called": self._run_called,
                 "state": str(m.state),
                 "phase": str(m.phase),
                 "next_step": m.next_step,
