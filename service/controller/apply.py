@@ -27,6 +27,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from service.controller.cluster import cluster_view
 from service.controller.context import Ctx
 from service.controller.crashpoints import crash_point
 from service.controller.events_pull import JobRef
@@ -182,7 +183,17 @@ def retry_attempt(ctx: Ctx, job: JobRow, reason: str) -> str:
         return "lost_race"
     ctx.sups.kill(old)  # a zombie of the old attempt is fenced already; stop it burning GPUs too
     job.attempt, job.epoch, job.state, job.gpus_allocated = job.attempt + 1, epoch, new_state, gpus
-    return launch_attempt(ctx, job, epoch, gpus)
+    return launch_attempt(ctx, job, epoch, gpus, _placement_to_keep(job.placement, gpus))
+
+
+def _placement_to_keep(placement: dict[str, int] | None, gpus: int) -> dict[str, int] | None:
+    """The recorded placement, to pin the new attempt to, when it still holds: the same number of GPUs
+    and every node of it alive. Otherwise None: the runtime places the granted count itself and its
+    ``placed`` event records where (a node of the old placement may be the reason for the retry)."""
+    if not placement or sum(int(g) for g in placement.values()) != gpus:
+        return None
+    alive = {n.node_id for n in cluster_view().alive_nodes}  # none when not connected: no pin
+    return dict(placement) if set(placement) <= alive else None
 
 
 def preempt(ctx: Ctx, job: JobRow, decision: Preempt) -> str:

@@ -102,6 +102,10 @@ def test_kill9_during_admission_running_recovery_and_cancel(
         h.wait_for(lambda: h.state(engine, a) == "RUNNING", 60, "job RUNNING after reattaching")
         h.wait_for(lambda: len(h.metrics(engine, a)) >= 3, 240, "three steps stored")
         at_most_one_supervisor()
+        # attempt 2 replaced attempt 1 with every node alive: it was pinned to the scheduler's
+        # placement, and the placement its gang reported (stored on its row) is that one
+        first, second = h.attempts(engine, a)
+        assert second.placement == first.placement and sum(first.placement.values()) == 2, (first, second)
         assert lease_holder() == c3.holder
         assert "controller lease acquired" not in c3s.log_text()
         assert "reconciled" not in c3s.log_text() and "supervisor started" not in c3s.log_text()
