@@ -18,11 +18,13 @@ Per micro-batch and pipeline stage (``tok = b·s/cp`` tokens on a rank, ``T`` = 
 - **TP/SP collectives**: per layer 2 all-reduce-equivalents forward, 2 backward (+2 with full
   recompute) of ``2·tok·h`` bytes, ring cost ``2(T-1)/T·S/BW``, on NVLink when the TP group fits in
   a node, on the NICs otherwise (a group with k members per node gets k NICs: NCCL runs a ring per
-  NIC). Not overlapped.
+  NIC). Not overlapped, unless the software pipelines them with the GEMMs (``spec.tp_overlap``:
+  TE userbuffers, PyTorch AsyncTP; see :func:`tp_overlapped`).
 - **CP**: ring passes K/V chunks ``(cp-1)`` times (backward 2 x), each transfer overlapped with one
   step's attention (a ``cp``-th of it): what a step cannot hide is exposed, plus 20 µs of
   launch/synchronisation per ring step. Ulysses: two all-to-alls each way, exposed.
-- **PP**: point-to-point ``2·tok·h/T`` bytes per chunk boundary, forward and backward, exposed;
+- **PP**: point-to-point ``2·tok·h/T`` bytes per chunk boundary, forward and backward, exposed in
+  a plain pipeline, overlapped with the other chunks' compute when interleaved (:func:`p2p_exposed`);
   bubble ``(p-1)/v`` stage-times, i.e. ``(p-1)/(v·m+p-1)`` of the pipeline time.
 - **DP**: gradient all-reduce (ZeRO-0) or reduce-scatter + parameter all-gather (ZeRO-1) over
   DP x CP, overlapped with the last micro-batch's backward; ZeRO-3 (FSDP2) gathers parameters
