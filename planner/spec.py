@@ -411,6 +411,9 @@ def parse_spec(spec: Mapping[str, Any] | PlanSpec, *, engine_only: bool | None =
         raise SpecError("parallel.micro_batch", f"does not divide global_batch {global_batch}")
     eo = spec.get("engine_only", False) if engine_only is None else engine_only
     tp_overlap = _bool(parallel_raw.get("tp_overlap", False), "parallel.tp_overlap")
+    if tp_overlap and _bool(eo, "engine_only"):
+        raise SpecError("parallel.tp_overlap", "workers/engine does not overlap TP communication with its GEMMs; "
+                                               "leave it false for engine-only plans")
     extra: dict[str, float] = {}
     for key in ("restart_s", "checkpoint_read_GBps", "horizon_s", "memory_headroom"):
         value = training.get(key, spec.get(key))
