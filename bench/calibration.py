@@ -54,6 +54,21 @@ def attention_of(case: dict[str, Any]) -> str:
     return "flash"
 
 
+def tp_overlap_of(case: dict[str, Any]) -> bool:
+    """Whether the case's software pipelined its TP collectives with the GEMMs (``parallel.tp_overlap``).
+
+    TorchTitan publishes it per run ("AsyncTP" in the table's techniques, "without AsyncTP" when off).
+    NVIDIA's published NeMo / Megatron-Bridge performance recipes (2024 on) run Transformer Engine's
+    userbuffers TP communication overlap whenever TP > 1. Older Megatron papers and FlagPerf do not.
+    """
+    what = str(case.get("what") or "")
+    if re.search(r"without AsyncTP", what, re.IGNORECASE):
+        return False
+    if re.search(r"AsyncTP", what, re.IGNORECASE):
+        return True
+    return re.search(r"NVIDIA(-NeMo)?/(NeMo|Megatron-Bridge)", str(case.get("source") or "")) is not None
+
+
 def system_fixed(case: dict[str, Any]) -> dict[str, Any]:
     """Layout fields the case's software could not vary, kept fixed when its published layout is freed.
 
@@ -90,10 +105,13 @@ def source_of(case: dict[str, Any]) -> str:
 
 
 def case_spec(case: dict[str, Any]) -> dict[str, Any]:
-    """The planner spec for a case: the record itself plus the attention implementation."""
+    """The planner spec for a case: the record itself plus the attention implementation and whether its
+    software overlapped TP communication (:func:`tp_overlap_of`)."""
     spec = {k: case[k] for k in ("model", "cluster", "parallel", "precision") if case.get(k) is not None}
     spec["model"] = {**case["model"], "attention": attention_of(case)}
     spec["parallel"] = dict(case.get("parallel") or {})
+    if tp_overlap_of(case):
+        spec["parallel"]["tp_overlap"] = True
     return spec
 
 

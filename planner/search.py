@@ -46,6 +46,7 @@ from planner.timing import (
     hardware_for,
     head_time,
     layer_times,
+    p2p_floor,
     p2p_time,
     stage_param_count,
     zero3_traffic_s,
@@ -282,7 +283,7 @@ class Searcher:
         head = head_time(m, hw, b, tp, cp)
         layer = min(layer_times(m, self.spec.precision, hw, b, tp, cp, sp, "none", cpm, links.tp, links.cp).total
                     for sp in sps for cpm in cpms)
-        p2p = p2p_time(m, b, tp, cp, pp, 1, links.pp)
+        p2p = p2p_time(m, b, tp, cp, pp, 1, links.pp)  # per chunk, exposed in a plain pipeline
         heq = head_layer_equivalents(m)
         out = []
         for v in vpps:
@@ -292,7 +293,8 @@ class Searcher:
                 ag, rs = zero3_traffic_s(self.spec.precision, stage_param_count(m, min(first, last), tp), shard,
                                          links.dp)
                 stage = max(stage, 2 * ag + rs)
-            out.append(((nmb + (pp - 1) / v) * (stage + v * p2p), v))
+            # interleaved transfers hide under compute: only their latencies are certain
+            out.append(((nmb + (pp - 1) / v) * (stage + (v * p2p if v == 1 else p2p_floor(pp, v, links.pp))), v))
         return out
 
     def _limit(self, key: tuple[int, ...]) -> float:

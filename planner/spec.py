@@ -82,6 +82,7 @@ class PlanSpec:
     precision: str = "bf16"  # bf16 | fp16 | fp8
     fixed: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)  # parallel fields the job fixes
     engine_only: bool = False
+    tp_overlap: bool = False  # the training software pipelines TP collectives with GEMMs (parallel.tp_overlap)
     memory_headroom: float = 0.05  # fraction of GPU memory kept free
     restart_s: float = 60.0  # replan: process restart + NCCL init + first step warm-up
     checkpoint_read_GBps: float = 2.0  # replan: per-GPU checkpoint load bandwidth
@@ -334,7 +335,7 @@ def parse_cluster(raw: Mapping[str, Any], top: Mapping[str, Any]) -> ClusterSpec
 
 # --------------------------------------------------------------------------------------- parallel
 _PARALLEL_KEYS = {"tp", "pp", "cp", "dp", "vpp", "micro_batch", "global_batch", "sp", "zero", "recompute",
-                  "schedule", "cp_method", "num_micro_batches"}
+                  "schedule", "cp_method", "num_micro_batches", "tp_overlap"}
 
 
 def parse_parallel(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -409,6 +410,10 @@ def parse_spec(spec: Mapping[str, Any] | PlanSpec, *, engine_only: bool | None =
     if "micro_batch" in fixed and global_batch % fixed["micro_batch"]:
         raise SpecError("parallel.micro_batch", f"does not divide global_batch {global_batch}")
     eo = spec.get("engine_only", False) if engine_only is None else engine_only
+    tp_overlap = _bool(parallel_raw.get("tp_overlap", False), "parallel.tp_overlap")
+    if tp_overlap and _bool(eo, "engine_only"):
+        raise SpecError("parallel.tp_overlap", "workers/engine does not overlap TP communication with its GEMMs; "
+                                               "leave it false for engine-only plans")
     extra: dict[str, float] = {}
     for key in ("restart_s", "checkpoint_read_GBps", "horizon_s", "memory_headroom"):
         value = training.get(key, spec.get(key))
@@ -418,4 +423,4 @@ def parse_spec(spec: Mapping[str, Any] | PlanSpec, *, engine_only: bool | None =
         raise SpecError("training.memory_headroom", "must be below 1")
     return PlanSpec(model=model, cluster=cluster, global_batch=global_batch,
                     precision=parse_precision(spec.get("precision")), fixed=fixed,
-                    engine_only=_bool(eo, "engine_only"), **extra)  # type: ignore[arg-type]
+                    engine_only=_bool(eo, "engine_only"), tp_overlap=tp_overlap, **extra)  # type: ignore[arg-type]

@@ -18,11 +18,13 @@ Per micro-batch and pipeline stage (``tok = b·s/cp`` tokens on a rank, ``T`` = 
 - **TP/SP collectives**: per layer 2 all-reduce-equivalents forward, 2 backward (+2 with full
   recompute) of ``2·tok·h`` bytes, ring cost ``2(T-1)/T·S/BW``, on NVLink when the TP group fits in
   a node, on the NICs otherwise (a group with k members per node gets k NICs: NCCL runs a ring per
-  NIC). Not overlapped.
+  NIC). Not overlapped, unless the software pipelines them with the GEMMs (``spec.tp_overlap``:
+  TE userbuffers, PyTorch AsyncTP; see :func:`tp_overlapped`).
 - **CP**: ring passes K/V chunks ``(cp-1)`` times (backward 2 x), each transfer overlapped with one
   step's attention (a ``cp``-th of it): what a step cannot hide is exposed, plus 20 µs of
   launch/synchronisation per ring step. Ulysses: two all-to-alls each way, exposed.
-- **PP**: point-to-point ``2·tok·h/T`` bytes per chunk boundary, forward and backward, exposed;
+- **PP**: point-to-point ``2·tok·h/T`` bytes per chunk boundary, forward and backward, exposed in
+  a plain pipeline, overlapped with the other chunks' compute when interleaved (:func:`p2p_exposed`);
   bubble ``(p-1)/v`` stage-times, i.e. ``(p-1)/(v·m+p-1)`` of the pipeline time.
 - **DP**: gradient all-reduce (ZeRO-0) or reduce-scatter + parameter all-gather (ZeRO-1) over
   DP x CP, overlapped with the last micro-batch's backward; ZeRO-3 (FSDP2) gathers parameters
@@ -80,6 +82,7 @@ class Hardware:
     inter_bw: float  # bytes/s per GPU on the NICs
     speed: float  # slowest used node's relative speed
     fp8: bool = False  # GEMMs in fp8: bigger tiles, casts and amax reductions
+    tp_overlap: bool = False  # TP collectives pipelined with their GEMMs (TE userbuffers, PyTorch AsyncTP)
 
 
 def hardware_for(spec: PlanSpec, speed: float = 1.0) -> Hardware:
@@ -96,6 +99,7 @@ def hardware_for(spec: PlanSpec, speed: float = 1.0) -> Hardware:
         inter_bw=c.inter_node_bw_Gbps_per_gpu / 8 * 1e9 * NIC_EFF,
         speed=speed,
         fp8=fp8,
+        tp_overlap=spec.tp_overlap,
     )
 
 
@@ -175,6 +179,7 @@ class LayerTimes:
     cp_b: float
     cp_hidden: float  # CP traffic hidden under attention (both passes)
     rc: float  # recompute extra (compute + its collectives)
+    tp_hidden: float = 0.0  # TP traffic hidden under the GEMMs, one pass (``tp_overlap``)
 
     @property
     def fwd(self) -> float:
@@ -231,6 +236,9 @@ def layer_times(m: ModelSpec, precision: str, hw: Hardware, b: int, tp: int, cp:
 
     bw, lat = tp_link
     tp_f = 2 * allreduce_time(2.0 * tok * h, tp, bw, lat)
+    tp_hidden = 0.0
+    if hw.tp_overlap and tp > 1:
+        tp_f, tp_hidden = tp_overlapped(tp_f, gemm, tp)
 
     cp_f = cp_b = cp_hidden = 0.0
     if cp > 1:
@@ -263,7 +271,18 @@ def layer_times(m: ModelSpec, precision: str, hw: Hardware, b: int, tp: int, cp:
               + (gemm_time(hw, tok, m.ffn / tp, h) if m.gated_mlp else 0.0)) / speed + elem_f
     elif recompute == "selective":
         rc = attn_f
-    return LayerTimes(gemm, attn_f, attn_b, elem_f, tp_f, cp_f, cp_b, cp_hidden, rc)
+    return LayerTimes(gemm, attn_f, attn_b, elem_f, tp_f, cp_f, cp_b, cp_hidden, rc, tp_hidden)
+
+
+def tp_overlapped(tp_comm: float, gemm: float, tp: int) -> tuple[float, float]:
+    """(exposed, hidden) seconds of a pass's TP collectives when they are pipelined with the GEMMs
+    they feed (Transformer Engine's userbuffers, PyTorch's AsyncTP): each all-gather /
+    reduce-scatter is split into its ``tp`` ring steps, step ``i``'s transfer running under the
+    GEMM on chunk ``i - 1``. The first (or last) step has no GEMM to hide under, and traffic longer
+    than the GEMMs stays exposed; what is hidden costs :data:`OVERLAP_COST` of compute."""
+    exposed = max(tp_comm / tp, tp_comm - gemm)
+    hidden = tp_comm - exposed
+    return exposed + OVERLAP_COST * hidden, hidden
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +320,30 @@ def p2p_time(m: ModelSpec, b: int, tp: int, cp: int, pp: int, vpp: int, link: tu
     return 2 * vpp * (size / link[0] + link[1])
 
 
+def p2p_exposed(p2p: float, vpp: int, link: tuple[float, float], chunk_fwd: float,
+                chunk_bwd: float) -> tuple[float, float]:
+    """(exposed, hidden) seconds of a micro-batch's point-to-point traffic on a stage.
+
+    Plain pipelines (``vpp = 1``) wait for each send/receive. The interleaved schedule issues them
+    asynchronously (Megatron-Core's ``overlap_p2p_comm``, torch.distributed.pipelining's batched
+    isend/irecv) and waits only before the chunk that needs the data, so each transfer runs under
+    one chunk's forward (or backward) compute: only what is longer than that chunk, and the
+    latency, is exposed; what is hidden costs :data:`OVERLAP_COST` of compute.
+    """
+    if p2p <= 0.0 or vpp <= 1:
+        return p2p, 0.0
+    lat = link[1]
+    x = p2p / (2 * vpp) - lat  # one transfer's bandwidth time
+    exposed = vpp * (max(0.0, x - chunk_fwd) + max(0.0, x - chunk_bwd) + 2 * lat)
+    hidden = p2p - exposed
+    return exposed + OVERLAP_COST * hidden, hidden
+
+
+def p2p_floor(pp: int, vpp: int, link: tuple[float, float]) -> float:
+    """A lower bound of :func:`p2p_exposed` for any compute: the latencies of interleaved transfers."""
+    return 2 * vpp * link[1] if pp > 1 else 0.0
+
+
 def stage_param_count(m: ModelSpec, n_layers: float, tp: int) -> float:
     """Parameters a rank of a pipeline stage holds (its layers plus one vocabulary matrix)."""
     return n_layers * layer_params(m) / tp + m.vocab * m.hidden / tp
@@ -329,7 +372,8 @@ def estimate_time(spec: PlanSpec, hw: Hardware, lay: Layout, links: Links, detai
     else:
         n_layers = last_layers
 
-    p2p = p2p_time(m, b, tp, cp, p, v, links.pp)
+    p2p, p2p_hidden = p2p_exposed(p2p_time(m, b, tp, cp, p, v, links.pp), v, links.pp,
+                                  n_layers / v * lt.fwd, n_layers / v * (lt.bwd + lt.rc))
 
     # ZeRO-3: per micro-batch parameter gathers and gradient reduce-scatter
     shard = dp * cp
@@ -387,7 +431,8 @@ def estimate_time(spec: PlanSpec, hw: Hardware, lay: Layout, links: Links, detai
         "dp_comm": dp_exposed,
         "optimizer": optimizer,
     }
-    hidden = {"cp_comm": k * n_layers * lt.cp_hidden, "dp_comm": dp_hidden + k * z3_hidden}
+    hidden = {"cp_comm": k * n_layers * lt.cp_hidden, "dp_comm": dp_hidden + k * z3_hidden,
+              "tp_comm": k * n_layers * 2 * lt.tp_hidden, "pp_p2p": k * p2p_hidden}
     if not math.isfinite(step) or step <= 0:  # pragma: no cover - defensive
         raise ValueError(f"non-finite step time for {lay.short()}")
     return TimeEstimate(step_time_s=step, components=comps, hidden=hidden, bubble_fraction=bubble_fraction)

@@ -22,6 +22,7 @@ from pydantic import (
     field_validator,
 )
 
+from planner.layout import normalise_recompute, recompute_error
 from service.api.scrub import scrub, scrub_text
 from workers.states import JobState
 
@@ -56,6 +57,25 @@ def _no_bool(value: Any) -> Any:
 
 #: a strict integer that also takes integral floats (``27778.0``)
 Int = Annotated[int, BeforeValidator(_integral)]
+
+
+def _recompute(value: Any) -> Any:
+    """A recompute mode as the planner names it (``planner.layout.recompute_error`` is the one rule):
+    ``none``, ``selective``, ``op``, ``layer:N``, ``full``, and the aliases ``layer``,
+    ``selective_op``, ``selective_layer``; anything else is refused listing the known modes."""
+    value = normalise_recompute(value)
+    bad = recompute_error(value)
+    if bad:
+        raise ValueError(bad)
+    return value
+
+
+#: the schema's view of the modes (validation is :func:`_recompute`)
+RECOMPUTE_PATTERN = r"^(none|selective|op|full|layer|selective_op|selective_layer|layer:([2-9]|[1-9][0-9]{1,3}))$"
+Recompute = Annotated[str, BeforeValidator(_recompute),
+                      Field(max_length=16, json_schema_extra={"pattern": RECOMPUTE_PATTERN},
+                            description="activation recomputation: none, selective, op, layer:N (N >= 2), full; "
+                                        "aliases layer (= layer:2), selective_op, selective_layer")]
 
 
 class _In(BaseModel):
@@ -110,7 +130,7 @@ class LayoutHint(_In):
     micro_batch: Annotated[int, Field(ge=1, le=65536), BeforeValidator(_integral)] | None = None
     sp: bool | None = None
     zero: Annotated[Literal[0, 1, 3], BeforeValidator(_no_bool)] | None = None
-    recompute: Literal["none", "selective", "full"] | None = None
+    recompute: Recompute | None = None
     schedule: Literal["gpipe", "1f1b", "interleaved"] | None = None
     cp_method: Literal["ring", "ulysses"] | None = None
 

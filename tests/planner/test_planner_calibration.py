@@ -30,11 +30,11 @@ LAYOUT_KEYS = ("tp", "pp", "cp", "dp", "vpp")
 # (then delete it here and in docs/planner.md).
 KNOWN_GAPS = {
     "narayanan2021_t1_GPT-18.4B": "TP8 is the paper's rule (TP = node size, then PP) from its 162B sweep; at h=6144 "
-                                  "without SP the model prices TP8 25% slower than TP2xPP4 (unmeasured)",
+                                  "without SP the model prices TP8 26% slower than TP2xPP4 (unmeasured)",
     "narayanan2021_t1_GPT-39.1B": "same rule; the model prices TP8xPP2 18% slower than TP2xPP8 (unmeasured)",
-    "flagperf_llama3_70b_h100_64gpu": "Megatron's TP8xPP4 recipe; the model prices TP4 layouts 7-10% faster "
+    "flagperf_llama3_70b_h100_64gpu": "Megatron's TP8xPP4 recipe; the model prices TP4 layouts up to 8.5% faster "
                                       "(FlagPerf's Llama-2 70B pair measured TP4 23% faster than TP8)",
-    "flagperf_llama2_70b_h800_tp8pp4": "a known-worse layout: FlagPerf measured TP4xPP8 23% faster (we predict 14%)",
+    "flagperf_llama2_70b_h800_tp8pp4": "a known-worse layout: FlagPerf measured TP4xPP8 23% faster (we predict 10%)",
 }
 
 

@@ -108,3 +108,21 @@ def test_unknown_recompute_lists_the_known_modes(tmp_path: Path) -> None:
     assert res.exit_code == 2
     for known in ("none", "selective", "op", "layer:N", "full"):
         assert known in res.output
+
+
+@pytest.mark.parametrize("mode,planned", [("op", "op"), ("selective_op", "op"), ("layer", "layer:2"),
+                                          ("selective_layer", "layer:2"), ("layer:4", "layer:4")])
+def test_torchtitan_recompute_names_are_planned(tmp_path: Path, mode: str, planned: str) -> None:
+    spec = {"model": {"name": "llama3-8b"}, "cluster": {"gpu_type": "H100", "num_gpus": 8},
+            "parallel": {"recompute": mode, "tp": 1, "pp": 1}, "training": {"global_batch": 8}}
+    res = _run(tmp_path, spec, "--json")
+    assert res.exit_code == 0, res.output
+    plans = json.loads(res.output)["plans"]
+    assert plans and all(p["recompute"] == planned for p in plans)
+
+
+def test_tp_overlap_must_be_a_boolean(tmp_path: Path) -> None:
+    spec = {"model": {"name": "llama3-8b"}, "cluster": {"gpu_type": "H100", "num_gpus": 8},
+            "parallel": {"tp_overlap": "sometimes"}, "training": {"global_batch": 8}}
+    res = _run(tmp_path, spec, "--json")
+    assert res.exit_code == 2 and "parallel.tp_overlap" in res.output

@@ -87,12 +87,43 @@ def test_time_components_add_up_and_bubble_formula() -> None:
         assert est.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1))
 
 
-def test_interleaving_shrinks_the_bubble_but_adds_p2p() -> None:
+def test_interleaving_shrinks_the_bubble_and_hides_its_extra_p2p() -> None:
+    """Interleaving sends 2v activations per micro-batch instead of 2 (more traffic), but the
+    interleaved schedule overlaps them with the other chunks' compute: a plain pipeline hides none."""
     spec = a100_spec()
     one = _plan(spec, "tp=2,pp=4,dp=4,micro_batch=4").estimate
     two = _plan(spec, "tp=2,pp=4,dp=4,micro_batch=4,vpp=2").estimate
     assert two.time_breakdown_s["bubble"] < one.time_breakdown_s["bubble"]
-    assert two.time_breakdown_s["pp_p2p"] > one.time_breakdown_s["pp_p2p"]
+    assert one.hidden_comm_s["pp_p2p"] == 0.0
+    traffic_one = one.time_breakdown_s["pp_p2p"]
+    hidden_two = two.hidden_comm_s["pp_p2p"]
+    assert hidden_two > traffic_one  # twice the traffic, most of it hidden
+    assert two.time_breakdown_s["pp_p2p"] < traffic_one
+
+
+def test_p2p_exposed_only_beyond_the_chunk_compute() -> None:
+    from planner.timing import OVERLAP_COST, p2p_exposed
+
+    link = (1e9, 1e-5)
+    p2p = 2 * 4 * (1e-3 + 1e-5)  # vpp 4: 8 transfers of 1 ms + latency
+    assert p2p_exposed(p2p, 1, link, 1.0, 1.0) == (p2p, 0.0)
+    exposed, hidden = p2p_exposed(p2p, 4, link, 1.0, 1.0)  # chunks far longer than a transfer
+    assert hidden == pytest.approx(8e-3) and exposed == pytest.approx(8e-5 + OVERLAP_COST * 8e-3)
+    exposed, hidden = p2p_exposed(p2p, 4, link, 0.0, 0.0)  # nothing to hide under
+    assert hidden == pytest.approx(0.0, abs=1e-12) and exposed == pytest.approx(p2p)
+
+
+def test_tp_overlap_hides_tp_comm_under_the_gemms() -> None:
+    """parallel.tp_overlap (TE userbuffers, PyTorch AsyncTP): TP collectives run under the GEMMs,
+    all but one ring step of each (1/T) and what the GEMMs cannot cover."""
+    spec = a100_spec()
+    plain = _plan(spec, "tp=8,pp=1,dp=4,micro_batch=1").estimate
+    over = _plan({**spec, "parallel": {"tp_overlap": True}}, "tp=8,pp=1,dp=4,micro_batch=1").estimate
+    assert plain.hidden_comm_s["tp_comm"] == 0.0
+    assert over.hidden_comm_s["tp_comm"] > 0.0
+    assert over.time_breakdown_s["tp_comm"] < plain.time_breakdown_s["tp_comm"]
+    assert over.time_breakdown_s["tp_comm"] >= plain.time_breakdown_s["tp_comm"] / 8
+    assert over.step_time_s < plain.step_time_s
 
 
 def test_tp_across_nodes_costs_more_than_inside() -> None:

@@ -97,3 +97,20 @@ def test_params_reach_only_their_gpu_family() -> None:
     assert parse_spec(out).cluster.gemm_efficiency == 0.5
     own = apply_params({**raw, "cluster": {**raw["cluster"], "gemm_efficiency": 0.9}}, {"ampere_gemm": 0.5})
     assert own["cluster"]["gemm_efficiency"] == 0.9
+
+
+def test_tp_overlap_is_read_from_what_each_source_ran() -> None:
+    """parallel.tp_overlap comes from the case's own record: TorchTitan names AsyncTP per run (and
+    "without AsyncTP" when off), NVIDIA's NeMo / Megatron-Bridge recipes run TE's TP overlap, the
+    2021-22 papers and FlagPerf do not."""
+    from bench.calibration import tp_overlap_of
+
+    by_id = {c["id"]: c for c in load_cases() + load_cases(HELDOUT_CASES)}
+    assert tp_overlap_of(by_id["torchtitan_h100_t5_405b_1f1b"])
+    assert not tp_overlap_of(by_id["torchtitan_h100_t4_70b_2d"])  # "without AsyncTP"
+    assert tp_overlap_of(by_id["nemo2407_llama2-70b_64gpu"])
+    assert tp_overlap_of(by_id["mbridge2511_llama3-405b_1024gpu_gbs512"])
+    assert not any(tp_overlap_of(c) for i, c in by_id.items()
+                   if i.startswith(("narayanan2021", "korthikanti2022", "flagperf", "torchtitan_a100")))
+    spec = parse_spec(case_spec(by_id["nemo2407_llama2-70b_64gpu"]))
+    assert spec.tp_overlap and not parse_spec(case_spec(by_id["flagperf_llama3_70b_h100_64gpu"])).tp_overlap

@@ -89,6 +89,7 @@ BASE = {"model": {"layers": 4, "hidden": 64, "heads": 8, "kv_heads": 4, "ffn": 1
         ("parallel.tp", 0, "parallel.tp"),
         ("parallel.zero", 2, "parallel.zero"),
         ("parallel.recompute", "some", "parallel.recompute"),
+        ("parallel.tp_overlap", "often", "parallel.tp_overlap"),
         ("parallel.pipeline", 2, "parallel.pipeline"),
         ("precision", "int4", "precision"),
     ],
@@ -150,3 +151,12 @@ def test_garbage_in_gives_a_field_error_or_a_result(changes: list[tuple[str, Any
         assert exc.field and str(exc).startswith(exc.field)
     else:
         assert result.searched >= 0
+
+
+def test_tp_overlap_is_refused_for_engine_only_plans() -> None:
+    """The engine does not pipeline TP collectives with its GEMMs: an engine plan cannot assume it."""
+    spec = a100_spec(parallel={"tp_overlap": True})
+    assert parse_spec(spec).tp_overlap
+    with pytest.raises(SpecError) as info:
+        plan(spec, engine_only=True)
+    assert info.value.field == "parallel.tp_overlap"

@@ -97,6 +97,8 @@ def test_admin_list_limit(client: TestClient) -> None:
     ({"checkpoint": {"min_every_steps": 10, "max_every_steps": 5}}, ["body", "checkpoint", "max_every_steps"]),
     ({"layout_hint": {"tp": 4, "pp": 2}}, ["body", "layout_hint"]),
     ({"layout_hint": {"zero": 2}}, ["body", "layout_hint", "zero"]),
+    ({"layout_hint": {"recompute": "sometimes"}}, ["body", "layout_hint", "recompute"]),
+    ({"layout_hint": {"recompute": "layer:1"}}, ["body", "layout_hint", "recompute"]),
     ({"model": "llama3-405b", "min_gpus": 1, "max_gpus": 4}, ["body", "max_gpus"]),
 ])
 def test_invalid_specs_are_422_naming_the_field(client: TestClient, tenant: dict[str, str], patch: dict[str, object],
@@ -109,6 +111,32 @@ def test_invalid_specs_are_422_naming_the_field(client: TestClient, tenant: dict
         assert "GiB per GPU" in r.json()["detail"][0]["msg"]
     r = client.post("/v1/plans", content=json.dumps(body), headers={**tenant, "Content-Type": "application/json"})
     assert r.status_code == 422
+
+
+def test_unknown_recompute_lists_the_known_modes(client: TestClient, tenant: dict[str, str]) -> None:
+    body = {**job_body(), "layout_hint": {"recompute": "sometimes"}}
+    r = client.post("/v1/jobs", json=body, headers=tenant)
+    assert r.status_code == 422
+    msg = next(e["msg"] for e in r.json()["detail"] if e["loc"] == ["body", "layout_hint", "recompute"])
+    for mode in ("none", "selective", "op", "layer:N", "full"):
+        assert mode in msg
+
+
+@pytest.mark.parametrize("mode,engine_runs", [("full", True), ("selective", True), ("op", False),
+                                              ("selective_op", False), ("layer", False), ("layer:4", False)])
+def test_recompute_names_reach_the_planner(client: TestClient, tenant: dict[str, str], mode: str,
+                                           engine_runs: bool) -> None:
+    """TorchTitan's names pass the schema (one rule: planner.layout.recompute_error); the planner
+    then plans the engine's modes and refuses the others because the engine cannot run them."""
+    body = {**job_body(max_gpus=4), "layout_hint": {"recompute": mode}}
+    r = client.post("/v1/plans", json=body, headers=tenant)
+    if engine_runs:
+        assert r.status_code == 200, r.text
+        assert r.json()["plans"][0]["layout"]["recompute"] == mode
+    else:
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"][0]
+        assert detail["type"] == "plan_infeasible" and "the engine runs recompute" in detail["msg"], detail
 
 
 @pytest.mark.parametrize("raw", [b"", b"{", b"[]", b"null", b'"x"', b"\xff\xfe", b'{"name": NaN}'])
