@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from planner import Layout, Plan, evaluate, parse_spec, plan
+from planner import Layout, Plan, evaluate, parse_spec, plan, replan
 from planner.layout import LayoutError
 from planner.memory import estimate_memory
 from planner.search import links_for
@@ -123,3 +123,16 @@ def test_search_picks_replica_groups_when_they_are_faster_and_honours_a_fixed_co
     slots = {s.rank: s.node for s in free.rank_grid}
     for g in free.layout.shard_groups():
         assert len({slots[r] for r in g}) == 1
+
+
+def test_losing_a_node_of_a_replicated_plan_drops_whole_replica_groups() -> None:
+    spec = {**SLOW_IB, "cluster": {"gpu_type": "H100", "inter_node_bw_Gbps_per_gpu": 25,
+                                   "nodes": [{"id": f"n{i}", "gpus": 8} for i in range(4)]},
+            "training": {"global_batch": 32}}
+    before = plan(spec, top_k=1).plans[0]
+    assert before.layout.dp_replicate == 4 and before.layout.dp_shard == 8, before.layout.spec()
+    out = replan(before, before.layout, {"lost_nodes": ["n1"]}, spec)
+    # shrinking DP walks every DP count the batch allows (32 .. 1): counts that 4 replica groups of 8
+    # do not fit give up the replica groups instead of an invalid layout (this raised LayoutError)
+    assert out.options["shrink_dp"]["num_gpus"] <= 24
+    assert "n1" not in out.plan.nodes_used
