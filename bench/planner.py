@@ -3,9 +3,11 @@
 ``run()`` times the whole ``planner.plan`` for Llama-3 405B on 16,384 H100 GPUs with every knob
 free (target: under 1 s) and, in the same run, a naive exhaustive search over the same space
 (every TP/CP/PP/DP factorization x micro-batch (up to 64) x vpp (every count the cost model accepts,
-uneven chunks included) x schedule x SP x ZeRO x recompute x CP method, each costed, no dominance or
-bound pruning). Its one limit, stated next to its numbers: micro-batches above 64 are not tried (the
-planner does not try them either unless the spec fixes one). The naive search on 16,384 GPUs takes minutes, so it
+uneven chunks included) x schedule x SP x ZeRO x replica groups x recompute x CP method, each costed,
+no dominance or bound pruning). Its limits, stated next to its numbers: micro-batches above 64 are not
+tried (the planner does not try them either unless the spec fixes one), and replica groups
+(``dp_replicate``) are tried only in the planner's own candidate set (``replica_options``: none, or
+the split whose shard groups fit in a node), not every divisor of dp. The naive search on 16,384 GPUs takes minutes, so it
 is run with a CPU-time budget and its full cost extrapolated from the fraction of factorizations it covered; on a
 smaller problem (70B on 512 GPUs) both run to completion and must find the same best step time.
 """
@@ -22,7 +24,14 @@ from planner import constraints as C
 from planner.api import plan
 from planner.layout import Layout
 from planner.memory import memory_limit_gb, memory_total_gb
-from planner.search import MAX_MICRO_BATCH, RECOMPUTE_ORDER, candidate_worlds, divisors, links_for
+from planner.search import (
+    MAX_MICRO_BATCH,
+    RECOMPUTE_ORDER,
+    candidate_worlds,
+    divisors,
+    links_for,
+    replica_options,
+)
 from planner.spec import PlanSpec, parse_spec
 from planner.timing import estimate_time, hardware_for
 
@@ -48,7 +57,8 @@ def naive_search(spec: PlanSpec, budget_s: float = math.inf) -> dict[str, Any]:
         done += 1
         if C.check_tp(spec, tp) or C.check_cp(spec, cp) or pp > layers or gb % dp:
             continue
-        links = links_for(hw, tp, cp, dp, pp, world.gpus)
+        reps = replica_options(spec, tp, cp, dp, pp, world.gpus) if dp > 1 else [1]
+        links = {r: links_for(hw, tp, cp, dp, pp, world.gpus, r) for r in reps}
         for b in [b for b in divisors(gb // dp) if b <= MAX_MICRO_BATCH]:
             nmb = gb // (dp * b)
             # every stage split the cost model accepts, uneven chunks included (check_pp refuses the rest)
@@ -58,18 +68,19 @@ def naive_search(spec: PlanSpec, budget_s: float = math.inf) -> dict[str, Any]:
                 scheds = ["interleaved"] if v > 1 else (["1f1b", "gpipe"] if pp > 1 else ["1f1b"])
                 for sched in scheds:
                     for sp in (False, True) if tp > 1 else (False,):
-                        for zero in (0, 1, 3):
+                        for zero, r in [(z, r) for z in (0, 1, 3) for r in (reps if z else [1])]:
                             for rc in RECOMPUTE_ORDER:
                                 for cpm in ("ring", "ulysses") if cp > 1 else ("ring",):
                                     lay = Layout(tp=tp, pp=pp, cp=cp, dp=dp, vpp=v, micro_batch=b,
                                                  num_micro_batches=nmb, sp=sp, zero=zero, recompute=rc,
-                                                 schedule=sched, cp_method=cpm)
+                                                 schedule=sched, cp_method=cpm, dp_replicate=r)
                                     if C.check_schedule(spec, lay, nmb) or C.check_knobs(spec, lay):
                                         continue
                                     costed += 1
                                     if memory_total_gb(spec, lay) > limit:
                                         continue
-                                    best = min(best, estimate_time(spec, hw, lay, links, detail=False).step_time_s)
+                                    t = estimate_time(spec, hw, lay, links[r], detail=False).step_time_s
+                                    best = min(best, t)
     elapsed = time.process_time() - t0
     fraction = done / len(shapes)
     return {"best_step_s": best, "costed": costed, "elapsed_s": elapsed, "fraction": fraction,

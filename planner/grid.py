@@ -2,7 +2,8 @@
 
 Ranks are numbered tp fastest, then cp, dp, pp (see :mod:`planner.layout`). We fill nodes in
 order with *blocks* of consecutive ranks and never split a block across nodes: the block is the
-largest of ``world``, ``tp·cp·dp``, ``tp·cp``, ``tp`` whose copies fit into the nodes' GPU counts.
+largest of ``world``, ``tp·cp·dp``, ``tp·cp·dp_shard`` (one replica group's share of a pipeline
+stage, with replica groups), ``tp·cp``, ``tp`` whose copies fit into the nodes' GPU counts.
 So a TP group (a block of ``tp`` consecutive ranks) stays inside one node whenever any placement
 can do that; when none can (``tp`` larger than a node), ranks fill the GPUs in order and the plan
 lists the groups that span nodes. The node of a rank never decreases with the rank, so a group
@@ -41,7 +42,7 @@ def block_fits(block: int, world: int, gpus: Sequence[int] | tuple[tuple[int, in
 
 def placement_block(lay: Layout, gpus: Sequence[int]) -> int:
     world = lay.world_size
-    for block in (world, lay.tp * lay.cp * lay.dp, lay.tp * lay.cp, lay.tp):
+    for block in (world, lay.tp * lay.cp * lay.dp, lay.tp * lay.cp * lay.dp_shard, lay.tp * lay.cp, lay.tp):
         if block_fits(block, world, gpus):
             return block
     return 1

@@ -4,6 +4,14 @@
 then pp**, so ``rank = tp_i + TP * (cp_i + CP * (dp_i + DP * pp_i))``. A TP group is therefore a
 run of consecutive ranks, which is what lets the runtime keep it on one node.
 
+Replica groups (HSDP, TorchTitan's ``dp = dp_replicate x dp_shard``): with ``dp_replicate = R > 1``
+the DP dimension is split into R replica groups of ``dp_shard = DP / R`` ranks. ZeRO (zero=1 or 3)
+shards model/optimizer state over ``dp_shard x cp`` inside a replica group; the groups hold full,
+identical copies and all-reduce gradients across each other. The replica index is the *slowest*
+part of the DP index, ``dp_i = shard_i + dp_shard * replica_i``, so the ranks of one replica group
+(for one pp stage) are contiguous: ``replica_i`` ranges over blocks of ``TP * CP * dp_shard`` ranks.
+``DP`` still counts both, and the data split is unchanged (by ``dp_i``).
+
 Pure Python: no torch, no ray.
 """
 
@@ -89,9 +97,10 @@ class Layout:
     recompute: Recompute = "none"
     schedule: Schedule = "1f1b"
     cp_method: CpMethod = "ring"
+    dp_replicate: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "cp", "dp", "vpp", "micro_batch"):
+        for name in ("tp", "pp", "cp", "dp", "vpp", "micro_batch", "dp_replicate"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise LayoutError(f"layout field '{name}' must be an integer >= 1, got {value!r}")
@@ -99,6 +108,11 @@ class Layout:
             raise LayoutError(f"layout field 'num_micro_batches' must be >= 0, got {self.num_micro_batches!r}")
         if self.zero not in ZERO_STAGES:
             raise LayoutError(f"layout field 'zero' must be one of {ZERO_STAGES}, got {self.zero!r}")
+        if self.dp % self.dp_replicate:
+            raise LayoutError(f"layout field 'dp_replicate' ({self.dp_replicate}) must divide dp ({self.dp})")
+        if self.dp_replicate > 1 and self.zero == 0:
+            raise LayoutError("layout field 'dp_replicate' > 1 needs zero=1 or zero=3: with zero=0 every DP rank "
+                              "already holds a full replica (replica groups split ZeRO sharding)")
         bad = recompute_error(self.recompute)
         if bad:
             raise LayoutError(f"layout field 'recompute' {bad}")
@@ -118,6 +132,44 @@ class Layout:
 
     def size(self, dim: Dim) -> int:
         return int(getattr(self, dim))
+
+    @property
+    def dp_shard(self) -> int:
+        """DP ranks per replica group (ZeRO shards over ``dp_shard * cp``)."""
+        return self.dp // self.dp_replicate
+
+    @property
+    def zero_shard(self) -> int:
+        """How many ranks one ZeRO shard group has: ``dp_shard * cp`` (1 without ZeRO)."""
+        return self.dp_shard * self.cp if self.zero else 1
+
+    # ----------------------------------------------------------------- replica groups
+    def replica_of(self, rank: int) -> int:
+        """The replica group (0..dp_replicate-1) ``rank`` belongs to."""
+        return self.coords(rank).dp // self.dp_shard
+
+    def replica_groups(self) -> list[list[int]]:
+        """The ranks of each replica group, in replica order (each a full copy of model+optimizer)."""
+        out: list[list[int]] = [[] for _ in range(self.dp_replicate)]
+        for rank in range(self.world_size):
+            out[self.replica_of(rank)].append(rank)
+        return out
+
+    def shard_groups(self) -> list[list[int]]:
+        """Groups that share one ZeRO shard set: same pp, tp and replica; vary over dp_shard and cp."""
+        by_key: dict[tuple[int, int, int], list[int]] = {}
+        for rank in range(self.world_size):
+            c = self.coords(rank)
+            by_key.setdefault((c.pp, c.tp, c.dp // self.dp_shard), []).append(rank)
+        return sorted(by_key.values(), key=lambda g: g[0])
+
+    def replicate_groups(self) -> list[list[int]]:
+        """Groups that all-reduce gradients across replicas: same pp, tp, cp and shard index."""
+        by_key: dict[tuple[int, int, int, int], list[int]] = {}
+        for rank in range(self.world_size):
+            c = self.coords(rank)
+            by_key.setdefault((c.pp, c.tp, c.cp, c.dp % self.dp_shard), []).append(rank)
+        return sorted(by_key.values(), key=lambda g: g[0])
 
     def micro_batches_for(self, global_batch: int) -> int:
         """Micro-batches per step for one data-parallel replica (raises when it does not divide)."""
@@ -176,9 +228,25 @@ class Layout:
     def short(self) -> str:
         """Compact label such as ``tp2·pp2·cp1·dp3``."""
         s = f"tp{self.tp}·pp{self.pp}·cp{self.cp}·dp{self.dp}"
+        if self.dp_replicate > 1:
+            s += f"·rep{self.dp_replicate}"
         if self.vpp > 1:
             s += f"·vpp{self.vpp}"
         return s
+
+    def spec(self) -> str:
+        """The CLI layout string (what :meth:`parse` reads back): every field that differs from
+        the defaults, e.g. ``tp=2,dp=4,dp_replicate=2,zero=3``."""
+        parts = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "sp" and value == (self.tp > 1):
+                continue  # parse() makes sp the default companion of tp
+            if f.name == "schedule" and self.vpp > 1 and value == "interleaved":
+                continue
+            if value != f.default:
+                parts.append(f"{f.name}={str(value).lower() if isinstance(value, bool) else value}")
+        return ",".join(parts) or "dp=1"
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -193,7 +261,8 @@ class Layout:
 
     @classmethod
     def parse(cls, text: str) -> Layout:
-        """Parse ``"tp=2,cp=2,pp=2,dp=1,vpp=2,micro_batch=1,zero=1,cp_method=ring"``.
+        """Parse ``"tp=2,cp=2,pp=2,dp=1,vpp=2,micro_batch=1,zero=1,cp_method=ring"`` (and
+        ``dp_replicate=R`` for replica groups, e.g. ``"tp=2,dp=4,dp_replicate=2,zero=3"``).
 
         ``vpp > 1`` implies ``schedule=interleaved`` unless a schedule is given.
         """

@@ -4,6 +4,8 @@
   (master, m, v) = 2 + 4 + 12 = 18 B/param; fp16 = 2 + 2 + 16 = 20 B/param (fp8 keeps an extra
   1 B fp8 weight copy). ZeRO-1 shards the optimizer over the DP x CP group. ZeRO-3 (FSDP2) shards
   fp32 parameters (the master copy), fp32 gradients and Adam's m, v: 16 B/param over DP x CP.
+  With replica groups (HSDP, ``dp_replicate`` > 1) the shard group is ``dp_shard x cp`` instead:
+  every replica group holds the whole model and optimizer state.
 - **Activations** (Korthikanti et al. 2022, Table 2, generalised to GQA, gated MLPs, flash
   attention and CP): per layer and micro-batch, with ``t = b·s/cp`` tokens on the rank,
   ``t·[10h/(T if SP else 1) + (2h + 4·kv·dh + 2h + 2·fc1 + 2·F)/T] + 5·a·(s/cp)·s·b/T`` bytes (the
@@ -135,7 +137,8 @@ def _stages(spec: PlanSpec, lay: Layout) -> tuple[dict[str, float], dict[str, fl
     p, t = lay.pp, lay.tp
     mb = lay.num_micro_batches or max(1, spec.global_batch // (lay.dp * lay.micro_batch))
     first_layers, last_layers = stage_layers(m.layers, p, lay.vpp, head_layer_equivalents(m))
-    w, g, o = state_bytes_per_param(spec.precision, lay.zero, lay.dp * lay.cp)
+    # ZeRO shards over one replica group's dp_shard x cp (all of dp x cp without replica groups)
+    w, g, o = state_bytes_per_param(spec.precision, lay.zero, lay.dp_shard * lay.cp)
     per_param = w + g + o
     lp = layer_params(m) / t
     emb = m.vocab * m.hidden / t

@@ -98,7 +98,10 @@ def _shrink_dp(spec: PlanSpec, old: Layout) -> Plan | None:
             continue
         mbs = [b for b in range(min(old.micro_batch, per), 0, -1) if per % b == 0]
         for b in mbs:
-            lay = dataclasses.replace(old, dp=dp, micro_batch=b, num_micro_batches=per // b)
+            # with replica groups, shrinking DP drops whole replica groups (the shard split stays);
+            # a DP count the shard size does not divide falls back to plain ZeRO over all of DP
+            rep = dp // old.dp_shard if old.dp_replicate > 1 and dp % old.dp_shard == 0 else 1
+            lay = dataclasses.replace(old, dp=dp, dp_replicate=rep, micro_batch=b, num_micro_batches=per // b)
             if lay.schedule == "interleaved" and lay.num_micro_batches % lay.pp:
                 continue
             plan = evaluate_on(spec, lay, None)

@@ -10,6 +10,9 @@ Exact with respect to the cost model, but it skips what provably cannot win:
   their step time (compute at the GEMM efficiency ceiling, no communication, the smallest bubble
   any knob allows) and dropped once the bound exceeds the k-th best step time found.
 
+Replica groups (``dp_replicate``, HSDP) are tried for ZeRO layouts in the form that can pay off
+(shard groups inside a node, see :func:`replica_options`), each with its own recompute sweep.
+
 A field the spec fixes is never pruned away: dominance is applied only to free fields.
 Skipped candidates still count in ``searched``; ``evaluated`` counts those fully costed.
 """
@@ -48,6 +51,7 @@ from planner.timing import (
     layer_times,
     p2p_floor,
     p2p_time,
+    replica_allreduce_s,
     stage_param_count,
     zero3_traffic_s,
 )
@@ -108,26 +112,64 @@ def candidate_worlds(spec: PlanSpec) -> list[World]:
     return worlds
 
 
-def links_for(hw: Hardware, tp: int, cp: int, dp: int, pp: int, gpus: tuple[tuple[int, int], ...]) -> Links:
+def links_for(hw: Hardware, tp: int, cp: int, dp: int, pp: int, gpus: tuple[tuple[int, int], ...],
+              dp_replicate: int = 1) -> Links:
     """Links of each group kind under :func:`planner.grid.rank_grid`'s placement.
 
     TP and CP groups that leave a node are priced at one NIC per rank (conservative: they are on
     the critical path and share the NICs with DP and PP traffic); DP groups get one NIC per member
-    on a node (NCCL rings over every NIC); pipeline point-to-point gets one NIC.
+    on a node (NCCL rings over every NIC); pipeline point-to-point gets one NIC. With replica
+    groups the ZeRO shard group (``tp*cp*dp_shard`` consecutive ranks per block) is priced like a
+    DP group of its own, and the cross-replica all-reduce gets one NIC per member on a node (its
+    members are ``tp*cp*dp_shard`` ranks apart).
     """
     world = tp * cp * dp * pp
     per_node = min(g for g, _ in gpus)
-    return Links(
+    links = Links(
         tp=group_link(hw, block_fits(tp, world, gpus), 1),
         cp=group_link(hw, block_fits(tp * cp, world, gpus), 1),
         dp=group_link(hw, block_fits(tp * cp * dp, world, gpus), per_node // tp),
         pp=group_link(hw, block_fits(world, world, gpus), 1),
     )
+    if dp_replicate > 1:
+        block = tp * cp * (dp // dp_replicate)
+        links = dataclasses.replace(
+            links, dp_shard=group_link(hw, block_fits(block, world, gpus), per_node // tp),
+            dp_replicate=group_link(hw, block_fits(tp * cp * dp, world, gpus), per_node // block))
+    return links
+
+
+def replica_options(spec: PlanSpec, tp: int, cp: int, dp: int, pp: int, gpus: tuple[tuple[int, int], ...]
+                    ) -> list[int]:
+    """Replica-group counts (``dp_replicate``) the search tries for a shape with ZeRO: the fixed one,
+    else 1 (plain ZeRO over all of DP x CP) and the fewest replica groups whose shard group
+    (``tp*cp*dp_shard`` consecutive ranks) fits inside a node.
+
+    Why only those: ring collectives move ``(n-1)/n`` of their bytes, so every split of DP moves the
+    same bytes per rank (all-gather and reduce-scatter over ``dp_shard`` plus the all-reduce of a
+    ``1/dp_shard`` shard over ``dp_replicate`` add up to the reduce-scatter/all-gather over ``dp``);
+    splits differ in which link each part runs on, in hop latency, and in memory (more replica groups,
+    more state per GPU). The split that matters is the one that puts the shard collectives on a
+    node's link while plain ZeRO's group crosses nodes: the fewest replica groups that do that (the
+    most sharding, the least memory). Splits inside one link class differ only by hop latency and
+    are left out (fix ``dp_replicate`` to get one); so is any split when plain ZeRO's group already
+    fits in a node.
+    """
+    if "dp_replicate" in spec.fixed:
+        return [spec.fixed["dp_replicate"]]
+    world = tp * cp * dp * pp
+    out = [1]
+    for shard in sorted(divisors(dp), reverse=True):
+        if shard < dp and block_fits(tp * cp * shard, world, gpus):
+            if not block_fits(tp * cp * dp, world, gpus):  # else the plain shard group is inside a node too
+                out.append(dp // shard)
+            break
+    return out
 
 
 def build_estimate(spec: PlanSpec, hw: Hardware, lay: Layout, gpus: tuple[tuple[int, int], ...]) -> Estimate:
     mem = estimate_memory(spec, lay)
-    t = estimate_time(spec, hw, lay, links_for(hw, lay.tp, lay.cp, lay.dp, lay.pp, gpus))
+    t = estimate_time(spec, hw, lay, links_for(hw, lay.tp, lay.cp, lay.dp, lay.pp, gpus, lay.dp_replicate))
     m = spec.model
     tokens = spec.global_batch * m.seq_len
     tps = tokens / t.step_time_s
@@ -237,6 +279,8 @@ class Searcher:
                 bad = ("layers", f"pp {pp} exceeds the {spec.model.layers} layers")
             if bad is None and gb % dp:
                 bad = ("global_batch", f"global_batch {gb} not divisible by dp {dp}")
+            if bad is None and dp % spec.fixed.get("dp_replicate", 1):
+                bad = ("dp_replicate", f"dp_replicate {spec.fixed['dp_replicate']} does not divide dp {dp}")
             if bad:
                 self.reject(shape, bad[0], bad[1])
                 self.searched += 1
@@ -274,12 +318,14 @@ class Searcher:
         top = self.spec.model.layers // pp
         return list(range(2 if sched == "interleaved" else 1, top + 1)) or [2]
 
-    def tight_bound(self, hw: Hardware, links: Links, shape: dict[str, int], b: int, nmb: int,
+    def tight_bound(self, hw: Hardware, links_by_rep: dict[int, Links], shape: dict[str, int], b: int, nmb: int,
                     sps: list[bool], cpms: list[str], vpps: list[int], zero3_only: bool) -> list[tuple[float, int]]:
         """A cheap lower bound on the step time of every remaining knob, per vpp: the pipeline with
-        its point-to-point, no recompute, no DP exposure; ZeRO-3's gathers when only ZeRO-3 fits."""
+        its point-to-point, no recompute, no DP exposure; ZeRO-3's gathers when only ZeRO-3 fits
+        (the cheapest over the replica-group options, without their cross-replica all-reduce)."""
         m = self.spec.model
-        tp, cp, pp, shard = shape["tp"], shape["cp"], shape["pp"], shape["dp"] * shape["cp"]
+        tp, cp, pp = shape["tp"], shape["cp"], shape["pp"]
+        links = links_by_rep[min(links_by_rep)]
         head = head_time(m, hw, b, tp, cp)
         layer = min(layer_times(m, self.spec.precision, hw, b, tp, cp, sp, "none", cpm, links.tp, links.cp).total
                     for sp in sps for cpm in cpms)
@@ -289,10 +335,16 @@ class Searcher:
         for v in vpps:
             first, last = stage_layers(m.layers, pp, v, heq)
             stage = max(first * layer, last * layer + head) if pp > 1 else first * layer + head
-            if zero3_only and shard > 1:  # the gathers and the reduce-scatter bound a micro-batch
-                ag, rs = zero3_traffic_s(self.spec.precision, stage_param_count(m, min(first, last), tp), shard,
-                                         links.dp)
-                stage = max(stage, 2 * ag + rs)
+            if zero3_only:  # the gathers and the reduce-scatter bound a micro-batch
+                floor = math.inf
+                for r, lk in links_by_rep.items():
+                    shard = shape["dp"] // r * cp
+                    params = stage_param_count(m, min(first, last), tp)
+                    ag, rs = zero3_traffic_s(self.spec.precision, params, shard, lk.dp_shard or lk.dp) \
+                        if shard > 1 else (0.0, 0.0)
+                    rs += replica_allreduce_s(self.spec.precision, params, shard, r, lk.dp_replicate or lk.dp)
+                    floor = min(floor, 2 * ag + rs)
+                stage = max(stage, floor)
             # interleaved transfers hide under compute: only their latencies are certain
             out.append(((nmb + (pp - 1) / v) * (stage + (v * p2p if v == 1 else p2p_floor(pp, v, links.pp))), v))
         return out
@@ -311,7 +363,8 @@ class Searcher:
         zeros = self._options("zero", [1, 3] if dp * cp > 1 else [0])
         recs = self._options("recompute", ENGINE_RECOMPUTE if spec.engine_only else RECOMPUTE_ORDER)
         cpms = self._options("cp_method", ["ring", "ulysses"] if cp > 1 else ["ring"])
-        links = links_for(hw, tp, cp, dp, pp, world.gpus)
+        reps = replica_options(spec, tp, cp, dp, pp, world.gpus) if dp > 1 else [1]
+        links_by_rep = {r: links_for(hw, tp, cp, dp, pp, world.gpus, r) for r in reps}
         per_v = len(sps) * len(zeros) * len(recs) * len(cpms)
         key = (world.size, tp, pp, cp, dp)
         fitting = [z for z in zeros if states_floor_gb(spec, tp, pp, dp * cp, z) <= self.limit_gb]
@@ -345,28 +398,32 @@ class Searcher:
                 else:
                     vs.append(v)
             # most promising first: the shape's best so far then rules out more of the rest
-            for bound, v in sorted(self.tight_bound(hw, links, shape, b, nmb, sps, cpms, vs, zero3_only)):
+            for bound, v in sorted(self.tight_bound(hw, links_by_rep, shape, b, nmb, sps, cpms, vs, zero3_only)):
                 if bound > self._limit(key):
                     any_fit = True  # unknown whether it fits: do not stop on memory grounds
                     continue
                 for sched in self._options("schedule", ["interleaved"] if v > 1 else ["1f1b"]):
                     for sp in sps:
                         for cpm in cpms:
-                            if self._try_knobs(world, hw, links, shape, b, nmb, v, sched, sp, cpm, zeros, recs):
+                            if self._try_knobs(world, hw, links_by_rep, shape, b, nmb, v, sched, sp, cpm, zeros,
+                                               recs):
                                 any_fit = True
             if not any_fit and "micro_batch" not in spec.fixed:
                 # memory only grows with the micro-batch: larger ones cannot fit either
                 self.searched += (len(mbs) - i - 1) * len(splittable) * per_v
                 break
 
-    def _try_knobs(self, world: World, hw: Hardware, links: Links, shape: dict[str, int], b: int, nmb: int,
-                   v: int, sched: str, sp: bool, cpm: str, zeros: list[int], recs: list[str]) -> bool:
-        """ZeRO x recompute for one (b, v, schedule, sp, cp_method); True unless only memory failed.
+    def _try_knobs(self, world: World, hw: Hardware, links_by_rep: dict[int, Links], shape: dict[str, int], b: int,
+                   nmb: int, v: int, sched: str, sp: bool, cpm: str, zeros: list[int], recs: list[str]) -> bool:
+        """ZeRO x replica groups x recompute for one (b, v, schedule, sp, cp_method); True unless only
+        memory failed.
 
         Recompute modes are tried cheapest first and stop at the first that fits; ZeRO-1 (or 0)
-        first: once it fits with mode r, ZeRO-3 (more communication) only needs modes cheaper than r.
+        first: once it fits with mode r, ZeRO-3 (more communication) only needs modes cheaper than r
+        (per replica-group count: the same argument holds for each).
         """
         spec = self.spec
+        links = links_by_rep[min(links_by_rep)]
         # cheapest recompute first (the order depends on the shapes), the leanest one is "full"
         if len(recs) > 1:
             order_key = (hw, b, shape["tp"], shape["cp"], sp, cpm, links.tp, links.cp)
@@ -377,7 +434,8 @@ class Searcher:
                 self._rc_order[order_key] = order
             recs = order
         lean_rc = "full" if "full" in recs else recs[-1]
-        cutoff = len(recs)
+        cutoff = {r: len(recs) for r in links_by_rep}
+        rc_fit: dict[int, int] = {}
         fitted_any = False
         # the leanest combination first (memory falls with the ZeRO stage; full recompute keeps least):
         # when even it does not fit, no combination does
@@ -397,21 +455,26 @@ class Searcher:
             self.reject(lean, "memory", f"needs {mem:.1f} GiB per GPU > {self.limit_gb:.1f} GiB usable "
                         "(with the least memory any ZeRO stage and recompute mode allow)", len(zeros) * len(recs))
             return False
-        for zero in zeros:
-            if zero != lean.zero:
-                mem = memory_total_gb(spec, dataclasses.replace(lean, zero=zero))
+        for zero, rep in [(z, r) for z in zeros for r in (sorted(links_by_rep) if z else [1])]:
+            if (zero, rep) != (lean.zero, 1):
+                mem = memory_total_gb(spec, dataclasses.replace(lean, zero=zero, dp_replicate=rep))
                 if mem > self.limit_gb:  # not even the leanest recompute mode fits at this stage
-                    self.reject({**shape, "vpp": v, "micro_batch": b, "zero": zero}, "memory",
+                    self.reject({**shape, "vpp": v, "micro_batch": b, "zero": zero, "dp_replicate": rep}, "memory",
                                 f"needs {mem:.1f} GiB per GPU > {self.limit_gb:.1f} GiB usable with recompute "
                                 f"{lean_rc}", len(recs))
                     continue
+            # replica groups hold more state than plain ZeRO: a mode that did not fit with dp_replicate=1
+            # cannot fit with more replica groups (rc_fit: the modes before it failed plainly)
+            start = rc_fit.get(zero, 0) if rep > 1 else 0
             for k, rc in enumerate(recs):
-                if k >= cutoff:
+                if k >= cutoff[rep]:
                     break
+                if k < start:
+                    continue
                 try:
                     lay = Layout(tp=shape["tp"], pp=shape["pp"], cp=shape["cp"], dp=shape["dp"], vpp=v,
                                  micro_batch=b, num_micro_batches=nmb, sp=sp, zero=zero, recompute=rc,
-                                 schedule=sched, cp_method=cpm)
+                                 schedule=sched, cp_method=cpm, dp_replicate=rep)
                 except ValueError as exc:
                     self.reject({**shape, "vpp": v, "schedule": sched}, "layout", str(exc))
                     return True
@@ -422,12 +485,16 @@ class Searcher:
                 mem = memory_total_gb(spec, lay)
                 if mem > self.limit_gb:
                     self.reject(lay, "memory", f"needs {mem:.1f} GiB per GPU > {self.limit_gb:.1f} GiB usable")
+                    if rep == 1:
+                        rc_fit[zero] = k + 1
                     continue
                 fitted_any = True
+                if rep == 1:
+                    rc_fit[zero] = k
                 self.evaluated += 1
-                self.found(estimate_time(spec, hw, lay, links, detail=False).step_time_s, lay, world)
+                self.found(estimate_time(spec, hw, lay, links_by_rep[rep], detail=False).step_time_s, lay, world)
                 if zero < 3:
-                    cutoff = k
+                    cutoff[rep] = k
                 break
         return fitted_any
 

@@ -334,14 +334,14 @@ def parse_cluster(raw: Mapping[str, Any], top: Mapping[str, Any]) -> ClusterSpec
 
 
 # --------------------------------------------------------------------------------------- parallel
-_PARALLEL_KEYS = {"tp", "pp", "cp", "dp", "vpp", "micro_batch", "global_batch", "sp", "zero", "recompute",
-                  "schedule", "cp_method", "num_micro_batches", "tp_overlap"}
+_PARALLEL_KEYS = {"tp", "pp", "cp", "dp", "dp_replicate", "vpp", "micro_batch", "global_batch", "sp", "zero",
+                  "recompute", "schedule", "cp_method", "num_micro_batches", "tp_overlap"}
 
 
 def parse_parallel(raw: Mapping[str, Any]) -> dict[str, Any]:
     _check_keys(raw, "parallel", _PARALLEL_KEYS)
     fixed: dict[str, Any] = {}
-    for key in ("tp", "pp", "cp", "dp", "vpp", "micro_batch"):
+    for key in ("tp", "pp", "cp", "dp", "dp_replicate", "vpp", "micro_batch"):
         if raw.get(key) is not None:
             fixed[key] = _int(raw[key], f"parallel.{key}")
     if raw.get("sp") is not None:
@@ -362,6 +362,10 @@ def parse_parallel(raw: Mapping[str, Any]) -> dict[str, Any]:
             if raw[key] not in allowed:
                 raise SpecError(f"parallel.{key}", f"must be one of {', '.join(allowed)}, got {raw[key]!r}")
             fixed[key] = raw[key]
+    if fixed.get("dp_replicate", 1) > 1 and fixed.get("zero") == 0:
+        raise SpecError("parallel.dp_replicate", "replica groups (dp_replicate > 1) need zero 1 or 3")
+    if "dp" in fixed and fixed["dp"] % fixed.get("dp_replicate", 1):
+        raise SpecError("parallel.dp_replicate", f"must divide dp {fixed['dp']}, got {fixed['dp_replicate']}")
     if fixed.get("schedule") == "interleaved" and fixed.get("vpp") == 1:
         raise SpecError("parallel.vpp", "schedule interleaved needs vpp >= 2 (vpp 1 is the plain 1f1b pipeline)")
     if fixed.get("vpp", 1) > 1 and fixed.get("schedule", "interleaved") != "interleaved":

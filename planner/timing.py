@@ -293,6 +293,10 @@ class Links:
     cp: tuple[float, float]
     dp: tuple[float, float]
     pp: tuple[float, float]
+    # replica groups (HSDP): the ZeRO shard group's link and the cross-replica all-reduce's link
+    # (None without replica groups: the shard group is the whole DP x CP group, link ``dp``)
+    dp_shard: tuple[float, float] | None = None
+    dp_replicate: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +363,16 @@ def zero3_traffic_s(precision: str, stage_params: float, shard: int, link: tuple
             half_collective_time(grad_bytes * stage_params, shard, link[0], link[1]))
 
 
+def replica_allreduce_s(precision: str, stage_params: float, shard: int, replicas: int,
+                        link: tuple[float, float]) -> float:
+    """HSDP: all-reduce of one gradient shard (``stage_params / shard`` values) across ``replicas``
+    replica groups (0 without replica groups)."""
+    if replicas <= 1:
+        return 0.0
+    grad_bytes = 2.0 if precision == "fp16" else 4.0
+    return allreduce_time(grad_bytes * stage_params / shard, replicas, link[0], link[1])
+
+
 def estimate_time(spec: PlanSpec, hw: Hardware, lay: Layout, links: Links, detail: bool = True) -> TimeEstimate:
     m = spec.model
     p, v, b, tp, cp, dp = lay.pp, lay.vpp, lay.micro_batch, lay.tp, lay.cp, lay.dp
@@ -375,16 +389,22 @@ def estimate_time(spec: PlanSpec, hw: Hardware, lay: Layout, links: Links, detai
     p2p, p2p_hidden = p2p_exposed(p2p_time(m, b, tp, cp, p, v, links.pp), v, links.pp,
                                   n_layers / v * lt.fwd, n_layers / v * (lt.bwd + lt.rc))
 
-    # ZeRO-3: per micro-batch parameter gathers and gradient reduce-scatter
-    shard = dp * cp
+    # ZeRO-3: per micro-batch parameter gathers and gradient reduce-scatter (over the shard group:
+    # dp_shard x cp, which is dp x cp without replica groups), plus with replica groups (HSDP) the
+    # all-reduce of the reduced shard across the replicas (FSDP2 runs it after every backward)
+    shard = lay.dp_shard * cp
+    rep = lay.dp_replicate if lay.zero else 1
     stage_params = stage_param_count(m, n_layers, tp)
     grad_bytes = 2.0 if spec.precision == "fp16" else 4.0
-    dbw, dlat = links.dp
+    shard_link = links.dp_shard or links.dp
+    rep_ar = replica_allreduce_s(spec.precision, stage_params, shard, rep, links.dp_replicate or links.dp)
+    dbw, dlat = shard_link
     z3_exposed = z3_hidden = 0.0
     fwd_mb = n_layers * lt.fwd
     bwd_mb = n_layers * (lt.bwd + lt.rc)
-    if lay.zero >= 3 and shard > 1:
-        ag, rs = zero3_traffic_s(spec.precision, stage_params, shard, links.dp)
+    if lay.zero >= 3 and shard * rep > 1:
+        ag, rs = zero3_traffic_s(spec.precision, stage_params, shard, shard_link) if shard > 1 else (0.0, 0.0)
+        rs += rep_ar
         # FSDP2 prefetches the next layer's gather under this layer's compute: the first gather of
         # each pass and the last reduce-scatter are never hidden
         first = 1.0 / max(1, n_layers)
@@ -398,12 +418,12 @@ def estimate_time(spec: PlanSpec, hw: Hardware, lay: Layout, links: Links, detai
 
     # data-parallel gradient synchronisation (ZeRO 0/1), overlapped with the last backward
     dp_exposed = dp_hidden = 0.0
-    if lay.zero < 3 and shard > 1:
+    if lay.zero < 3 and shard * rep > 1:
         if lay.zero == 0:
             comm = allreduce_time(grad_bytes * stage_params, shard, dbw, dlat)
             ag = 0.0
         else:
-            comm = half_collective_time(grad_bytes * stage_params, shard, dbw, dlat)
+            comm = half_collective_time(grad_bytes * stage_params, shard, dbw, dlat) + rep_ar
             ag = half_collective_time(2.0 * stage_params, shard, dbw, dlat)
         window = bwd_mb
         dp_exposed = max(0.0, comm - window) + max(0.0, ag - fwd_mb)

@@ -24,7 +24,8 @@ def train(
     model: Annotated[str | None, typer.Option("--model", help="model preset (tiny, small, llama3-8b, ...)")] = None,
     model_json: Annotated[Path | None, typer.Option("--model-json", help="model shape as JSON")] = None,
     layout: Annotated[str | None, typer.Option(
-        "--layout", help="tp=2,cp=2,pp=2,dp=1[,vpp=2,micro_batch=1,zero=1,cp_method=ring|ulysses]; "
+        "--layout", help="tp=2,cp=2,pp=2,dp=1[,vpp=2,micro_batch=1,zero=1,cp_method=ring|ulysses,"
+                         "dp_replicate=R (replica groups, zero 1|3)]; "
                          "omitted = single process")] = None,
     global_batch: Annotated[int, typer.Option("--global-batch", min=1)] = 8,
     steps: Annotated[int, typer.Option("--steps", min=1)] = 10,

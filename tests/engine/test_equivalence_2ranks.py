@@ -25,6 +25,7 @@ SPECS = [
     "dp=2",
     "dp=2,zero=1",
     "dp=2,zero=3",
+    "dp=2,dp_replicate=2,zero=1",  # two replica groups of one rank: the norm sums no replica twice
     "dp=2,micro_batch=1",  # gradient accumulation over 4 micro-batches
     "dp=2,recompute=full",  # activation checkpointing per block
     "tp=2,recompute=selective",  # the attention core run again in the backward

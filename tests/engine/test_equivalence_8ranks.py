@@ -25,6 +25,7 @@ SPECS = [
     "tp=8",  # tp > kv_heads: KV heads replicated
     "tp=4,dp=2,zero=1",
     "tp=4,dp=2,zero=3",  # FSDP over TP-sharded dim 0 (strided shards): the global norm must count them
+    "tp=2,dp=4,dp_replicate=2,zero=3",  # TP x HSDP with real shards: the norm counts each replica once
 ]
 
 

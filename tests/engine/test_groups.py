@@ -19,9 +19,10 @@ def _body(rank: int, world: int) -> dict:
     from workers.engine.groups import ParallelGroups
 
     out: dict = {}
-    for spec in ("cp=2", "tp=2", "dp=2", "pp=2"):
+    for spec in ("cp=2", "tp=2", "dp=2", "pp=2", "dp=2,dp_replicate=2,zero=1"):
         g = ParallelGroups(Layout.parse(spec), rank, world, timeout_s=30)
-        out[spec] = {d: dist.get_process_group_ranks(getattr(g, d)) for d in ("tp", "cp", "dp", "pp", "dp_cp")}
+        dims = ("tp", "cp", "dp", "pp", "dp_cp", "dp_shard_cp") + (("dp_replicate",) if g.replicated else ())
+        out[spec] = {d: dist.get_process_group_ranks(getattr(g, d)) for d in dims}
         g.close()
     # a peer that never joins the collective: the sub-group times out after ~2 s instead of hanging
     g = ParallelGroups(Layout.parse("cp=2"), rank, world, timeout_s=2)
@@ -45,5 +46,10 @@ def test_groups_follow_the_layout_time_out_and_rebuild() -> None:
         assert r["cp=2"]["cp"] == [0, 1] and r["cp=2"]["tp"] == [rank] and r["cp=2"]["dp_cp"] == [0, 1]
         assert r["tp=2"]["tp"] == [0, 1] and r["tp=2"]["dp_cp"] == [rank]
         assert r["dp=2"]["dp"] == [0, 1] and r["pp=2"]["pp"] == [0, 1]
+        assert r["dp=2"]["dp_shard_cp"] == [0, 1]  # without replica groups ZeRO shards over all of dp_cp
+        # two replica groups of one rank each: ZeRO inside a replica, the all-reduce across the two
+        hsdp = r["dp=2,dp_replicate=2,zero=1"]
+        assert hsdp["dp_shard_cp"] == [rank] and hsdp["dp_replicate"] == [0, 1]
+        assert hsdp["dp"] == [0, 1] and hsdp["dp_cp"] == [0, 1]
     elapsed, message = results[0]["timeout"]
     assert 1.5 < elapsed < 6, (elapsed, message)

@@ -17,11 +17,17 @@ PAIRS_4 = [
     ("cp=2,dp=2,zero=3", "pp=2,dp=2,vpp=2"),
     ("pp=4", "tp=4"),
     ("tp=2,dp=2,zero=1", "cp=4,cp_method=ulysses"),
+    # replica groups (HSDP) to and from plain ZeRO-3 and TP layouts
+    ("dp=4,dp_replicate=2,zero=3", "dp=4,zero=3"),
+    ("dp=4,zero=3", "dp=4,dp_replicate=2,zero=3"),
+    ("tp=2,dp=2,dp_replicate=2,zero=1", "tp=4"),
+    ("tp=2,pp=2", "cp=2,dp=2,dp_replicate=2,zero=1"),
 ]
 # checkpoints written by a 4-rank A, resumed by a 2-rank B (an elastic shrink)
 PAIRS_4_TO_2 = [
     ("tp=2,cp=2", "pp=2"),
     ("pp=2,dp=2,zero=3", "tp=2"),
+    ("dp=4,dp_replicate=2,zero=3", "tp=2"),  # a 4-rank HSDP checkpoint read by a 2-rank TP run
 ]
 
 

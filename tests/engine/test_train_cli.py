@@ -36,6 +36,8 @@ def _run(*args: str):
     (["--layout", "pp=3"], "layers 4 not divisible"),
     (["--layout", "tp=2,bogus=1"], "unknown layout field"),
     (["--layout", "dp=3"], "divisible by dp*micro_batch"),
+    (["--layout", "dp=4,dp_replicate=3,zero=1"], "'dp_replicate' (3) must divide dp (4)"),
+    (["--layout", "dp=2,dp_replicate=2"], "'dp_replicate' > 1 needs zero=1 or zero=3"),
     (["--layout", "cp=4,cp_method=ulysses", "--model-json", "MODEL"], "ulysses"),
     (["--resume"], "need --checkpoint-dir"),
 ])

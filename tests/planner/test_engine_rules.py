@@ -48,7 +48,7 @@ def small_specs(draw: st.DrawFn) -> dict[str, Any]:
     gb = draw(st.integers(1, 16))
     fixed = draw(st.sampled_from([{}, {"schedule": "interleaved"}, {"pp": 2}, {"pp": 4}, {"vpp": 2},
                                   {"sp": True}, {"cp_method": "ulysses"}, {"tp": 2}, {"cp": 2},
-                                  {"micro_batch": 1}]))
+                                  {"micro_batch": 1}, {"dp_replicate": 2}, {"dp_replicate": 2, "zero": 1}]))
     return _raw(model, nodes, gb, fixed)
 
 

@@ -18,7 +18,8 @@ from planner.spec import SpecError
 
 pytestmark = pytest.mark.unit
 
-FIELDS = ("tp", "pp", "cp", "dp", "vpp", "micro_batch", "sp", "zero", "recompute", "schedule", "cp_method")
+FIELDS = ("tp", "pp", "cp", "dp", "vpp", "micro_batch", "sp", "zero", "recompute", "schedule", "cp_method",
+          "dp_replicate")
 
 ISSUE_SPEC: dict[str, Any] = {
     "model": {"layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8, "ffn": 53248, "vocab": 128256,

@@ -9,6 +9,13 @@ pieces (TP/SP, FSDP2) need a DeviceMesh; the flattened ``dp_cp`` dimension is th
 reduces gradients of parameters replicated over DP *and* CP. Every dimension, including the
 flattened one, is created with explicit backend options carrying the timeout: the default-group
 timeout given to ``init_process_group`` does not reach sub-groups (docs/feasibility.md §1).
+
+Replica groups (``layout.dp_replicate = R > 1``, HSDP): the mesh is 5-D, ``[pp, dp_replicate,
+dp_shard, cp, tp]`` (the dp index is ``shard_i + dp_shard * replica_i``, so this is a reshape of
+the same grid), with three flattened dimensions: ``dp`` (replicate x shard), ``dp_cp`` (the whole
+data-parallel group, as before) and ``dp_shard_cp`` (one replica group's ZeRO shard group). ZeRO
+shards over ``dp_shard_cp``; gradients of the shards are all-reduced over ``dp_replicate``. With
+``R = 1`` the mesh is the 4-D one and ``dp_shard_cp`` is ``dp_cp``.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from planner.layout import Layout
 
 MESH_DIMS: tuple[str, ...] = ("pp", "dp", "cp", "tp")
+HSDP_MESH_DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 def backend_options(backend: str, timeout_s: float) -> tuple[str, Any]:
@@ -67,19 +75,42 @@ class ParallelGroups:
         # ranks and dimension names do: a suffix unique to this mesh (the number of groups created
         # so far, identical on every rank) keeps a rebuilt trainer off the destroyed groups.
         self.tag = f"@{dist.distributed_c10d._world.group_count}"
-        self.mesh = DeviceMesh(self.device_type, rank_grid(layout),
-                               mesh_dim_names=tuple(d + self.tag for d in MESH_DIMS),
-                               backend_override=(override,) * len(MESH_DIMS))
-        self.dp_cp_mesh = self.mesh[self._n("dp"), self._n("cp")]._flatten(self._n("dp_cp"),
-                                                                          backend_override=override)
+        self.replicated = layout.dp_replicate > 1
+        if not self.replicated:
+            self.mesh = DeviceMesh(self.device_type, rank_grid(layout),
+                                   mesh_dim_names=tuple(d + self.tag for d in MESH_DIMS),
+                                   backend_override=(override,) * len(MESH_DIMS))
+            self.dp_mesh = self.mesh[self._n("dp")]
+            self.dp_cp_mesh = self.mesh[self._n("dp"), self._n("cp")]._flatten(self._n("dp_cp"),
+                                                                              backend_override=override)
+            self.dp_shard_cp_mesh = self.dp_cp_mesh
+        else:
+            grid = rank_grid(layout).reshape(layout.pp, layout.dp_replicate, layout.dp_shard, layout.cp, layout.tp)
+            self.mesh = DeviceMesh(self.device_type, grid,
+                                   mesh_dim_names=tuple(d + self.tag for d in HSDP_MESH_DIMS),
+                                   backend_override=(override,) * len(HSDP_MESH_DIMS))
+            rep, shard, cp = self._n("dp_replicate"), self._n("dp_shard"), self._n("cp")
+            self.dp_mesh = self.mesh[rep, shard]._flatten(self._n("dp"), backend_override=override)
+            self.dp_cp_mesh = self.mesh[rep, shard, cp]._flatten(self._n("dp_cp"), backend_override=override)
+            self.dp_shard_cp_mesh = self.mesh[shard, cp]._flatten(self._n("dp_shard_cp"),
+                                                                  backend_override=override)
         self._check_against_layout()
         self._closed = False
 
     def _check_against_layout(self) -> None:
         # The mesh groups must be exactly the Layout's groups (guards the rank-order contract).
-        for dims, mesh in ((("tp",), self.tp_mesh), (("cp",), self.cp_mesh), (("pp",), self.pp_mesh),
-                           (("dp", "cp"), self.dp_cp_mesh)):
-            expected = self.layout.group_of(self.rank, *dims)  # type: ignore[arg-type]
+        lay = self.layout
+        checks = [(("tp",), self.tp_mesh, lay.group_of(self.rank, "tp")),
+                  (("cp",), self.cp_mesh, lay.group_of(self.rank, "cp")),
+                  (("pp",), self.pp_mesh, lay.group_of(self.rank, "pp")),
+                  (("dp",), self.dp_mesh, lay.group_of(self.rank, "dp")),
+                  (("dp", "cp"), self.dp_cp_mesh, lay.group_of(self.rank, "dp", "cp")),
+                  (("dp_shard", "cp"), self.dp_shard_cp_mesh,
+                   next(g for g in lay.shard_groups() if self.rank in g))]
+        if self.replicated:
+            checks.append((("dp_replicate",), self.mesh[self._n("dp_replicate")],
+                           next(g for g in lay.replicate_groups() if self.rank in g)))
+        for dims, mesh, expected in checks:
             got = sorted(int(r) for r in mesh.mesh.flatten().tolist())
             if got != expected:
                 raise RuntimeError(f"mesh group {dims} = {got} differs from the layout's {expected}")
@@ -101,6 +132,13 @@ class ParallelGroups:
         return self.mesh[self._n("pp")]
 
     @property
+    def fsdp_mesh(self) -> DeviceMesh:
+        """FSDP2's mesh: ``dp_cp`` (1-D, plain FSDP), or ``(dp_replicate, dp_shard_cp)`` (2-D: HSDP)."""
+        if self.replicated:
+            return self.mesh[self._n("dp_replicate"), self._n("dp_shard_cp")]
+        return self.dp_cp_mesh
+
+    @property
     def tp(self) -> dist.ProcessGroup:
         return self.mesh.get_group(self._n("tp"))
 
@@ -110,7 +148,7 @@ class ParallelGroups:
 
     @property
     def dp(self) -> dist.ProcessGroup:
-        return self.mesh.get_group(self._n("dp"))
+        return self.dp_mesh.get_group()
 
     @property
     def pp(self) -> dist.ProcessGroup:
@@ -120,6 +158,16 @@ class ParallelGroups:
     def dp_cp(self) -> dist.ProcessGroup:
         return self.dp_cp_mesh.get_group()
 
+    @property
+    def dp_shard_cp(self) -> dist.ProcessGroup:
+        """The ZeRO shard group: ``dp_cp`` itself without replica groups, else one replica's share."""
+        return self.dp_shard_cp_mesh.get_group()
+
+    @property
+    def dp_replicate(self) -> dist.ProcessGroup | None:
+        """The gradient all-reduce group across replica groups (None without replica groups)."""
+        return self.mesh.get_group(self._n("dp_replicate")) if self.replicated else None
+
     def global_rank(self, dim: str, index: int) -> int:
         """Global rank of the peer at ``index`` along ``dim``, other coordinates equal to ours."""
         c = self.coords
@@ -128,7 +176,8 @@ class ParallelGroups:
         return self.layout.rank_of(**kw)
 
     def all_groups(self) -> list[dist.ProcessGroup]:
-        return [self.mesh.get_group(self._n(d)) for d in MESH_DIMS] + [self.dp_cp]
+        dims = HSDP_MESH_DIMS if self.replicated else MESH_DIMS
+        return [self.mesh.get_group(self._n(d)) for d in dims] + [self.dp, self.dp_cp, self.dp_shard_cp]
 
     def close(self) -> None:
         """Barrier, then destroy every sub-group (never the default group)."""

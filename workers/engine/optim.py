@@ -44,7 +44,11 @@ def build_adamw(named: list[tuple[str, nn.Parameter]], cfg: TrainConfig) -> torc
 
 
 def _sharded_dims(g: torch.Tensor) -> tuple[bool, bool]:
-    """(sharded over TP, sharded over dp_cp) for a gradient.
+    """(sharded over TP, sharded over the ZeRO shard group) for a gradient.
+
+    With replica groups (HSDP) the ``dp_replicate`` mesh dimension is ``Replicate`` and not counted:
+    the shard group is ``dp_shard_cp``, and summing over all of ``dp_cp`` would count each element
+    once per replica group.
 
     A mesh dimension shards the gradient unless its placement is ``Replicate`` (``Partial`` is
     resolved before this runs). Not ``placement.is_shard()``: FSDP2 over a TP-sharded dimension 0
@@ -78,7 +82,9 @@ def global_grad_norm(params: list[nn.Parameter], groups: ParallelGroups, owned_o
 
     Squares are bucketed by how a gradient is sharded (replicated, over TP, over dp_cp, both) and
     each bucket is summed over exactly the groups it is sharded over, then over the PP stages.
-    ``owned_over_dp`` (zero=1): each gradient lives on its owner only, so all are dp_cp-sharded.
+    ``owned_over_dp`` (zero=1): each gradient lives on its owner only, so all are sharded over the
+    ZeRO shard group. That group is ``dp_shard_cp`` (= ``dp_cp`` without replica groups): replica
+    groups hold identical copies, so their squares are never summed across replicas.
     """
     sq = torch.zeros(4, dtype=torch.float64)
     for p in params:
@@ -94,7 +100,7 @@ def global_grad_norm(params: list[nn.Parameter], groups: ParallelGroups, owned_o
     tp_part = torch.stack([sq[1], sq[3]])
     _sum(tp_part, groups.tp)
     dp_part = torch.stack([sq[2], tp_part[1]])
-    _sum(dp_part, groups.dp_cp)
+    _sum(dp_part, groups.dp_shard_cp)
     total = (sq[0] + tp_part[0] + dp_part[0] + dp_part[1]).reshape(1)
     _sum(total, groups.pp)
     return float(total.sqrt().item())

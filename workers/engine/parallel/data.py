@@ -15,6 +15,12 @@ so averaging over ``dp_cp`` gives exactly the single-process mean.
   reshard to any other layout.
 - zero=3: FSDP2 ``fully_shard`` per transformer block and per stage root on the ``dp_cp`` mesh
   (composes with the TP DTensors, as in TorchTitan); FSDP2 reduce-scatters and averages.
+
+Replica groups (``dp_replicate > 1``, HSDP): ZeRO shards over ``dp_shard_cp`` (one replica group)
+instead of ``dp_cp``. zero=3 hands FSDP2 the 2-D ``(dp_replicate, dp_shard_cp)`` mesh (FSDP2's
+HSDP: reduce-scatter in the shard dimension, all-reduce of the shard across replicas); zero=1
+averages each gradient onto its owner inside the replica group, then all-reduces it between the
+owners of the same parameters in the other groups, and every group steps its own full copy.
 """
 
 from __future__ import annotations
@@ -79,26 +85,32 @@ def partition_params(names: list[str], params: list[nn.Parameter], parts: int) -
 
 
 class ZeroOneShards:
-    """Which ``dp_cp`` rank owns each parameter's optimizer state, and the post-step broadcast."""
+    """Which rank of the ZeRO shard group (``dp_cp``, or ``dp_shard_cp`` with replica groups) owns
+    each parameter's optimizer state, and the post-step broadcast."""
 
     def __init__(self, names: list[str], params: list[nn.Parameter], groups: ParallelGroups) -> None:
         self.groups = groups
-        self.group = groups.dp_cp
+        self.group = groups.dp_shard_cp
+        self.replicas = groups.dp_replicate  # owners of the same parameters in the other replica groups
         self.size = dist.get_world_size(self.group)
         self.index = dist.get_rank(self.group)
         self.ranks = dist.get_process_group_ranks(self.group)
         self.params = params
         self.owner = partition_params(names, params, self.size)
         if self.size > 1 and len(set(self.owner)) < self.size:
-            raise ValueError(f"zero=1: {len(params)} parameter tensors cannot be spread over dp*cp = {self.size} ranks")
+            raise ValueError(f"zero=1: {len(params)} parameter tensors cannot be spread over dp_shard*cp = "
+                             f"{self.size} ranks")
 
     def owned(self) -> list[int]:
         return [i for i, o in enumerate(self.owner) if o == self.index]
 
     @torch.no_grad()
     def reduce_grads(self) -> None:
-        """Average every gradient onto its owner; the other ranks drop theirs (``grad = None``)."""
+        """Average every gradient onto its owner; the other ranks drop theirs (``grad = None``).
+        With replica groups the owners then average over the replicas (one flat all-reduce)."""
         if self.size == 1:
+            if self.replicas is not None:
+                allreduce_grads(self.params, self.replicas)
             return
         for j in range(self.size):
             idx = [i for i, o in enumerate(self.owner) if o == j and self.params[i].grad is not None]
@@ -108,6 +120,9 @@ class ZeroOneShards:
             flat = flatten(grads)
             dist.reduce(flat, dst=self.ranks[j], op=dist.ReduceOp.SUM, group=self.group)
             if j == self.index:
+                if self.replicas is not None:
+                    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.replicas)
+                    flat /= dist.get_world_size(self.replicas)
                 flat /= self.size
                 unflatten_into(flat, grads)
             else:
@@ -127,10 +142,11 @@ class ZeroOneShards:
 
 
 def apply_fsdp(module: nn.Module, groups: ParallelGroups, pp_enabled: bool) -> None:
-    """FSDP2 over ``dp_cp``: each transformer block, then the stage root (TorchTitan's order)."""
+    """FSDP2 over ``dp_cp`` (or HSDP over ``(dp_replicate, dp_shard_cp)``): each transformer block,
+    then the stage root (TorchTitan's order)."""
     from torch.distributed.fsdp import fully_shard
 
-    mesh = groups.dp_cp_mesh
+    mesh = groups.fsdp_mesh
     # with PP, keep parameters gathered between micro-batches (TorchTitan's default)
     reshard = not pp_enabled
     for block in module.layers.values():  # type: ignore[union-attr]
