@@ -340,3 +340,25 @@ def test_the_log_refuses_an_event_whose_fields_do_not_fit_its_type() -> None:
     with pytest.raises(ValueError, match="'nodes'"):
         log.emit(ev.NodeLost(reason="x", nodes=[1, 2], ranks=[0], step=3))  # node ids are strings
     assert log.last_seq == 0
+
+
+def test_memsnap_choose_takes_the_newest_complete_snapshot_over_the_surviving_holders() -> None:
+    from workers.runtime.memsnap import SnapshotKey, buddy_of, choose
+
+    def entry(epoch: int, step: int, world: int, *files: str) -> dict:
+        return {"epoch": epoch, "step": step, "world": world, "files": list(files)}
+
+    # step 5: rank 1's shard survives on no holder (both copies gone) -> step 4, which b and c have together
+    inv = {"b": [entry(1, 4, 2, ".metadata", "__0_0.distcp"), entry(1, 5, 2, ".metadata", "__0_0.distcp")],
+           "c": [entry(1, 4, 2, "__1_0.distcp")]}
+    got = choose(inv)
+    assert got is not None and got.key == SnapshotKey(1, 4) and got.world == 2
+    assert got.by_node() == {"b": [".metadata", "__0_0.distcp"], "c": ["__1_0.distcp"]}
+    assert choose(inv, not_before=5) is None  # a newer storage checkpoint wins
+    assert choose(inv, not_after=3) is None
+    assert choose({"b": [entry(1, 4, 2, "__0_0.distcp", "__1_0.distcp")]}) is None  # no metadata
+    # the same step from two gangs: the newer gang's
+    both = {"a": [entry(1, 6, 1, ".metadata", "__0_0.distcp"), entry(2, 6, 1, ".metadata", "__0_0.distcp")]}
+    assert choose(both).key == SnapshotKey(2, 6)
+    assert buddy_of("b", ["a", "b", "c"]) == "c" and buddy_of("c", ["a", "b", "c"]) == "a"
+    assert buddy_of("a", ["a"]) is None

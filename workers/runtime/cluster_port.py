@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 from workers.runtime import placement
 from workers.runtime.gang import Gang, start_gang, teardown
 from workers.runtime.jobspec import RuntimeSettings
+from workers.runtime.memsnap import Choice, Holders
 from workers.runtime.watchdog import Failure, GatherResult, classify, gather
 
 #: the per-rank calls a supervisor gathers (``RankWorker`` methods)
@@ -56,6 +57,20 @@ class ClusterPort(Protocol):
         """Kill the gang's actors and release its reservation (seconds spent)."""
         ...
 
+    def snapshots(self) -> dict[str, list[dict[str, Any]]]:
+        """The in-memory snapshots the job's live holders have: node -> ``[{"epoch", "step", "world",
+        "files"}]`` (empty when snapshots are off); ``memsnap.choose`` picks one."""
+        ...
+
+    def restore(self, gang: Gang, choice: Choice | None, *, deadline_s: float) -> GatherResult:
+        """Every rank loads the snapshot ``choice`` (resharded), or the newest storage checkpoint
+        when ``None``; each rank's result is the next step to run."""
+        ...
+
+    def close(self) -> None:
+        """The job is over: free what outlives gangs (the snapshot holders)."""
+        ...
+
 
 class RayCluster:
     """The production port: Ray placement groups and ``RankWorker`` actors."""
@@ -63,6 +78,7 @@ class RayCluster:
     def __init__(self, job_train: dict[str, Any], settings: RuntimeSettings) -> None:
         self.train = job_train
         self.settings = settings
+        self.holders = Holders(keep=settings.snapshot_keep) if settings.snapshots else None
 
     def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[placement.NodeCapacity]:
         return placement.cluster_nodes(exclude=exclude, held=held)
@@ -81,9 +97,13 @@ class RayCluster:
         from workers.runtime.planner_bridge import plan_nodes
 
         s = self.settings
+        targets = None
+        if self.holders is not None:  # a holder on every node with GPUs (a rank's buddy may be outside the gang)
+            self.holders.ensure(sorted(set(reservation.bundle_nodes) | {n.id for n in self.nodes()}))
+            targets = self.holders.targets
         return start_gang(plan, reservation, self.train, plan_nodes=plan_nodes(plan), cpu_per_bundle=s.cpu_per_bundle,
                           collective_timeout_s=s.collective_timeout_s, start_timeout_s=s.start_timeout_s,
-                          alive_nodes=placement.alive_node_ids, on_created=on_created)
+                          alive_nodes=placement.alive_node_ids, on_created=on_created, snapshot_targets=targets)
 
     def gather(self, gang: Gang, call: RankCall, *, deadline_s: float, step: int | None = None) -> GatherResult:
         s = self.settings
@@ -98,6 +118,24 @@ class RayCluster:
     def teardown(self, gang: Gang | None, *, graceful: bool = False) -> float:
         return teardown(gang, graceful=graceful)
 
+    def snapshots(self) -> dict[str, list[dict[str, Any]]]:
+        return self.holders.inventories() if self.holders is not None else {}
+
+    def restore(self, gang: Gang, choice: Choice | None, *, deadline_s: float) -> GatherResult:
+        if choice is None or self.holders is None:
+            return self.gather(gang, "restore", deadline_s=deadline_s)
+        actors = self.holders.actors
+        sources = [(actors[node], names) for node, names in choice.by_node().items() if node in actors]
+        refs = {r: w.restore_snapshot.remote(sources, choice.key.epoch, choice.key.step)
+                for r, w in enumerate(gang.workers)}
+        s = self.settings
+        return gather(refs, deadline_s=deadline_s, workers=gang.workers, heartbeat_s=s.heartbeat_s,
+                      heartbeat_timeout_s=s.heartbeat_timeout_s)
+
+    def close(self) -> None:
+        if self.holders is not None:
+            self.holders.kill()
+
     # -------------------------------------------------------------- used by the fault-injection wrapper only
     def inject(self, gang: Gang, ranks: Sequence[int], kind: str, value: float = 0.0, *, wait: bool = False) -> None:
         """Arm ``kind`` (``RankWorker.inject``) on ``ranks``; ``wait`` until every rank armed it."""
@@ -106,3 +144,8 @@ class RayCluster:
         refs = [gang.workers[r].inject.remote(kind, factor=value, amplitude=value) for r in ranks]
         if wait:
             ray.get(refs)
+
+    def drop_snapshots(self) -> None:
+        """Kill every snapshot holder: both memory copies of every shard are gone."""
+        if self.holders is not None:
+            self.holders.kill()

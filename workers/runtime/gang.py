@@ -67,8 +67,10 @@ def start_gang(
     start_timeout_s: float,
     alive_nodes: Any,
     on_created: Any = None,
+    snapshot_targets: Any = None,
 ) -> Gang:
-    """Actors up, ranks mapped, process group joined, trainers built; raises ``StartFailed``."""
+    """Actors up, ranks mapped, process group joined, trainers built; raises ``StartFailed``.
+    ``snapshot_targets(node)``: the snapshot holders a rank on ``node`` pushes to (``None``: no snapshots)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     layout: Layout = plan.layout.with_global_batch(int(train_cfg["global_batch"])) \
@@ -105,7 +107,8 @@ def start_gang(
     epoch = fencing.advance(ckpt_dir) if ckpt_dir else None
     refs = {
         r: w.setup.remote(rdzv, train_cfg, layout.to_dict(), r, layout.world_size, collective_timeout_s,
-                          fence_epoch=epoch)
+                          fence_epoch=epoch,
+                          snapshot_to=None if snapshot_targets is None else snapshot_targets(rank_map.rank_to_node[r]))
         for r, w in enumerate(gang.workers)
     }
     setup = gather(refs, deadline_s=start_timeout_s, workers=gang.workers)

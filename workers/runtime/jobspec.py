@@ -47,6 +47,8 @@ class RuntimeSettings:
     node_death_limit: int = 2  # rank processes died this often on one live node: keep it out (0: never)
     linger_s: float = 0.0  # >0: a finished detached supervisor exits on its own after this long
     strategy: str = "PACK"
+    snapshots: bool = True  # every rank's shard to memory on its node and another one after every step
+    snapshot_keep: int = 3  # snapshots (steps) each node's holder keeps
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> RuntimeSettings:
