@@ -362,3 +362,40 @@ def test_memsnap_choose_takes_the_newest_complete_snapshot_over_the_surviving_ho
     assert choose(both).key == SnapshotKey(2, 6)
     assert buddy_of("b", ["a", "b", "c"]) == "c" and buddy_of("c", ["a", "b", "c"]) == "a"
     assert buddy_of("a", ["a"]) is None
+
+
+def test_node_watch_marks_a_node_down_when_its_port_refuses_or_stays_silent() -> None:
+    import socket
+    import time
+
+    from workers.runtime.watchdog import NodeWatch
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    addr = srv.getsockname()
+    watch = NodeWatch({"n1": addr}, period_s=0.05, timeout_s=0.5).start()
+    try:
+        time.sleep(0.3)
+        assert watch.down() == set()  # listening: alive
+        srv.close()  # the "raylet" is gone: the next probe is refused
+        deadline = time.monotonic() + 5
+        while not watch.down() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert watch.down() == {"n1"} and "n1" in watch.down_at
+    finally:
+        watch.stop()
+    # a silent node (probe times out) is down after `misses` misses in a row, not after one
+    answers = iter([None, False, None, None])
+    silent = NodeWatch({"n2": ("x", 1)}, misses=2, probe=lambda a, t: next(answers))
+    assert silent.check_once() == set() and silent.check_once() == set() and silent.check_once() == set()
+    assert silent.check_once() == {"n2"}
+
+
+def test_classify_trusts_the_node_heartbeat() -> None:
+    from workers.runtime.watchdog import GatherResult, classify
+
+    res = GatherResult(pending=[2, 3], lost_nodes=["b"])
+    assert not res.ok
+    f = classify(res, ["a", "a", "b", "b"], alive_nodes=lambda: {"a", "b"})  # the GCS has not noticed yet
+    assert f.kind == "node_lost" and f.nodes == ("b",) and f.ranks == (2, 3)

@@ -17,7 +17,7 @@ from workers.runtime import placement
 from workers.runtime.gang import Gang, start_gang, teardown
 from workers.runtime.jobspec import RuntimeSettings
 from workers.runtime.memsnap import Choice, Holders
-from workers.runtime.watchdog import Failure, GatherResult, classify, gather
+from workers.runtime.watchdog import Failure, GatherResult, NodeWatch, classify, gather
 
 #: the per-rank calls a supervisor gathers (``RankWorker`` methods)
 RankCall = Literal["restore", "step", "save"]
@@ -101,15 +101,19 @@ class RayCluster:
         if self.holders is not None:  # a holder on every node with GPUs (a rank's buddy may be outside the gang)
             self.holders.ensure(sorted(set(reservation.bundle_nodes) | {n.id for n in self.nodes()}))
             targets = self.holders.targets
-        return start_gang(plan, reservation, self.train, plan_nodes=plan_nodes(plan), cpu_per_bundle=s.cpu_per_bundle,
+        gang = start_gang(plan, reservation, self.train, plan_nodes=plan_nodes(plan), cpu_per_bundle=s.cpu_per_bundle,
                           collective_timeout_s=s.collective_timeout_s, start_timeout_s=s.start_timeout_s,
                           alive_nodes=placement.alive_node_ids, on_created=on_created, snapshot_targets=targets)
+        if s.node_heartbeat_s > 0:
+            gang.watch = NodeWatch(placement.raylet_addresses(gang.nodes), period_s=s.node_heartbeat_s,
+                                   timeout_s=s.node_heartbeat_timeout_s).start()
+        return gang
 
     def gather(self, gang: Gang, call: RankCall, *, deadline_s: float, step: int | None = None) -> GatherResult:
         s = self.settings
         refs = {r: getattr(w, call).remote() for r, w in enumerate(gang.workers)}
         return gather(refs, deadline_s=deadline_s, workers=gang.workers, heartbeat_s=s.heartbeat_s,
-                      heartbeat_timeout_s=s.heartbeat_timeout_s)
+                      heartbeat_timeout_s=s.heartbeat_timeout_s, watch=gang.watch)
 
     def classify(self, result: GatherResult, gang: Gang, what: str) -> Failure:
         return classify(result, gang.rank_nodes, alive_nodes=placement.alive_node_ids,
@@ -130,7 +134,7 @@ class RayCluster:
                 for r, w in enumerate(gang.workers)}
         s = self.settings
         return gather(refs, deadline_s=deadline_s, workers=gang.workers, heartbeat_s=s.heartbeat_s,
-                      heartbeat_timeout_s=s.heartbeat_timeout_s)
+                      heartbeat_timeout_s=s.heartbeat_timeout_s, watch=gang.watch)
 
     def close(self) -> None:
         if self.holders is not None:

@@ -34,6 +34,7 @@ class Gang:
     rank_map: RankMap
     workers: list[Any] = field(default_factory=list)  # index = rank
     timings: dict[str, Any] = field(default_factory=dict)
+    watch: Any = None  # watchdog.NodeWatch: the heartbeat of the gang's nodes, while it runs
 
     @property
     def rank_nodes(self) -> list[str]:
@@ -126,6 +127,8 @@ def teardown(gang: Gang | None, *, graceful: bool = False, close_timeout_s: floa
     if gang is None:
         return 0.0
     t0 = time.monotonic()
+    if gang.watch is not None:
+        gang.watch.stop()
     if graceful and gang.workers:
         gather({r: w.close.remote() for r, w in enumerate(gang.workers)}, deadline_s=close_timeout_s)
     for w in gang.workers:
