@@ -33,6 +33,7 @@ def build_spec(
     hang_timeout_s: float,
     max_gpus: int | None = None,
     snapshots: bool = True,
+    warm_ranks: int = 0,
 ) -> dict[str, Any]:
     """The job spec ``orthoplex run`` submits (faults only when a fault option is given)."""
     if max_gpus is not None and max_gpus < min_gpus:
@@ -49,7 +50,7 @@ def build_spec(
         "min_gpus": min_gpus,
         "checkpoint_dir": checkpoint_dir,
         "checkpoint": {"min_every_steps": 1, "max_every_steps": max_checkpoint_every},
-        "runtime": {"hang_timeout_s": hang_timeout_s, "snapshots": snapshots},
+        "runtime": {"hang_timeout_s": hang_timeout_s, "snapshots": snapshots, "warm_ranks_per_node": warm_ranks},
         "faults": faults,
     }
     if max_gpus is not None:
@@ -149,6 +150,8 @@ def register(app: typer.Typer) -> None:
                                             help="Use at most this many GPUs (also after a re-plan)."),
         snapshots: bool = typer.Option(True, "--snapshots/--no-snapshots",
                                        help="Snapshot every step into two nodes' memory; re-plans restore from it."),
+        warm_ranks: int = typer.Option(0, "--warm-ranks", min=0,
+                                       help="Pre-started rank actors kept idle per node (a re-plan's ranks start warm)."),
         layout_hint: str | None = typer.Option(None, "--layout-hint", help="Fix fields of the first plan, e.g. tp=2,pp=2."),
         kill_node_at_step: int | None = typer.Option(None, "--kill-node-at-step", help="Test hook: crash a node."),
         slow_node_at_step: int | None = typer.Option(None, "--slow-node-at-step", help="Test hook: slow a node."),
@@ -171,7 +174,8 @@ def register(app: typer.Typer) -> None:
                           layout_hint=layout_hint, checkpoint_dir=ckpt, kill_node_at_step=kill_node_at_step,
                           slow_node_at_step=slow_node_at_step, slow_factor=slow_factor, events_out=events_out,
                           metrics_out=metrics_out, max_checkpoint_every=max_checkpoint_every,
-                          hang_timeout_s=hang_timeout_s, max_gpus=max_gpus, snapshots=snapshots)
+                          hang_timeout_s=hang_timeout_s, max_gpus=max_gpus, snapshots=snapshots,
+                          warm_ranks=warm_ranks)
         result = run_job(spec, address=address, nodes=nodes, gpus_per_node=gpus_per_node,
                          job_id=job_id or f"run-{int(time.time())}")
         typer.echo(json.dumps(result, default=str) if as_json else summarize(result))

@@ -5,7 +5,8 @@ holder actors on its own node and on the next node. Its node is killed before st
 re-plans onto another node and resumes from the step-3 snapshot in the surviving holder's memory
 (nothing redone, no storage read: the only checkpoint is older). Then every holder is killed and
 the new node is killed too before step 7: with both memory copies gone, the job resumes from the
-step-4 checkpoint in storage. Every step's loss (including the redone ones) matches the no-failure
+newest checkpoint in storage. Each node keeps 2 pre-started rank actors: the re-planned gangs take
+them. Every step's loss (including the redone ones) matches the no-failure
 run to 1e-4; nothing leaks (the fixture checks: holders are freed at the end).
 """
 
@@ -29,7 +30,7 @@ def _spec(tmp_path: Path) -> dict[str, Any]:
         "model": "tiny", "steps": STEPS, "global_batch": 4, "seed": 5, "min_gpus": 4, "max_gpus": 4,
         "layout_hint": "tp=2,dp=2", "checkpoint_dir": str(tmp_path / "ckpt"),
         "checkpoint": {"min_every_steps": 4, "max_every_steps": 4},
-        "runtime": {**h.FAST_RUNTIME, "grow": False},
+        "runtime": {**h.FAST_RUNTIME, "grow": False, "warm_ranks_per_node": 2},
         "faults": [{"kind": "kill_node", "at_step": 3, "rank": -1},
                    {"kind": "drop_snapshots", "at_step": 7}, {"kind": "kill_node", "at_step": 7, "rank": -1}],
     }
@@ -64,3 +65,6 @@ def test_replan_from_memory_then_from_storage_when_the_memory_copies_are_gone(ra
         want = ref[e["step"] - 1]
         assert abs(e["loss"] - want) <= 1e-4 * abs(want), (e["step"], e["loss"], want)
     assert sorted(int(k) for k in result["losses"]) == list(range(1, STEPS + 1))
+    # the re-planned gangs took pre-started ranks from their node's pool (2 per node), the first none
+    started = [e for e in events if e["type"] == "started"]
+    assert [e["warm_ranks"] for e in started] == [0, 2, 2], started

@@ -17,6 +17,7 @@ from workers.runtime import placement
 from workers.runtime.gang import Gang, start_gang, teardown
 from workers.runtime.jobspec import RuntimeSettings
 from workers.runtime.memsnap import Choice, Holders
+from workers.runtime.warm_pool import WarmPool
 from workers.runtime.watchdog import Failure, GatherResult, NodeWatch, classify, gather
 
 #: the per-rank calls a supervisor gathers (``RankWorker`` methods)
@@ -79,6 +80,8 @@ class RayCluster:
         self.train = job_train
         self.settings = settings
         self.holders = Holders(keep=settings.snapshot_keep) if settings.snapshots else None
+        self.pool = WarmPool(settings.warm_ranks_per_node) if settings.warm_ranks_per_node > 0 else None
+        self.down: set[str] = set()  # nodes a gang's node heartbeat found down (the GCS may still list them)
 
     def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[placement.NodeCapacity]:
         return placement.cluster_nodes(exclude=exclude, held=held)
@@ -98,12 +101,19 @@ class RayCluster:
 
         s = self.settings
         targets = None
+        nodes = sorted(set(reservation.bundle_nodes) | {n.id for n in self.nodes(exclude=self.down)})
         if self.holders is not None:  # a holder on every node with GPUs (a rank's buddy may be outside the gang)
-            self.holders.ensure(sorted(set(reservation.bundle_nodes) | {n.id for n in self.nodes()}))
+            self.holders.forget(self.down)
+            self.holders.ensure(nodes, needed=reservation.bundle_nodes)
             targets = self.holders.targets
+        if self.pool is not None:  # drop the idle ranks of nodes that went away
+            self.pool.drop(set(self.pool.idle) - set(nodes))
         gang = start_gang(plan, reservation, self.train, plan_nodes=plan_nodes(plan), cpu_per_bundle=s.cpu_per_bundle,
                           collective_timeout_s=s.collective_timeout_s, start_timeout_s=s.start_timeout_s,
-                          alive_nodes=placement.alive_node_ids, on_created=on_created, snapshot_targets=targets)
+                          alive_nodes=placement.alive_node_ids, on_created=on_created, snapshot_targets=targets,
+                          take_warm=self.pool.take if self.pool is not None else None)
+        if self.pool is not None:  # refill in the background for the next gang
+            self.pool.fill(nodes)
         if s.node_heartbeat_s > 0:
             gang.watch = NodeWatch(placement.raylet_addresses(gang.nodes), period_s=s.node_heartbeat_s,
                                    timeout_s=s.node_heartbeat_timeout_s).start()
@@ -120,10 +130,15 @@ class RayCluster:
                         unreachable=placement.raylet_unreachable, confirm_s=self.settings.node_confirm_s, what=what)
 
     def teardown(self, gang: Gang | None, *, graceful: bool = False) -> float:
+        if gang is not None and gang.watch is not None:
+            self.down |= gang.watch.down()
         return teardown(gang, graceful=graceful)
 
     def snapshots(self) -> dict[str, list[dict[str, Any]]]:
-        return self.holders.inventories() if self.holders is not None else {}
+        if self.holders is None:
+            return {}
+        self.holders.forget(self.down)
+        return self.holders.inventories()
 
     def restore(self, gang: Gang, choice: Choice | None, *, deadline_s: float) -> GatherResult:
         if choice is None or self.holders is None:
@@ -139,6 +154,8 @@ class RayCluster:
     def close(self) -> None:
         if self.holders is not None:
             self.holders.kill()
+        if self.pool is not None:
+            self.pool.kill()
 
     # -------------------------------------------------------------- used by the fault-injection wrapper only
     def inject(self, gang: Gang, ranks: Sequence[int], kind: str, value: float = 0.0, *, wait: bool = False) -> None:

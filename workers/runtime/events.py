@@ -208,6 +208,7 @@ class Started(Event):
     actors_s: float
     setup_s: float
     backend: str
+    warm_ranks: int = 0  # ranks taken from the node's pool of pre-started actors (warm_pool)
 
 
 # ---------------------------------------------------------------------------------- training

@@ -51,6 +51,7 @@ class RuntimeSettings:
     strategy: str = "PACK"
     snapshots: bool = True  # every rank's shard to memory on its node and another one after every step
     snapshot_keep: int = 3  # snapshots (steps) each node's holder keeps
+    warm_ranks_per_node: int = 0  # pre-started rank actors (torch imported) kept idle per node (warm_pool)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> RuntimeSettings:

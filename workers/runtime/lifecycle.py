@@ -283,7 +283,8 @@ class AttemptMachine:
             self.log.emit(ev.Started(reason=f"{gang.world_size} rank actors up, process group joined",
                                      actors_s=round(float(gang.timings.get("actors_s", 0.0)), 4),
                                      setup_s=round(float(gang.timings.get("setup_s", 0.0)), 4),
-                                     backend=str(gang.timings.get("rendezvous", {}).get("backend", ""))))
+                                     backend=str(gang.timings.get("rendezvous", {}).get("backend", "")),
+                                     warm_ranks=int(gang.timings.get("warm_ranks", 0))))
             cycle.phases["start"] = time.monotonic() - t_start
             t_load = time.monotonic()
             start_step, source = self._restore(gang)

@@ -125,25 +125,39 @@ class Holders:
     keep: int = 3
     actors: dict[str, Any] = field(default_factory=dict)
 
-    def ensure(self, nodes: Iterable[str], timeout_s: float = 60.0) -> dict[str, Any]:
-        """A live holder on each of ``nodes`` (dead ones dropped and replaced); node -> actor."""
+    def ensure(self, nodes: Iterable[str], *, needed: Iterable[str] = (), timeout_s: float = 60.0) -> dict[str, Any]:
+        """A live holder on each of ``nodes`` (dead ones dropped and replaced); node -> actor. Waits up
+        to ``timeout_s`` for the holders of the ``needed`` nodes (the gang's) only: the others come up
+        in the background (a rank's push to one waits for it)."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         cls = ray.remote(num_cpus=0, max_concurrency=8, max_restarts=0)(SnapshotHolder)
         alive = self.alive(timeout_s=2.0)
         for node in nodes:
-            if node not in alive:
+            if node not in alive and node not in self.actors:
                 self.actors[node] = cls.options(
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(self.keep)
-        pending = {n: self.actors[n].node.remote() for n in nodes}
         deadline = time.monotonic() + timeout_s
-        for n, ref in pending.items():
+        for n in needed:
+            if n not in self.actors:
+                continue
             try:
-                ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
-            except Exception:  # the node is going away: no holder there
+                ray.get(self.actors[n].node.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            except Exception:  # its node is going away: no holder there
+                with contextlib.suppress(Exception):
+                    ray.kill(self.actors[n], no_restart=True)
                 self.actors.pop(n, None)
         return dict(self.actors)
+
+    def forget(self, nodes: Iterable[str]) -> None:
+        """Drop the holders of ``nodes`` without asking them (known down: asking would wait)."""
+        import ray
+
+        for n in set(nodes) & set(self.actors):
+            with contextlib.suppress(Exception):
+                ray.kill(self.actors[n], no_restart=True)
+            del self.actors[n]
 
     def alive(self, timeout_s: float = 2.0) -> dict[str, Any]:
         """The holders that answer within ``timeout_s`` (a dead node's holder is dropped)."""

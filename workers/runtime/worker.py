@@ -53,7 +53,12 @@ class RankWorker:
             "pid": os.getpid(),
             "ip": ray.util.get_node_ip_address(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "cuda_host": os.path.exists("/dev/nvidiactl"),  # an NVIDIA driver on this host
         }
+
+    def use_gpus(self, ids: list[str]) -> None:
+        """A warm rank (started outside any bundle) takes its bundle's GPUs; CUDA starts later."""
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
 
     def heartbeat(self) -> dict[str, Any]:
         with self._lock:
