@@ -116,7 +116,7 @@ class RayCluster:
             self.pool.fill(nodes)
         if s.node_heartbeat_s > 0:
             gang.watch = NodeWatch(placement.raylet_addresses(gang.nodes), period_s=s.node_heartbeat_s,
-                                   timeout_s=s.node_heartbeat_timeout_s).start()
+                                   timeout_s=s.node_heartbeat_timeout_s, silent_s=s.heartbeat_timeout_s).start()
         return gang
 
     def gather(self, gang: Gang, call: RankCall, *, deadline_s: float, step: int | None = None) -> GatherResult:

@@ -39,7 +39,7 @@ class RuntimeSettings:
     heartbeat_timeout_s: float = 15.0
     node_confirm_s: float = 5.0  # how long to wait for the GCS to confirm a node death
     node_heartbeat_s: float = 0.5  # probe every gang node's raylet this often (0: off; see watchdog.NodeWatch)
-    node_heartbeat_timeout_s: float = 0.5  # ... a probe unanswered this long is a miss (2 in a row: down)
+    node_heartbeat_timeout_s: float = 0.5  # ... a probe unanswered this long is silence (heartbeat_timeout_s of it: down)
     cpu_per_bundle: float = 0.05
     straggler_window: int = 5  # steps per scoring window
     straggler_threshold: float = 0.7

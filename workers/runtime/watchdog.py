@@ -144,19 +144,21 @@ def tcp_refused(address: tuple[str, int], timeout_s: float) -> bool | None:
 
 class NodeWatch:
     """The heartbeat of a gang's nodes: a background thread connects to every node's raylet
-    (node-manager port) every ``period_s``. A refused connection marks the node down at once (its
-    raylet is gone); ``misses`` unanswered probes in a row mark it down too (a partitioned or frozen
-    host). A kernel accepts a TCP connection for a busy but live process, so load does not trip it.
-    A node lost this way is known within about ``period_s + timeout_s`` of its death, before the GCS
-    health checks or any collective timeout."""
+    (node-manager port) every ``period_s``. A refused connection marks the node down at once (the host
+    answers but no raylet listens: it crashed); a node that stays silent (every probe unanswered for
+    ``silent_s``: a partitioned or powered-off host) is down too, but only then, so a short partition
+    that heals is ridden out as before. A kernel accepts a TCP connection for a busy but live process,
+    so load does not trip it. A crashed node is known within about ``period_s`` of its death, before
+    the GCS health checks or any collective timeout."""
 
     def __init__(self, addresses: Mapping[str, tuple[str, int]], *, period_s: float = 0.5, timeout_s: float = 0.5,
-                 misses: int = 2, probe: Callable[[tuple[str, int], float], bool | None] = tcp_refused) -> None:
+                 silent_s: float = 15.0,
+                 probe: Callable[[tuple[str, int], float], bool | None] = tcp_refused) -> None:
         self.addresses = dict(addresses)
-        self.period_s, self.timeout_s, self.misses = period_s, timeout_s, misses
+        self.period_s, self.timeout_s, self.silent_s = period_s, timeout_s, silent_s
         self.probe = probe
         self._down: set[str] = set()
-        self._missed: dict[str, int] = {}
+        self._silent_since: dict[str, float] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -172,9 +174,13 @@ class NodeWatch:
         for node, addr in self.addresses.items():
             if node in self._down:
                 continue
+            t = time.monotonic()
             refused = self.probe(addr, self.timeout_s)
-            self._missed[node] = self._missed.get(node, 0) + 1 if refused is None else 0
-            if refused or self._missed[node] >= self.misses:
+            if refused is None:
+                self._silent_since.setdefault(node, t)
+            else:
+                self._silent_since.pop(node, None)
+            if refused or (refused is None and t - self._silent_since[node] >= self.silent_s):
                 with self._lock:
                     self._down.add(node)
                     self.down_at[node] = time.time()
