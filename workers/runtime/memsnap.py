@@ -88,8 +88,11 @@ class SnapshotHolder:
     """One node's memory for a job's snapshots (a Ray actor; see :class:`Holders`)."""
 
     def __init__(self, keep: int = 3) -> None:
+        import threading
+
         self.keep = keep
         self.snaps: dict[SnapshotKey, dict[str, Any]] = {}
+        self._lock = threading.Lock()  # a threaded actor: pushes of several ranks arrive at once
 
     def node(self) -> str:
         import ray
@@ -98,24 +101,22 @@ class SnapshotHolder:
 
     def put(self, epoch: int, step: int, world: int, files: dict[str, bytes]) -> int:
         key = SnapshotKey(epoch, step)
-        entry = self.snaps.setdefault(key, {"world": world, "files": {}})
-        entry["files"].update(files)
-        for old in sorted(self.snaps, key=lambda k: (k.step, k.epoch))[:-self.keep]:
-            del self.snaps[old]
+        with self._lock:
+            entry = self.snaps.setdefault(key, {"world": world, "files": {}})
+            entry["files"].update(files)
+            for old in sorted(self.snaps, key=lambda k: (k.step, k.epoch))[:-self.keep]:
+                del self.snaps[old]
         return sum(len(b) for b in files.values())
 
     def inventory(self) -> list[dict[str, Any]]:
-        return [{"epoch": k.epoch, "step": k.step, "world": e["world"], "files": sorted(e["files"])}
-                for k, e in self.snaps.items()]
+        with self._lock:
+            return [{"epoch": k.epoch, "step": k.step, "world": e["world"], "files": sorted(e["files"])}
+                    for k, e in self.snaps.items()]
 
     def get(self, epoch: int, step: int, names: list[str]) -> dict[str, bytes]:
-        files = self.snaps[SnapshotKey(epoch, step)]["files"]
-        return {n: files[n] for n in names}
-
-    def drop(self) -> int:
-        """Forget every snapshot (a test hook: the memory copy is gone)."""
-        n, self.snaps = len(self.snaps), {}
-        return n
+        with self._lock:
+            files = self.snaps[SnapshotKey(epoch, step)]["files"]
+            return {n: files[n] for n in names}
 
 
 @dataclass
