@@ -402,3 +402,16 @@ def test_classify_trusts_the_node_heartbeat() -> None:
     assert not res.ok
     f = classify(res, ["a", "a", "b", "b"], alive_nodes=lambda: {"a", "b"})  # the GCS has not noticed yet
     assert f.kind == "node_lost" and f.nodes == ("b",) and f.ranks == (2, 3)
+
+
+def test_snapshot_holder_keeps_the_newest_snapshots_by_step() -> None:
+    from workers.runtime.memsnap import SnapshotHolder, choose
+
+    h = SnapshotHolder(keep=2)
+    for step in (1, 2, 3):
+        h.put(1, step, 1, {"__0_0.distcp": b"x" * step})
+    h.put(1, 3, 1, {".metadata": b"m"})
+    inv = h.inventory()
+    assert sorted(e["step"] for e in inv) == [2, 3]
+    assert h.get(1, 3, ["__0_0.distcp"]) == {"__0_0.distcp": b"xxx"}
+    assert choose({"n": inv}).key.step == 3  # step 2 has no metadata on this holder
