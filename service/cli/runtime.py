@@ -31,8 +31,13 @@ def build_spec(
     metrics_out: str | None,
     max_checkpoint_every: int,
     hang_timeout_s: float,
+    max_gpus: int | None = None,
+    snapshots: bool = True,
+    warm_ranks: int = 0,
 ) -> dict[str, Any]:
     """The job spec ``orthoplex run`` submits (faults only when a fault option is given)."""
+    if max_gpus is not None and max_gpus < min_gpus:
+        raise ValueError(f"--max-gpus: {max_gpus} is below --min-gpus {min_gpus}")
     faults: list[dict[str, Any]] = []
     if kill_node_at_step is not None:
         faults.append({"kind": "kill_node", "at_step": kill_node_at_step, "rank": -1})
@@ -45,9 +50,11 @@ def build_spec(
         "min_gpus": min_gpus,
         "checkpoint_dir": checkpoint_dir,
         "checkpoint": {"min_every_steps": 1, "max_every_steps": max_checkpoint_every},
-        "runtime": {"hang_timeout_s": hang_timeout_s},
+        "runtime": {"hang_timeout_s": hang_timeout_s, "snapshots": snapshots, "warm_ranks_per_node": warm_ranks},
         "faults": faults,
     }
+    if max_gpus is not None:
+        spec["max_gpus"] = max_gpus
     if layout_hint:
         spec["layout_hint"] = layout_hint
     if events_out:
@@ -139,6 +146,12 @@ def register(app: typer.Typer) -> None:
         steps: int = typer.Option(20, "--steps", min=1),
         global_batch: int = typer.Option(12, "--global-batch", min=1),
         min_gpus: int = typer.Option(1, "--min-gpus", min=1, help="Shrink no further than this."),
+        max_gpus: int | None = typer.Option(None, "--max-gpus", min=1,
+                                            help="Use at most this many GPUs (also after a re-plan)."),
+        snapshots: bool = typer.Option(True, "--snapshots/--no-snapshots",
+                                       help="Snapshot every step into two nodes' memory; re-plans restore from it."),
+        warm_ranks: int = typer.Option(0, "--warm-ranks", min=0,
+                                       help="Pre-started rank actors kept idle per node (a re-plan's ranks start warm)."),
         layout_hint: str | None = typer.Option(None, "--layout-hint", help="Fix fields of the first plan, e.g. tp=2,pp=2."),
         kill_node_at_step: int | None = typer.Option(None, "--kill-node-at-step", help="Test hook: crash a node."),
         slow_node_at_step: int | None = typer.Option(None, "--slow-node-at-step", help="Test hook: slow a node."),
@@ -154,12 +167,15 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the job's summary as JSON."),
     ) -> None:
         """Run a job elastically: plan, place, train; survive node loss and stragglers by re-planning."""
+        if max_gpus is not None and max_gpus < min_gpus:
+            raise typer.BadParameter(f"{max_gpus} is below --min-gpus {min_gpus}", param_hint="--max-gpus")
         ckpt = checkpoint_dir or tempfile.mkdtemp(prefix="orthoplex-run-")
         spec = build_spec(model=model, steps=steps, global_batch=global_batch, min_gpus=min_gpus,
                           layout_hint=layout_hint, checkpoint_dir=ckpt, kill_node_at_step=kill_node_at_step,
                           slow_node_at_step=slow_node_at_step, slow_factor=slow_factor, events_out=events_out,
                           metrics_out=metrics_out, max_checkpoint_every=max_checkpoint_every,
-                          hang_timeout_s=hang_timeout_s)
+                          hang_timeout_s=hang_timeout_s, max_gpus=max_gpus, snapshots=snapshots,
+                          warm_ranks=warm_ranks)
         result = run_job(spec, address=address, nodes=nodes, gpus_per_node=gpus_per_node,
                          job_id=job_id or f"run-{int(time.time())}")
         typer.echo(json.dumps(result, default=str) if as_json else summarize(result))

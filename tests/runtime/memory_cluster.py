@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.runtime.gang import Gang, StartFailed
+from workers.runtime.memsnap import METADATA, Choice, buddy_of
 from workers.runtime.placement import NodeCapacity, Reservation
 from workers.runtime.planner_bridge import plan_nodes
 from workers.runtime.ranks import assign_ranks
@@ -51,6 +52,10 @@ class MemoryCluster:
     gangs_started: int = 0
     _ids: Any = field(default_factory=lambda: itertools.count(1))
     _gang_steps: dict[int, int] = field(default_factory=dict)  # id(gang) -> steps completed
+    snapshots_on: bool = True  # ranks push a snapshot after every step to their node and its ring buddy
+    holders: dict[str, dict[tuple[int, int], dict[str, Any]]] = field(default_factory=dict)  # node -> snapshots
+    restored_from: list[str] = field(default_factory=list)  # "memory" | "storage", one per restore
+    closed: bool = False
 
     @classmethod
     def of(cls, *gpus: int) -> MemoryCluster:
@@ -79,6 +84,7 @@ class MemoryCluster:
 
     def kill_node(self, node: str) -> None:
         self.machines[node].alive = False
+        self.holders.pop(node, None)  # its memory is gone with it
         for pg in [pg for pg, r in self.held.items() if node in r.bundle_nodes]:
             self.held.pop(pg)  # a dead node's bundles are gone (the group is dead with it)
 
@@ -114,7 +120,8 @@ class MemoryCluster:
         layout = plan.layout.with_global_batch(12) if plan.layout.num_micro_batches == 0 else plan.layout
         rank_map = assign_ranks(layout, reservation.bundle_nodes, plan_nodes(plan))
         gang = Gang(plan, layout, reservation, rank_map, workers=[Rank(n) for n in rank_map.rank_to_node])
-        gang.timings = {"actors_s": 0.0, "setup_s": 0.0, "rendezvous": {"backend": "memory"}}
+        gang.timings = {"actors_s": 0.0, "setup_s": 0.0, "rendezvous": {"backend": "memory"},
+                        "epoch": self.gangs_started + 1}
         on_created(gang)
         dead = sorted({n for n in rank_map.rank_to_node if not self.machines[n].alive})
         if dead or reservation.pg not in self.held:
@@ -151,6 +158,8 @@ class MemoryCluster:
             wall = max(o["busy_s"] for o in out.results.values())
             for o in out.results.values():
                 o["wall_s"] = wall
+            if self.snapshots_on:
+                self._snapshot(gang, done + 1)
         elif call == "save":
             self.checkpoint_step = done
         return out
@@ -167,6 +176,40 @@ class MemoryCluster:
                            tuple(sorted({nodes[r] for r in died})), died, 0.0, died=True)
         return Failure("hang", f"{what}: ranks {result.pending} still pending", tuple(sorted(set(nodes))),
                        tuple(result.pending), 0.0)
+
+    def _snapshot(self, gang: Gang, step: int) -> None:
+        alive = [n for n, m in self.machines.items() if m.alive]
+        for r, rank in enumerate(gang.workers):
+            files = [f"__{r}_0.distcp"] + ([METADATA] if r == 0 else [])
+            for node in {rank.node, buddy_of(rank.node, alive)} - {None}:
+                snap = self.holders.setdefault(node, {}).setdefault((gang.timings["epoch"], step),
+                                                                    {"world": gang.world_size, "files": set()})
+                snap["files"].update(files)
+
+    def snapshots(self) -> dict[str, list[dict[str, Any]]]:
+        return {n: [{"epoch": e, "step": s, "world": v["world"], "files": sorted(v["files"])}
+                    for (e, s), v in snaps.items()] for n, snaps in self.holders.items()}
+
+    def restore(self, gang: Gang, choice: Choice | None, *, deadline_s: float) -> GatherResult:
+        if choice is None:
+            self.restored_from.append("storage")
+            return self.gather(gang, "restore", deadline_s=deadline_s)
+        out = GatherResult()
+        for r, rank in enumerate(gang.workers):
+            if rank.dead or not self.machines[rank.node].alive:
+                out.errors[r] = RankDied(f"rank {r} died")
+        if out.ok:
+            out.results = {r: choice.key.step for r in range(len(gang.workers))}
+            self._gang_steps[id(gang)] = choice.key.step
+            self.restored_from.append("memory")
+        return out
+
+    def drop_snapshots(self) -> None:
+        self.holders.clear()
+
+    def close(self) -> None:
+        self.closed = True
+        self.holders.clear()
 
     def teardown(self, gang: Gang | None, *, graceful: bool = False) -> float:
         if gang is None:

@@ -30,6 +30,17 @@ def test_run_options_become_a_spec_with_faults_only_when_asked() -> None:
     faulty = build_spec(kill_node_at_step=3, slow_node_at_step=5, **kw)
     assert [f["kind"] for f in faulty["faults"]] == ["kill_node", "slow_node"]
     assert faulty["faults"][1]["factor"] == 2.0
+    assert "max_gpus" not in plain and plain["runtime"]["snapshots"] is True
+    capped = build_spec(kill_node_at_step=None, slow_node_at_step=None, max_gpus=8, snapshots=False, **kw)
+    assert capped["max_gpus"] == 8 and capped["runtime"]["snapshots"] is False
+    with pytest.raises(ValueError, match="max-gpus"):
+        build_spec(kill_node_at_step=None, slow_node_at_step=None, max_gpus=2, **kw)
+
+
+@pytest.mark.unit
+def test_run_refuses_max_gpus_below_min_gpus_with_exit_2() -> None:
+    res = CliRunner().invoke(_app(), ["run", "--min-gpus", "4", "--max-gpus", "2"])
+    assert res.exit_code == 2 and "--max-gpus" in res.output, res.output
 
 
 @pytest.mark.unit

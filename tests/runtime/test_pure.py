@@ -340,3 +340,78 @@ def test_the_log_refuses_an_event_whose_fields_do_not_fit_its_type() -> None:
     with pytest.raises(ValueError, match="'nodes'"):
         log.emit(ev.NodeLost(reason="x", nodes=[1, 2], ranks=[0], step=3))  # node ids are strings
     assert log.last_seq == 0
+
+
+def test_memsnap_choose_takes_the_newest_complete_snapshot_over_the_surviving_holders() -> None:
+    from workers.runtime.memsnap import SnapshotKey, buddy_of, choose
+
+    def entry(epoch: int, step: int, world: int, *files: str) -> dict:
+        return {"epoch": epoch, "step": step, "world": world, "files": list(files)}
+
+    # step 5: rank 1's shard survives on no holder (both copies gone) -> step 4, which b and c have together
+    inv = {"b": [entry(1, 4, 2, ".metadata", "__0_0.distcp"), entry(1, 5, 2, ".metadata", "__0_0.distcp")],
+           "c": [entry(1, 4, 2, "__1_0.distcp")]}
+    got = choose(inv)
+    assert got is not None and got.key == SnapshotKey(1, 4) and got.world == 2
+    assert got.by_node() == {"b": [".metadata", "__0_0.distcp"], "c": ["__1_0.distcp"]}
+    assert choose(inv, not_before=5) is None  # a newer storage checkpoint wins
+    assert choose(inv, not_after=3) is None
+    assert choose({"b": [entry(1, 4, 2, "__0_0.distcp", "__1_0.distcp")]}) is None  # no metadata
+    # the same step from two gangs: the newer gang's
+    both = {"a": [entry(1, 6, 1, ".metadata", "__0_0.distcp"), entry(2, 6, 1, ".metadata", "__0_0.distcp")]}
+    assert choose(both).key == SnapshotKey(2, 6)
+    assert buddy_of("b", ["a", "b", "c"]) == "c" and buddy_of("c", ["a", "b", "c"]) == "a"
+    assert buddy_of("a", ["a"]) is None
+
+
+def test_node_watch_marks_a_node_down_when_its_port_refuses_or_stays_silent() -> None:
+    import socket
+    import time
+
+    from workers.runtime.watchdog import NodeWatch
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    addr = srv.getsockname()
+    watch = NodeWatch({"n1": addr}, period_s=0.05, timeout_s=0.5).start()
+    try:
+        time.sleep(0.3)
+        assert watch.down() == set()  # listening: alive
+        srv.close()  # the "raylet" is gone: the next probe is refused
+        deadline = time.monotonic() + 5
+        while not watch.down() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert watch.down() == {"n1"} and "n1" in watch.down_at
+    finally:
+        watch.stop()
+    # a silent node (probe times out) is down once it stayed silent for silent_s, not at the first miss;
+    # an answer in between starts the count again (a short partition that heals is ridden out)
+    answers = iter([None, False, None, None, None])
+    silent = NodeWatch({"n2": ("x", 1)}, silent_s=0.2, probe=lambda a, t: next(answers))
+    assert silent.check_once() == set() and silent.check_once() == set() and silent.check_once() == set()
+    assert silent.check_once() == set()
+    time.sleep(0.25)
+    assert silent.check_once() == {"n2"}
+
+
+def test_classify_trusts_the_node_heartbeat() -> None:
+    from workers.runtime.watchdog import GatherResult, classify
+
+    res = GatherResult(pending=[2, 3], lost_nodes=["b"])
+    assert not res.ok
+    f = classify(res, ["a", "a", "b", "b"], alive_nodes=lambda: {"a", "b"})  # the GCS has not noticed yet
+    assert f.kind == "node_lost" and f.nodes == ("b",) and f.ranks == (2, 3)
+
+
+def test_snapshot_holder_keeps_the_newest_snapshots_by_step() -> None:
+    from workers.runtime.memsnap import SnapshotHolder, choose
+
+    h = SnapshotHolder(keep=2)
+    for step in (1, 2, 3):
+        h.put(1, step, 1, {"__0_0.distcp": b"x" * step})
+    h.put(1, 3, 1, {".metadata": b"m"})
+    inv = h.inventory()
+    assert sorted(e["step"] for e in inv) == [2, 3]
+    assert h.get(1, 3, ["__0_0.distcp"]) == {"__0_0.distcp": b"xxx"}
+    assert choose({"n": inv}).key.step == 3  # step 2 has no metadata on this holder

@@ -75,7 +75,8 @@ def finished_cleanly(m: AttemptMachine, cluster: MemoryCluster) -> list[ev.Event
 
 def test_node_lost_replans_onto_the_survivors_and_resumes_from_the_checkpoint() -> None:
     c = MemoryCluster.of(4, 4, 4)
-    m = machine(c, faults=[{"kind": "kill_node", "at_step": 3, "rank": -1}])
+    c.snapshots_on = False
+    m = machine(c, faults=[{"kind": "kill_node", "at_step": 3, "rank": -1}], snapshots=False)
     events = finished_cleanly(m, c)
     fault = of(events, ev.FaultInjected)[0]
     lost = of(events, ev.NodeLost)[0]
@@ -84,9 +85,43 @@ def test_node_lost_replans_onto_the_survivors_and_resumes_from_the_checkpoint() 
     assert replan.decision != "keep" and fault.node not in replan.nodes and replan.change["lost_nodes"] == [fault.node]
     resumed = of(events, ev.Resumed)[0]
     assert resumed.cause == "node_lost" and resumed.from_step == 2 and resumed.world_size <= 8
+    assert resumed.source == "storage"
     rec = of(events, ev.Recovered)[0]
     assert rec.cause == "node_lost" and set(rec.phases) == set(ev.RECOVERY_PHASES)
     assert fault.node in m.replanner.excluded and len(m.failures) == 1
+
+
+def test_node_lost_resumes_from_the_snapshot_in_a_survivors_memory() -> None:
+    c = MemoryCluster.of(4, 4, 4)
+    m = machine(c, faults=[{"kind": "kill_node", "at_step": 3, "rank": -1}])
+    events = finished_cleanly(m, c)
+    lost = of(events, ev.NodeLost)[0]
+    resumed = of(events, ev.Resumed)[0]
+    # the checkpoint is of step 2, the snapshot of step 3 (every step done before the kill): nothing redone
+    assert resumed.source == "memory" and resumed.from_step == 3 and resumed.steps_redone == 0, resumed
+    assert lost.nodes[0] not in c.holders  # the lost node's own copy went with it; its buddy's copy was used
+    assert c.restored_from == ["storage", "memory"]  # the first gang: nothing in memory yet
+    assert c.closed and c.holders == {}  # holders freed at the end
+
+
+def test_node_lost_with_every_memory_copy_gone_resumes_from_storage() -> None:
+    c = MemoryCluster.of(4, 4, 4)
+    m = machine(c, faults=[{"kind": "drop_snapshots", "at_step": 3}, {"kind": "kill_node", "at_step": 3, "rank": -1}])
+    events = finished_cleanly(m, c)
+    resumed = of(events, ev.Resumed)[0]
+    assert resumed.source == "storage" and resumed.from_step == 2 and resumed.steps_redone == 1
+    assert c.restored_from == ["storage", "storage"]
+
+
+def test_a_snapshot_newer_than_the_last_step_seen_done_or_older_than_the_checkpoint_is_not_used() -> None:
+    c = MemoryCluster.of(4, 4, 4)
+    m = machine(c, faults=[{"kind": "kill_node", "at_step": 3, "rank": -1}])
+    step_until(m, lambda: m.phase is Phase.TRAIN and m.next_step == 3)
+    c.snapshots_on = False  # later steps leave no snapshot: the newest is step 3
+    m.last_ckpt_step = 4  # as if a checkpoint newer than every snapshot had been committed
+    c.checkpoint_step = 4
+    step_until(m, lambda: bool(of(typed(m), ev.Resumed)))
+    assert of(typed(m), ev.Resumed)[0].source == "storage"
 
 
 def test_rank_crash_on_a_live_node_restarts_on_the_same_nodes() -> None:

@@ -16,7 +16,9 @@ from typing import Any, Literal, Protocol
 from workers.runtime import placement
 from workers.runtime.gang import Gang, start_gang, teardown
 from workers.runtime.jobspec import RuntimeSettings
-from workers.runtime.watchdog import Failure, GatherResult, classify, gather
+from workers.runtime.memsnap import Choice, Holders
+from workers.runtime.warm_pool import WarmPool
+from workers.runtime.watchdog import Failure, GatherResult, NodeWatch, classify, gather
 
 #: the per-rank calls a supervisor gathers (``RankWorker`` methods)
 RankCall = Literal["restore", "step", "save"]
@@ -56,6 +58,20 @@ class ClusterPort(Protocol):
         """Kill the gang's actors and release its reservation (seconds spent)."""
         ...
 
+    def snapshots(self) -> dict[str, list[dict[str, Any]]]:
+        """The in-memory snapshots the job's live holders have: node -> ``[{"epoch", "step", "world",
+        "files"}]`` (empty when snapshots are off); ``memsnap.choose`` picks one."""
+        ...
+
+    def restore(self, gang: Gang, choice: Choice | None, *, deadline_s: float) -> GatherResult:
+        """Every rank loads the snapshot ``choice`` (resharded), or the newest storage checkpoint
+        when ``None``; each rank's result is the next step to run."""
+        ...
+
+    def close(self) -> None:
+        """The job is over: free what outlives gangs (the snapshot holders)."""
+        ...
+
 
 class RayCluster:
     """The production port: Ray placement groups and ``RankWorker`` actors."""
@@ -63,6 +79,9 @@ class RayCluster:
     def __init__(self, job_train: dict[str, Any], settings: RuntimeSettings) -> None:
         self.train = job_train
         self.settings = settings
+        self.holders = Holders(keep=settings.snapshot_keep) if settings.snapshots else None
+        self.pool = WarmPool(settings.warm_ranks_per_node) if settings.warm_ranks_per_node > 0 else None
+        self.down: set[str] = set()  # nodes a gang's node heartbeat found down (the GCS may still list them)
 
     def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[placement.NodeCapacity]:
         return placement.cluster_nodes(exclude=exclude, held=held)
@@ -81,22 +100,62 @@ class RayCluster:
         from workers.runtime.planner_bridge import plan_nodes
 
         s = self.settings
-        return start_gang(plan, reservation, self.train, plan_nodes=plan_nodes(plan), cpu_per_bundle=s.cpu_per_bundle,
+        targets = None
+        nodes = sorted(set(reservation.bundle_nodes) | {n.id for n in self.nodes(exclude=self.down)})
+        if self.holders is not None:  # a holder on every node with GPUs (a rank's buddy may be outside the gang)
+            self.holders.forget(self.down)
+            self.holders.ensure(nodes, needed=reservation.bundle_nodes)
+            targets = self.holders.targets
+        if self.pool is not None:  # drop the idle ranks of nodes that went away
+            self.pool.drop(set(self.pool.idle) - set(nodes))
+        gang = start_gang(plan, reservation, self.train, plan_nodes=plan_nodes(plan), cpu_per_bundle=s.cpu_per_bundle,
                           collective_timeout_s=s.collective_timeout_s, start_timeout_s=s.start_timeout_s,
-                          alive_nodes=placement.alive_node_ids, on_created=on_created)
+                          alive_nodes=placement.alive_node_ids, on_created=on_created, snapshot_targets=targets,
+                          take_warm=self.pool.take if self.pool is not None else None)
+        if self.pool is not None:  # refill in the background for the next gang
+            self.pool.fill(nodes)
+        if s.node_heartbeat_s > 0:
+            gang.watch = NodeWatch(placement.raylet_addresses(gang.nodes), period_s=s.node_heartbeat_s,
+                                   timeout_s=s.node_heartbeat_timeout_s, silent_s=s.heartbeat_timeout_s).start()
+        return gang
 
     def gather(self, gang: Gang, call: RankCall, *, deadline_s: float, step: int | None = None) -> GatherResult:
         s = self.settings
         refs = {r: getattr(w, call).remote() for r, w in enumerate(gang.workers)}
         return gather(refs, deadline_s=deadline_s, workers=gang.workers, heartbeat_s=s.heartbeat_s,
-                      heartbeat_timeout_s=s.heartbeat_timeout_s)
+                      heartbeat_timeout_s=s.heartbeat_timeout_s, watch=gang.watch)
 
     def classify(self, result: GatherResult, gang: Gang, what: str) -> Failure:
         return classify(result, gang.rank_nodes, alive_nodes=placement.alive_node_ids,
                         unreachable=placement.raylet_unreachable, confirm_s=self.settings.node_confirm_s, what=what)
 
     def teardown(self, gang: Gang | None, *, graceful: bool = False) -> float:
+        if gang is not None and gang.watch is not None:
+            self.down |= gang.watch.down()
         return teardown(gang, graceful=graceful)
+
+    def snapshots(self) -> dict[str, list[dict[str, Any]]]:
+        if self.holders is None:
+            return {}
+        self.holders.forget(self.down)
+        return self.holders.inventories()
+
+    def restore(self, gang: Gang, choice: Choice | None, *, deadline_s: float) -> GatherResult:
+        if choice is None or self.holders is None:
+            return self.gather(gang, "restore", deadline_s=deadline_s)
+        actors = self.holders.actors
+        sources = [(actors[node], names) for node, names in choice.by_node().items() if node in actors]
+        refs = {r: w.restore_snapshot.remote(sources, choice.key.epoch, choice.key.step)
+                for r, w in enumerate(gang.workers)}
+        s = self.settings
+        return gather(refs, deadline_s=deadline_s, workers=gang.workers, heartbeat_s=s.heartbeat_s,
+                      heartbeat_timeout_s=s.heartbeat_timeout_s, watch=gang.watch)
+
+    def close(self) -> None:
+        if self.holders is not None:
+            self.holders.kill()
+        if self.pool is not None:
+            self.pool.kill()
 
     # -------------------------------------------------------------- used by the fault-injection wrapper only
     def inject(self, gang: Gang, ranks: Sequence[int], kind: str, value: float = 0.0, *, wait: bool = False) -> None:
@@ -106,3 +165,8 @@ class RayCluster:
         refs = [gang.workers[r].inject.remote(kind, factor=value, amplitude=value) for r in ranks]
         if wait:
             ray.get(refs)
+
+    def drop_snapshots(self) -> None:
+        """Kill every snapshot holder: both memory copies of every shard are gone."""
+        if self.holders is not None:
+            self.holders.kill()

@@ -29,6 +29,9 @@ RECOVERY_PHASES: tuple[str, ...] = ("detect", "plan", "place", "start", "load", 
 
 _ENVELOPE = ("seq", "ts", "type")
 
+#: where a resumed gang's state came from (``resumed.source``)
+RestoreSource = typing.Literal["memory", "storage"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class Event:
@@ -77,6 +80,8 @@ def _conforms(value: Any, hint: Any) -> bool:
         return any(_conforms(value, h) for h in typing.get_args(hint))
     if hint is type(None):
         return value is None
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
     if hint is float:
         return isinstance(value, int | float) and not isinstance(value, bool)
     if hint is int:
@@ -203,6 +208,7 @@ class Started(Event):
     actors_s: float
     setup_s: float
     backend: str
+    warm_ranks: int = 0  # ranks taken from the node's pool of pre-started actors (warm_pool)
 
 
 # ---------------------------------------------------------------------------------- training
@@ -319,6 +325,7 @@ class Resumed(Event):
     short: str
     world_size: int
     steps_redone: int
+    source: RestoreSource = "storage"  # where the state came from: snapshots in peers' memory, or storage
 
 
 @_register

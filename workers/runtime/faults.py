@@ -14,7 +14,9 @@ fault hits the rank ``rank`` of the layout in force then (``-1`` is the last ran
 hosts it. ``slow_node`` makes every rank on that node do ``factor`` times its compute (it burns CPU
 for ``factor - 1`` times the step's busy time); ``jitter_node`` adds a random 0..2*``amplitude``
 extra (mean ``amplitude``), i.e. the few-percent noise that must trigger nothing. Both follow the
-node across re-plans (they are properties of the node, not of an actor).
+node across re-plans (they are properties of the node, not of an actor). ``drop_snapshots`` kills
+the job's snapshot holders (both in-memory copies of every shard are gone: the next restore reads
+storage).
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from typing import Any, Protocol
 from workers.runtime import events as ev
 from workers.runtime.cluster_port import ClusterPort, RankCall
 from workers.runtime.gang import Gang
+from workers.runtime.memsnap import Choice
 from workers.runtime.placement import NodeCapacity, Reservation
 from workers.runtime.watchdog import Failure, GatherResult
 
-FAULT_KINDS: tuple[str, ...] = ("kill_node", "kill_rank", "hang_rank", "slow_node", "jitter_node")
+FAULT_KINDS: tuple[str, ...] = ("kill_node", "kill_rank", "hang_rank", "slow_node", "jitter_node", "drop_snapshots")
 
 
 class FaultInjectionDisabled(PermissionError):
@@ -102,6 +105,10 @@ class InjectablePort(ClusterPort, Protocol):
         """Arm ``kind`` (``slow``, ``jitter``, ``hang``, ``exit``, ``kill_node``) on ``ranks``."""
         ...
 
+    def drop_snapshots(self) -> None:
+        """Lose every in-memory snapshot copy (both copies of every shard)."""
+        ...
+
 
 class FaultInjector:
     """A cluster port that fires ``plan``'s faults into the port it wraps, before the step they name.
@@ -142,6 +149,15 @@ class FaultInjector:
     def teardown(self, gang: Gang | None, *, graceful: bool = False) -> float:
         return self.inner.teardown(gang, graceful=graceful)
 
+    def snapshots(self) -> dict[str, list[dict[str, Any]]]:
+        return self.inner.snapshots()
+
+    def restore(self, gang: Gang, choice: Choice | None, *, deadline_s: float) -> GatherResult:
+        return self.inner.restore(gang, choice, deadline_s=deadline_s)
+
+    def close(self) -> None:
+        self.inner.close()
+
     def _fire(self, gang: Gang, step: int) -> None:
         for f in self.plan.due(step):
             rank = f.target_rank(gang.world_size)
@@ -153,6 +169,9 @@ class FaultInjector:
                 self.inner.inject(gang, [rank], "exit")
             elif f.kind == "hang_rank":
                 self.inner.inject(gang, [rank], "hang", wait=True)
+            elif f.kind == "drop_snapshots":
+                targets = []
+                self.inner.drop_snapshots()
             else:
                 kind, value = ("slow", f.factor) if f.kind == "slow_node" else ("jitter", f.amplitude)
                 self.node_faults[node] = (kind, value)

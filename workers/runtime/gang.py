@@ -34,6 +34,7 @@ class Gang:
     rank_map: RankMap
     workers: list[Any] = field(default_factory=list)  # index = rank
     timings: dict[str, Any] = field(default_factory=dict)
+    watch: Any = None  # watchdog.NodeWatch: the heartbeat of the gang's nodes, while it runs
 
     @property
     def rank_nodes(self) -> list[str]:
@@ -67,8 +68,12 @@ def start_gang(
     start_timeout_s: float,
     alive_nodes: Any,
     on_created: Any = None,
+    snapshot_targets: Any = None,
+    take_warm: Any = None,
 ) -> Gang:
-    """Actors up, ranks mapped, process group joined, trainers built; raises ``StartFailed``."""
+    """Actors up, ranks mapped, process group joined, trainers built; raises ``StartFailed``.
+    ``snapshot_targets(node)``: the snapshot holders a rank on ``node`` pushes to (``None``: no snapshots).
+    ``take_warm(node)``: a pre-started rank actor on ``node``, or ``None`` (``warm_pool``)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     layout: Layout = plan.layout.with_global_batch(int(train_cfg["global_batch"])) \
@@ -77,11 +82,17 @@ def start_gang(
     gang = Gang(plan, layout, reservation, rank_map)
     cls = worker_class(cpu_per_bundle)
     t0 = time.monotonic()
+    warm: list[int] = []
     for rank in range(layout.world_size):
         strategy = PlacementGroupSchedulingStrategy(
             reservation.pg, placement_group_bundle_index=rank_map.rank_to_bundle[rank]
         )
-        gang.workers.append(cls.options(scheduling_strategy=strategy).remote())
+        got = take_warm(rank_map.rank_to_node[rank]) if take_warm is not None else None
+        if got is not None:
+            gang.workers.append(got)
+            warm.append(rank)
+        else:
+            gang.workers.append(cls.options(scheduling_strategy=strategy).remote())
     if on_created is not None:
         on_created(gang)
 
@@ -96,6 +107,7 @@ def start_gang(
     if wrong:
         raise StartFailed(Failure("rank_failed", f"actors of ranks {wrong} are not on their bundle's node",
                                   (), tuple(wrong), time.time()))
+    _hand_bundle_gpus(gang, [r for r in warm if infos.results[r].get("cuda_host")], start_timeout_s)
     t1 = time.monotonic()
     endpoint = gather({0: gang.workers[0].endpoint.remote(collective_timeout_s)}, deadline_s=start_timeout_s)
     if not endpoint.ok:
@@ -105,15 +117,33 @@ def start_gang(
     epoch = fencing.advance(ckpt_dir) if ckpt_dir else None
     refs = {
         r: w.setup.remote(rdzv, train_cfg, layout.to_dict(), r, layout.world_size, collective_timeout_s,
-                          fence_epoch=epoch)
+                          fence_epoch=epoch,
+                          snapshot_to=None if snapshot_targets is None else snapshot_targets(rank_map.rank_to_node[r]))
         for r, w in enumerate(gang.workers)
     }
     setup = gather(refs, deadline_s=start_timeout_s, workers=gang.workers)
     if not setup.ok:
         raise failed(setup, "setup")
     gang.timings = {"actors_s": t1 - t0, "setup_s": time.monotonic() - t1, "rendezvous": rdzv,
-                    "fence_epoch": epoch}
+                    "fence_epoch": epoch, "warm_ranks": len(warm)}
     return gang
+
+
+def _hand_bundle_gpus(gang: Gang, cuda: list[int], timeout_s: float) -> None:
+    """Warm ranks ``cuda`` (on hosts with an NVIDIA driver) learn their bundle's GPU ids (a zero-CPU
+    probe task in the bundle) and set ``CUDA_VISIBLE_DEVICES`` as Ray would have."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from workers.runtime.warm_pool import bundle_gpu_ids
+
+    if not cuda:
+        return
+    probe = ray.remote(num_cpus=0, num_gpus=1)(bundle_gpu_ids)
+    refs = {r: probe.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+        gang.reservation.pg, placement_group_bundle_index=gang.rank_map.rank_to_bundle[r])).remote() for r in cuda}
+    ids = dict(zip(refs, ray.get(list(refs.values()), timeout=timeout_s), strict=True))
+    ray.get([gang.workers[r].use_gpus.remote(ids[r]) for r in cuda], timeout=timeout_s)
 
 
 def teardown(gang: Gang | None, *, graceful: bool = False, close_timeout_s: float = 15.0) -> float:
@@ -123,6 +153,8 @@ def teardown(gang: Gang | None, *, graceful: bool = False, close_timeout_s: floa
     if gang is None:
         return 0.0
     t0 = time.monotonic()
+    if gang.watch is not None:
+        gang.watch.stop()
     if graceful and gang.workers:
         gather({r: w.close.remote() for r, w in enumerate(gang.workers)}, deadline_s=close_timeout_s)
     for w in gang.workers:

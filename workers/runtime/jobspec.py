@@ -38,6 +38,8 @@ class RuntimeSettings:
     heartbeat_s: float = 2.0
     heartbeat_timeout_s: float = 15.0
     node_confirm_s: float = 5.0  # how long to wait for the GCS to confirm a node death
+    node_heartbeat_s: float = 0.5  # probe every gang node's raylet this often (0: off; see watchdog.NodeWatch)
+    node_heartbeat_timeout_s: float = 0.5  # ... a probe unanswered this long is silence (heartbeat_timeout_s of it: down)
     cpu_per_bundle: float = 0.05
     straggler_window: int = 5  # steps per scoring window
     straggler_threshold: float = 0.7
@@ -47,6 +49,9 @@ class RuntimeSettings:
     node_death_limit: int = 2  # rank processes died this often on one live node: keep it out (0: never)
     linger_s: float = 0.0  # >0: a finished detached supervisor exits on its own after this long
     strategy: str = "PACK"
+    snapshots: bool = True  # every rank's shard to memory on its node and another one after every step
+    snapshot_keep: int = 3  # snapshots (steps) each node's holder keeps
+    warm_ranks_per_node: int = 0  # pre-started rank actors (torch imported) kept idle per node (warm_pool)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> RuntimeSettings:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.runtime import events as ev
-from workers.runtime import planner_bridge
+from workers.runtime import memsnap, planner_bridge
 from workers.runtime.cadence import CheckpointCadence
 from workers.runtime.cluster_port import ClusterPort
 from workers.runtime.gang import Gang, StartFailed
@@ -283,10 +283,11 @@ class AttemptMachine:
             self.log.emit(ev.Started(reason=f"{gang.world_size} rank actors up, process group joined",
                                      actors_s=round(float(gang.timings.get("actors_s", 0.0)), 4),
                                      setup_s=round(float(gang.timings.get("setup_s", 0.0)), 4),
-                                     backend=str(gang.timings.get("rendezvous", {}).get("backend", ""))))
+                                     backend=str(gang.timings.get("rendezvous", {}).get("backend", "")),
+                                     warm_ranks=int(gang.timings.get("warm_ranks", 0))))
             cycle.phases["start"] = time.monotonic() - t_start
             t_load = time.monotonic()
-            start_step = self._restore(gang)
+            start_step, source = self._restore(gang)
             cycle.phases["load"] = time.monotonic() - t_load
         except StartFailed as exc:  # a node died while we started: re-plan without it
             self._switch = self._record_failure(exc.failure, time.time())
@@ -300,10 +301,11 @@ class AttemptMachine:
         switch = self._switch
         recovery = None
         if switch is not None:
-            self.log.emit(ev.Resumed(reason=f"resumed from the checkpoint of step {start_step} after {switch.cause}",
+            what = "in-memory snapshot" if source == "memory" else "checkpoint"
+            self.log.emit(ev.Resumed(reason=f"resumed from the {what} of step {start_step} after {switch.cause}",
                                      from_step=start_step, cause=switch.cause, layout=gang.layout.to_dict(),
                                      short=gang.layout.short(), world_size=gang.world_size,
-                                     steps_redone=max(0, self.next_step - start_step)))
+                                     steps_redone=max(0, self.next_step - start_step), source=source))
             recovery = {"switch": switch, "phases": {**cycle.phases, "detect": switch.detect_s},
                         "teardown_s": cycle.teardown_s, "t0": time.time()}
         s = self.settings
@@ -394,14 +396,20 @@ class AttemptMachine:
             return self._on_straggler(gang, findings, run, step)
         return None
 
-    def _restore(self, gang: Gang) -> int:
-        res = self.port.gather(gang, "restore", deadline_s=self.settings.start_timeout_s)
+    def _restore(self, gang: Gang) -> tuple[int, ev.RestoreSource]:
+        """Load the newest complete in-memory snapshot (no older than the newest checkpoint, no newer
+        than the last step the machine saw done), else the newest checkpoint; the start step and where
+        it came from."""
+        choice = None
+        if self.settings.snapshots:
+            choice = memsnap.choose(self.port.snapshots(), not_before=self.last_ckpt_step, not_after=self.next_step)
+        res = self.port.restore(gang, choice, deadline_s=self.settings.start_timeout_s)
         if not res.ok:
             raise StartFailed(self.port.classify(res, gang, "restore"))
         starts = set(res.results.values())
         if len(starts) != 1:
             raise JobFailed(f"ranks restored different steps: {sorted(starts)}")
-        return int(starts.pop())
+        return int(starts.pop()), "memory" if choice is not None else "storage"
 
     def _save(self, gang: Gang, step: int) -> Switch | None:
         t0 = time.time()
@@ -506,6 +514,12 @@ class AttemptMachine:
 
     # ------------------------------------------------------------------ endings
     def _end_switch(self, sw: Switch) -> tuple[Phase, str]:
+        try:
+            return self._end(sw)
+        finally:
+            self.port.close()
+
+    def _end(self, sw: Switch) -> tuple[Phase, str]:
         if sw.kind == "finished":
             self.port.teardown(self._take_gang(), graceful=True)
             self._set_state(AttemptState.SUCCEEDED)
@@ -527,6 +541,7 @@ class AttemptMachine:
     def _fail(self, error: str) -> tuple[Phase, str]:
         try:
             self.port.teardown(self._take_gang())
+            self.port.close()
         finally:
             self.error = error
             self._set_state(AttemptState.FAILED)

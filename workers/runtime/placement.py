@@ -82,6 +82,15 @@ def raylet_unreachable(node_id: str, timeout_s: float = 1.0) -> bool:
         return True
 
 
+def raylet_addresses(node_ids: Iterable[str]) -> dict[str, tuple[str, int]]:
+    """The node-manager (raylet) address of each alive node of ``node_ids`` (one GCS call)."""
+    import ray
+
+    ids = set(node_ids)
+    return {n["NodeID"]: (str(n["NodeManagerAddress"]), int(n["NodeManagerPort"])) for n in ray.nodes()
+            if n.get("NodeID") in ids and n.get("Alive") and n.get("NodeManagerAddress") and n.get("NodeManagerPort")}
+
+
 def wait_nodes_dead(node_ids: Iterable[str], timeout_s: float, poll_s: float = 0.1) -> bool:
     """Wait until the GCS marks ``node_ids`` dead (so no new bundle lands there)."""
     ids = set(node_ids)

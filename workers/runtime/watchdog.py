@@ -15,6 +15,8 @@ reported as a rank failure and planned onto again.
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,10 +33,11 @@ class GatherResult:
     seconds: float = 0.0
     first_error_at: float | None = None  # time.time() of the first error seen
     hb_rtt: dict[int, float] = field(default_factory=dict)  # rank -> slowest heartbeat round trip seen
+    lost_nodes: list[str] = field(default_factory=list)  # nodes the node heartbeat found down meanwhile
 
     @property
     def ok(self) -> bool:
-        return not self.errors and not self.pending and not self.unresponsive
+        return not self.errors and not self.pending and not self.unresponsive and not self.lost_nodes
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,11 @@ def gather(
     error_grace_s: float = 2.0,
     poll_s: float = 0.25,
     on_poll: Callable[[], None] | None = None,
+    watch: NodeWatch | None = None,
 ) -> GatherResult:
-    """Wait for ``refs`` (rank -> ObjectRef) until all are done, an error (+grace), or the deadline."""
+    """Wait for ``refs`` (rank -> ObjectRef) until all are done, an error (+grace), or the deadline.
+    With ``watch`` (the gang's node heartbeat) the wait ends at once when a node of a pending rank is
+    found down (``lost_nodes``): no grace, no collective timeout."""
     import ray
 
     t0 = time.monotonic()
@@ -88,6 +94,11 @@ def gather(
                     stop_at = min(stop_at, time.monotonic() + error_grace_s)
         if on_poll is not None:
             on_poll()
+        if watch is not None and remaining:
+            down = watch.down()
+            if down:
+                out.lost_nodes = sorted(down)
+                break
         if workers is not None and remaining:
             now = time.monotonic()
             pending_ranks = {by_ref[r] for r in remaining}
@@ -119,6 +130,74 @@ def gather(
     return out
 
 
+def tcp_refused(address: tuple[str, int], timeout_s: float) -> bool | None:
+    """``True``: connection refused (nobody listens: the process is gone); ``None``: no answer within
+    ``timeout_s``; ``False``: it answered."""
+    try:
+        with socket.create_connection(address, timeout=timeout_s):
+            return False
+    except TimeoutError:
+        return None
+    except OSError:
+        return True
+
+
+class NodeWatch:
+    """The heartbeat of a gang's nodes: a background thread connects to every node's raylet
+    (node-manager port) every ``period_s``. A refused connection marks the node down at once (the host
+    answers but no raylet listens: it crashed); a node that stays silent (every probe unanswered for
+    ``silent_s``: a partitioned or powered-off host) is down too, but only then, so a short partition
+    that heals is ridden out as before. A kernel accepts a TCP connection for a busy but live process,
+    so load does not trip it. A crashed node is known within about ``period_s`` of its death, before
+    the GCS health checks or any collective timeout."""
+
+    def __init__(self, addresses: Mapping[str, tuple[str, int]], *, period_s: float = 0.5, timeout_s: float = 0.5,
+                 silent_s: float = 15.0,
+                 probe: Callable[[tuple[str, int], float], bool | None] = tcp_refused) -> None:
+        self.addresses = dict(addresses)
+        self.period_s, self.timeout_s, self.silent_s = period_s, timeout_s, silent_s
+        self.probe = probe
+        self._down: set[str] = set()
+        self._silent_since: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.down_at: dict[str, float] = {}  # node -> time.time() it was found down
+
+    def start(self) -> NodeWatch:
+        if self.addresses and self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="orthoplex-nodewatch", daemon=True)
+            self._thread.start()
+        return self
+
+    def check_once(self) -> set[str]:
+        for node, addr in self.addresses.items():
+            if node in self._down:
+                continue
+            t = time.monotonic()
+            refused = self.probe(addr, self.timeout_s)
+            if refused is None:
+                self._silent_since.setdefault(node, t)
+            else:
+                self._silent_since.pop(node, None)
+            if refused or (refused is None and t - self._silent_since[node] >= self.silent_s):
+                with self._lock:
+                    self._down.add(node)
+                    self.down_at[node] = time.time()
+        return self.down()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.check_once()
+
+    def down(self) -> set[str]:
+        with self._lock:
+            return set(self._down)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 def is_actor_death(exc: BaseException) -> bool:
     from ray.exceptions import RayActorError
 
@@ -136,6 +215,12 @@ def classify(
 ) -> Failure:
     """What went wrong in a failed ``gather`` (which must not be ``ok``)."""
     now = time.time()
+    if res.lost_nodes:  # the node heartbeat saw them go: no need to wait for errors or the GCS
+        lost = sorted(set(res.lost_nodes) & set(rank_nodes))
+        ranks = tuple(r for r, n in enumerate(rank_nodes) if n in lost)
+        if lost:
+            return Failure("node_lost", f"{what}: node(s) {', '.join(x[:8] for x in lost)} stopped answering "
+                           f"the node heartbeat ({len(ranks)} rank actors gone)", tuple(lost), ranks, now)
     died = sorted(r for r, e in res.errors.items() if is_actor_death(e)) + sorted(res.unresponsive)
     nodes = sorted(set(rank_nodes))
     if died or res.errors:

@@ -35,6 +35,8 @@ class RankWorker:
         self._jitter = 0.0
         self._hang = False
         self._fence: tuple[str, int] | None = None  # (checkpoint_dir, gang epoch)
+        self._snap: Any = None  # Snapshotter: this rank's shard to two nodes' memory after every step
+        self.snapshot_push_errors = 0
         self._rng = random.Random(os.getpid())
 
     # ---------------------------------------------------------------- bookkeeping
@@ -51,7 +53,12 @@ class RankWorker:
             "pid": os.getpid(),
             "ip": ray.util.get_node_ip_address(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "cuda_host": os.path.exists("/dev/nvidiactl"),  # an NVIDIA driver on this host
         }
+
+    def use_gpus(self, ids: list[str]) -> None:
+        """A warm rank (started outside any bundle) takes its bundle's GPUs; CUDA starts later."""
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
 
     def heartbeat(self) -> dict[str, Any]:
         with self._lock:
@@ -67,9 +74,12 @@ class RankWorker:
         return endpoint(timeout_s).to_dict()
 
     def setup(self, rdzv: dict[str, Any], cfg: dict[str, Any], layout: dict[str, Any], rank: int,
-              world_size: int, collective_timeout_s: float, fence_epoch: int | None = None) -> dict[str, float]:
+              world_size: int, collective_timeout_s: float, fence_epoch: int | None = None,
+              snapshot_to: list[Any] | None = None) -> dict[str, float]:
         """Join the process group and build this rank's trainer for ``layout``; ``fence_epoch`` is the
-        gang's epoch (see ``fencing``): steps and saves are refused once a newer gang started."""
+        gang's epoch (see ``fencing``): steps and saves are refused once a newer gang started.
+        ``snapshot_to``: the snapshot holders (``memsnap``) this rank pushes its shard to after every
+        step (all ranks of a gang get holders, or none do: creating the snapshotter is collective)."""
         from planner.layout import Layout
         from workers.engine.config import TrainConfig
         from workers.engine.trainer import RankTrainer
@@ -83,14 +93,51 @@ class RankWorker:
         t1 = time.perf_counter()
         self._trainer = RankTrainer(TrainConfig.from_dict(cfg), Layout.from_dict(layout), rank, world_size,
                                     collective_timeout_s=collective_timeout_s)
+        if snapshot_to is not None:
+            from workers.engine.checkpoint.snapshot import Snapshotter
+
+            self._snap = Snapshotter(self._trainer, self._pusher(fence_epoch or 0, world_size, snapshot_to),
+                                     tag=f"e{fence_epoch or 0}", timeout_s=collective_timeout_s)
         self._phase("idle")
         return {"join_s": t1 - t0, "build_s": time.perf_counter() - t1}
+
+    def _pusher(self, epoch: int, world: int, holders: list[Any]) -> Any:
+        def push(step: int, files: dict[str, bytes]) -> None:
+            import ray
+
+            for ref in [h.put.remote(epoch, step, world, files) for h in holders]:
+                try:  # best effort per copy: a holder whose node died must not fail this rank
+                    ray.get(ref, timeout=60)
+                except Exception:
+                    self.snapshot_push_errors += 1
+
+        return push
 
     def restore(self) -> int:
         self._phase("restore")
         start = int(self._trainer.restore())
         self._phase("idle", start - 1)
         return start
+
+    def restore_snapshot(self, sources: list[tuple[Any, list[str]]], epoch: int, step: int) -> int:
+        """Load the in-memory snapshot ``(epoch, step)``, fetching its files from the holders that have
+        them (``[(holder, names)]``), resharded into this rank's layout."""
+        import ray
+
+        from workers.engine.checkpoint.snapshot import load_snapshot
+
+        self._phase("restore")
+        files: dict[str, bytes] = {}
+        for part in ray.get([h.get.remote(epoch, step, names) for h, names in sources], timeout=120):
+            files.update(part)
+        start = load_snapshot(self._trainer, files)
+        self._phase("idle", start - 1)
+        return start
+
+    def snapshot_stats(self) -> dict[str, float]:
+        stats = dict(self._snap.stats) if self._snap is not None else {}
+        stats["push_errors"] = self.snapshot_push_errors
+        return stats
 
     def step(self) -> dict[str, Any]:
         """One optimizer step; the slow/jitter hooks add busy time after the step's collectives."""
@@ -102,6 +149,8 @@ class RankWorker:
         while self._hang:  # fault hook: a rank that stops making progress (no crash)
             time.sleep(0.05)
         res = self._trainer.step()
+        if self._snap is not None:  # waits for the previous snapshot, stages this one, writes it in the background
+            self._snap.start()
         busy = time.thread_time() - c0
         extra = busy * (self._slow_factor - 1.0)
         if self._jitter:
@@ -139,6 +188,9 @@ class RankWorker:
         from workers.runtime.rendezvous import leave
 
         self._phase("close")
+        if self._snap is not None:
+            self._snap.close()
+            self._snap = None
         if self._trainer is not None:
             self._trainer.close()
             self._trainer = None

@@ -1,0 +1,204 @@
+"""Snapshots in memory on two nodes, and which one a re-planned gang restores from.
+
+Every rank snapshots its shard after every step (``workers.engine.checkpoint.snapshot``) and pushes
+the bytes to two :class:`SnapshotHolder` actors: the one on its own node and the one on the next
+node of the ring (:func:`buddy_of`), so a snapshot survives the loss of any one node. Holders are
+plain Ray actors, one per node per job, owned by the job's supervisor (they die with it) and killed
+at the job's end; they keep the newest ``keep`` snapshots (by step).
+
+A snapshot is identified by ``(epoch, step)``: the gang's fencing epoch (a snapshot never mixes
+ranks of two gangs) and the steps completed. It is *complete* when the surviving holders have
+together every rank's shard file and DCP's ``.metadata``. :func:`choose` picks the newest complete
+one that is at least as new as the newest storage checkpoint; the supervisor falls back to storage
+only when no such snapshot exists (both copies of some shard gone, or snapshots off).
+
+Pure Python apart from :class:`SnapshotHolder`'s Ray wrapping and :class:`Holders` (no torch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+METADATA = ".metadata"
+_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
+
+
+@dataclass(frozen=True)
+class SnapshotKey:
+    epoch: int
+    step: int
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The snapshot to restore: its key, the world size that wrote it, and where each file is."""
+
+    key: SnapshotKey
+    world: int
+    sources: dict[str, str]  # file name -> node id of a holder that has it
+
+    def by_node(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for name, node in sorted(self.sources.items()):
+            out.setdefault(node, []).append(name)
+        return out
+
+
+def complete(names: Iterable[str], world: int) -> bool:
+    """Every rank's shard and the metadata are there."""
+    names = set(names)
+    ranks = {int(m.group(1)) for n in names if (m := _SHARD.match(n))}
+    return METADATA in names and ranks >= set(range(world))
+
+
+def choose(inventories: Mapping[str, Sequence[dict[str, Any]]], *, not_before: int = 0,
+           not_after: int | None = None) -> Choice | None:
+    """The newest complete snapshot over the holders' inventories (node -> ``[{"epoch", "step",
+    "world", "files"}]``) whose step is ``>= not_before`` (the newest storage checkpoint) and
+    ``<= not_after`` (the last step the supervisor saw completed: every rank finished it); ``None``:
+    restore from storage. Ties on the step go to the newest epoch."""
+    found: dict[SnapshotKey, tuple[int, dict[str, str]]] = {}
+    for node in sorted(inventories):
+        for entry in inventories[node]:
+            key = SnapshotKey(int(entry["epoch"]), int(entry["step"]))
+            world, sources = found.setdefault(key, (int(entry["world"]), {}))
+            for name in entry["files"]:
+                sources.setdefault(name, node)
+    for key in sorted(found, key=lambda k: (k.step, k.epoch), reverse=True):
+        world, sources = found[key]
+        if key.step >= not_before and (not_after is None or key.step <= not_after) and complete(sources, world):
+            return Choice(key, world, dict(sources))
+    return None
+
+
+def buddy_of(node: str, nodes: Iterable[str]) -> str | None:
+    """The next node after ``node`` in the sorted ring of ``nodes`` (``None`` when it is alone)."""
+    ring = sorted(set(nodes) | {node})
+    if len(ring) < 2:
+        return None
+    return ring[(ring.index(node) + 1) % len(ring)]
+
+
+class SnapshotHolder:
+    """One node's memory for a job's snapshots (a Ray actor; see :class:`Holders`)."""
+
+    def __init__(self, keep: int = 3) -> None:
+        import threading
+
+        self.keep = keep
+        self.snaps: dict[SnapshotKey, dict[str, Any]] = {}
+        self._lock = threading.Lock()  # a threaded actor: pushes of several ranks arrive at once
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def put(self, epoch: int, step: int, world: int, files: dict[str, bytes]) -> int:
+        key = SnapshotKey(epoch, step)
+        with self._lock:
+            entry = self.snaps.setdefault(key, {"world": world, "files": {}})
+            entry["files"].update(files)
+            for old in sorted(self.snaps, key=lambda k: (k.step, k.epoch))[:-self.keep]:
+                del self.snaps[old]
+        return sum(len(b) for b in files.values())
+
+    def inventory(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [{"epoch": k.epoch, "step": k.step, "world": e["world"], "files": sorted(e["files"])}
+                    for k, e in self.snaps.items()]
+
+    def get(self, epoch: int, step: int, names: list[str]) -> dict[str, bytes]:
+        with self._lock:
+            files = self.snaps[SnapshotKey(epoch, step)]["files"]
+            return {n: files[n] for n in names}
+
+
+@dataclass
+class Holders:
+    """The job's holders, one per node (created on demand, pinned to their node, owned by the caller)."""
+
+    keep: int = 3
+    actors: dict[str, Any] = field(default_factory=dict)
+
+    def ensure(self, nodes: Iterable[str], *, needed: Iterable[str] = (), timeout_s: float = 60.0) -> dict[str, Any]:
+        """A live holder on each of ``nodes`` (dead ones dropped and replaced); node -> actor. Waits up
+        to ``timeout_s`` for the holders of the ``needed`` nodes (the gang's) only: the others come up
+        in the background (a rank's push to one waits for it)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        cls = ray.remote(num_cpus=0, max_concurrency=8, max_restarts=0)(SnapshotHolder)
+        alive = self.alive(timeout_s=2.0)
+        for node in nodes:
+            if node not in alive and node not in self.actors:
+                self.actors[node] = cls.options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(self.keep)
+        deadline = time.monotonic() + timeout_s
+        for n in needed:
+            if n not in self.actors:
+                continue
+            try:
+                ray.get(self.actors[n].node.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            except Exception:  # its node is going away: no holder there
+                with contextlib.suppress(Exception):
+                    ray.kill(self.actors[n], no_restart=True)
+                self.actors.pop(n, None)
+        return dict(self.actors)
+
+    def forget(self, nodes: Iterable[str]) -> None:
+        """Drop the holders of ``nodes`` without asking them (known down: asking would wait)."""
+        import ray
+
+        for n in set(nodes) & set(self.actors):
+            with contextlib.suppress(Exception):
+                ray.kill(self.actors[n], no_restart=True)
+            del self.actors[n]
+
+    def alive(self, timeout_s: float = 2.0) -> dict[str, Any]:
+        """The holders that answer within ``timeout_s`` (a dead node's holder is dropped)."""
+        import ray
+
+        refs = {n: a.node.remote() for n, a in self.actors.items()}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+        ok = {}
+        for n, ref in refs.items():
+            if ref in ready:
+                with contextlib.suppress(Exception):
+                    ray.get(ref)
+                    ok[n] = self.actors[n]
+        for n in set(self.actors) - set(ok):  # dead, or too slow to trust: replaced by a fresh one
+            with contextlib.suppress(Exception):
+                ray.kill(self.actors[n], no_restart=True)
+            del self.actors[n]
+        return ok
+
+    def inventories(self, timeout_s: float = 5.0) -> dict[str, list[dict[str, Any]]]:
+        import ray
+
+        out: dict[str, list[dict[str, Any]]] = {}
+        for n, a in self.alive(timeout_s=timeout_s).items():
+            with contextlib.suppress(Exception):
+                out[n] = ray.get(a.inventory.remote(), timeout=timeout_s)
+        return out
+
+    def targets(self, node: str) -> list[Any]:
+        """Where a rank on ``node`` pushes: its own node's holder and its buddy's."""
+        out = [self.actors[node]] if node in self.actors else []
+        buddy = buddy_of(node, self.actors)
+        if buddy is not None and buddy != node:
+            out.append(self.actors[buddy])
+        return out
+
+    def kill(self) -> None:
+        import ray
+
+        for a in self.actors.values():
+            with contextlib.suppress(Exception):
+                ray.kill(a, no_restart=True)
+        self.actors = {}
