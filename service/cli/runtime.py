@@ -32,7 +32,7 @@ def build_spec(
     max_checkpoint_every: int,
     hang_timeout_s: float,
     max_gpus: int | None = None,
-    snapshots: bool = True,
+    snapshots: bool = False,
     warm_ranks: int = 0,
 ) -> dict[str, Any]:
     """The job spec ``orthoplex run`` submits (faults only when a fault option is given)."""
@@ -148,7 +148,7 @@ def register(app: typer.Typer) -> None:
         min_gpus: int = typer.Option(1, "--min-gpus", min=1, help="Shrink no further than this."),
         max_gpus: int | None = typer.Option(None, "--max-gpus", min=1,
                                             help="Use at most this many GPUs (also after a re-plan)."),
-        snapshots: bool = typer.Option(True, "--snapshots/--no-snapshots",
+        snapshots: bool = typer.Option(False, "--snapshots/--no-snapshots",
                                        help="Snapshot every step into two nodes' memory; re-plans restore from it."),
         warm_ranks: int = typer.Option(0, "--warm-ranks", min=0,
                                        help="Pre-started rank actors kept idle per node (a re-plan's ranks start warm)."),

@@ -30,9 +30,9 @@ def test_run_options_become_a_spec_with_faults_only_when_asked() -> None:
     faulty = build_spec(kill_node_at_step=3, slow_node_at_step=5, **kw)
     assert [f["kind"] for f in faulty["faults"]] == ["kill_node", "slow_node"]
     assert faulty["faults"][1]["factor"] == 2.0
-    assert "max_gpus" not in plain and plain["runtime"]["snapshots"] is True
-    capped = build_spec(kill_node_at_step=None, slow_node_at_step=None, max_gpus=8, snapshots=False, **kw)
-    assert capped["max_gpus"] == 8 and capped["runtime"]["snapshots"] is False
+    assert "max_gpus" not in plain and plain["runtime"]["snapshots"] is False  # opt-in
+    capped = build_spec(kill_node_at_step=None, slow_node_at_step=None, max_gpus=8, snapshots=True, **kw)
+    assert capped["max_gpus"] == 8 and capped["runtime"]["snapshots"] is True
     with pytest.raises(ValueError, match="max-gpus"):
         build_spec(kill_node_at_step=None, slow_node_at_step=None, max_gpus=2, **kw)
 

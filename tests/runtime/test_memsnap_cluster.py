@@ -30,7 +30,7 @@ def _spec(tmp_path: Path) -> dict[str, Any]:
         "model": "tiny", "steps": STEPS, "global_batch": 4, "seed": 5, "min_gpus": 4, "max_gpus": 4,
         "layout_hint": "tp=2,dp=2", "checkpoint_dir": str(tmp_path / "ckpt"),
         "checkpoint": {"min_every_steps": 4, "max_every_steps": 4},
-        "runtime": {**h.FAST_RUNTIME, "grow": False, "warm_ranks_per_node": 2},
+        "runtime": {**h.FAST_RUNTIME, "grow": False, "warm_ranks_per_node": 2, "snapshots": True},
         "faults": [{"kind": "kill_node", "at_step": 3, "rank": -1},
                    {"kind": "drop_snapshots", "at_step": 7}, {"kind": "kill_node", "at_step": 7, "rank": -1}],
     }

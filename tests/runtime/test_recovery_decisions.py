@@ -32,7 +32,7 @@ def machine(cluster: MemoryCluster, *, steps: int = 8, faults: list[dict[str, An
         "model": "tiny", "steps": steps, "global_batch": 12, "checkpoint_dir": "/nowhere", "min_gpus": min_gpus,
         "checkpoint": {"min_every_steps": 1, "max_every_steps": 2},
         "runtime": {"placement_retry_s": 0.01, "placement_give_up_s": 60.0, "straggler_window": 3, "grow": False,
-                    **runtime},
+                    "snapshots": True, **runtime},
         "faults": faults or [],
     }
     if max_gpus:
