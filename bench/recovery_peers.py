@@ -20,18 +20,20 @@ Failure: before step ``kill_at`` the last group's worker SIGKILLs its node's ray
 Orthoplex benchmark uses), once per run (a marker file keeps the replacement from doing it again).
 
 Measured from the ranks' own logs (one JSON line per event, wall clock of the one machine):
-``stall_s`` the survivors' longest gap between two of their committed steps (survivors: the groups /
-world ranks whose node was not killed), ``steps_redone`` (per survivor: step attempts minus distinct
+``stall_s`` the survivors' longest gap between two of their committed steps that ends after the
+crash (survivors: the groups / world ranks whose node was not killed), ``steps_redone`` (per survivor: step attempts minus distinct
 committed steps, the worst survivor), ``full_strength_s`` (the crash until the first committed step
 with every group in it), ``final_loss`` (the loss of the last step, averaged over the quorum).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import shutil
+import signal
 import statistics
 import tempfile
 import time
@@ -40,6 +42,10 @@ from typing import Any, Literal
 
 NODES, GPUS_PER_NODE, GROUPS, GPUS_PER_GROUP = 4, 2, 3, 2
 GLOBAL_BATCH, KILL_AT, SAVE_EVERY = 12, 6, 2
+# The tiny model's step takes ~40 ms here, far less than the seconds a replacement needs to start:
+# unpaced, the survivors finish before the lost group is back. Every step of both peers is padded to
+# MIN_STEP_S (a sleep after the step), standing in for a real step time; stalls include it.
+MIN_STEP_S, STEPS = 0.3, 60
 # torchft's lighthouse: a step's quorum needs 2 of the 3 groups; a replica whose heartbeat is older
 # than HEARTBEAT_TIMEOUT_MS is out (the default 5 s; 2 s here, near Orthoplex's ~1 s heartbeat
 # detection, without dropping live replicas of this loaded 2-core machine).
@@ -77,6 +83,16 @@ class _Run:
                                           self.cfg.global_batch, self.cfg.seed)
         self.kill_at, self.kill_group = config["kill_at"], config["kill_group"]
         self.marker = Path(config["log"] + ".killed")
+        self.done = Path(config["log"] + ".done")  # a survivor finished: a late replacement stops
+        self.min_step_s = float(config.get("min_step_s", 0.0))
+        self.t_step = time.perf_counter()
+
+    def pace(self) -> None:
+        """Pad the step that began at the last ``pace()`` to ``min_step_s``."""
+        left = self.min_step_s - (time.perf_counter() - self.t_step)
+        if left > 0:
+            time.sleep(left)
+        self.t_step = time.perf_counter()
 
     def note(self, event: str, **kw: Any) -> None:
         with self.log.open("a") as f:
@@ -84,8 +100,9 @@ class _Run:
                                 "pid": os.getpid(), **kw}) + "\n")
 
     def maybe_kill(self, step: int) -> None:
-        """The benchmark's failure: this group's node crashes before ``kill_at`` (once per run)."""
-        if step == self.kill_at and self.group == self.kill_group and not self.marker.exists():
+        """The benchmark's failure: this group's node crashes before ``kill_at`` (once per run; ``>=``:
+        a group that joined late may have healed past it)."""
+        if step >= self.kill_at and self.group == self.kill_group and not self.marker.exists():
             from workers.runtime.worker import _kill_own_node
 
             self.marker.touch()
@@ -154,7 +171,7 @@ def _torchft_train_fn(config: dict[str, Any]) -> None:
         checkpoint_transport=PGTransport(pg, timeout=timeout, device=torch.device("cpu")),
     )
     run.note("manager_up", step=manager.current_step())
-    while manager.current_step() < run.cfg.steps:
+    while manager.current_step() < run.cfg.steps and not run.done.exists():
         step = manager.current_step()
         run.maybe_kill(step)
         manager.start_quorum()
@@ -171,7 +188,9 @@ def _torchft_train_fn(config: dict[str, Any]) -> None:
             run.note("step", step=step, loss=float(loss.item()), participants=participants, healing=healing)
         else:
             run.note("abort", step=step, participants=participants)
+        run.pace()
     run.note("done", step=manager.current_step())
+    run.done.touch()
     manager.shutdown()
 
 
@@ -203,6 +222,7 @@ def _restart_train_fn(config: dict[str, Any]) -> None:
         run.set_grads(flat)
         run.optimizer_step(step)
         run.note("step", step=step, loss=float(loss.item()), participants=run.groups)
+        run.pace()
         if (step + 1) % config["save_every"] == 0 or step + 1 == run.cfg.steps:
             with tempfile.TemporaryDirectory() as d:
                 if run.group == 0:
@@ -222,7 +242,7 @@ def summarize(rows: list[dict[str, Any]], kind: str, groups: int, kill_group: in
     stall, redone, intervals = 0.0, 0, []
     for g in survivors:
         mine = sorted((r for r in steps if r["group"] == g), key=lambda r: r["ts"])
-        gaps = [b["ts"] - a["ts"] for a, b in itertools.pairwise(mine)]
+        gaps = [b["ts"] - a["ts"] for a, b in itertools.pairwise(mine) if b["ts"] > fault_ts]
         stall = max([stall, *gaps])
         intervals += [b["ts"] - a["ts"] for a, b in itertools.pairwise(mine) if b["ts"] < fault_ts]
         aborts = sum(1 for r in rows if r["event"] == "abort" and r["group"] == g)
@@ -234,6 +254,8 @@ def summarize(rows: list[dict[str, Any]], kind: str, groups: int, kill_group: in
     by_step: dict[int, float] = {}
     for r in sorted(steps, key=lambda r: r["ts"]):
         by_step[r["step"]] = r["loss"]  # the last commit of a step wins (a restart redoes steps)
+    aborted = max((sum(1 for r in rows if r["event"] == "abort" and r["group"] == g) for g in survivors),
+                  default=0)
     degraded = sorted({r["step"] for r in steps if r.get("participants", groups) < groups})
     return {
         "system": {"torchft": "Ray Train + torchft (replica groups)", "restart": "Ray Train restart"}[kind],
@@ -241,6 +263,7 @@ def summarize(rows: list[dict[str, Any]], kind: str, groups: int, kill_group: in
         "stall_s": round(stall, 3),
         "steady_step_s": round(statistics.median(intervals), 3) if intervals else None,
         "steps_redone": redone,
+        "aborted_attempts": aborted,  # of steps_redone: attempts torchft's should_commit voted down
         "full_strength_s": round(min(full) - fault_ts, 3) if full else None,
         "final_loss": round(statistics.fmean(final), 6),
         "last_step": last,
@@ -250,9 +273,24 @@ def summarize(rows: list[dict[str, Any]], kind: str, groups: int, kill_group: in
     }
 
 
-def run_peer(kind: PeerKind, steps: int = 16, kill_at: int = KILL_AT, cluster: Any = None,
+def _release_ray_train_actors(sigint: Any) -> None:
+    """Ray Train 2.60's ``fit()`` leaves its controller actor (and the torchft lighthouse and the
+    dataset manager it owns) alive: the SIGINT handler it installs holds the controller's handle.
+    Put the previous handler back so the handle is freed, and kill Ray Data's detached
+    ``AutoscalingCoordinator`` that the run created."""
+    import gc
+
+    import ray
+
+    signal.signal(signal.SIGINT, sigint)
+    gc.collect()
+    with contextlib.suppress(ValueError):
+        ray.kill(ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator"))
+
+
+def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster: Any = None,
              work: Path | None = None, timeout_s: float = 30.0,
-             gpus_per_group: int = GPUS_PER_GROUP) -> dict[str, Any]:
+             gpus_per_group: int = GPUS_PER_GROUP, min_step_s: float = MIN_STEP_S) -> dict[str, Any]:
     """Train ``steps`` steps under the peer ``kind`` on a local cluster, crash the last group's node
     before ``kill_at``, and return the numbers of :func:`summarize` plus ``wall_s``.
 
@@ -275,10 +313,11 @@ def run_peer(kind: PeerKind, steps: int = 16, kill_at: int = KILL_AT, cluster: A
     work = Path(tempfile.mkdtemp(prefix=f"orthoplex-peer-{kind}-")) if work is None else work
     log = work / f"{kind}.jsonl"
     log.unlink(missing_ok=True)
-    Path(str(log) + ".killed").unlink(missing_ok=True)
+    for marker in (".killed", ".done"):
+        Path(str(log) + marker).unlink(missing_ok=True)
     config = {"train": _train_config(steps, work, kind), "log": str(log), "kill_at": kill_at,
               "kill_group": GROUPS - 1, "save_every": SAVE_EVERY, "timeout_s": timeout_s,
-              "min_replicas": MIN_REPLICAS}
+              "min_replicas": MIN_REPLICAS, "min_step_s": min_step_s}
     if kind == "torchft":
         from ray.train.v2.torch.torchft_config import TorchftConfig
 
@@ -297,18 +336,20 @@ def run_peer(kind: PeerKind, steps: int = 16, kill_at: int = KILL_AT, cluster: A
                              failure_config=FailureConfig(max_failures=3)),
     )
     t0 = time.time()
+    sigint = signal.getsignal(signal.SIGINT)
     try:
         trainer.fit()
         wall = time.time() - t0
         rows = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
         out = summarize(rows, kind, GROUPS, GROUPS - 1)
     finally:
+        _release_ray_train_actors(sigint)
         if own:
             cluster.shutdown()
         if tmp:
             shutil.rmtree(work, ignore_errors=True)
     return {**out, "wall_s": round(wall, 2), "steps": steps, "groups": GROUPS,
-            "global_batch": GLOBAL_BATCH}
+            "global_batch": GLOBAL_BATCH, "min_step_s": min_step_s}
 
 
 def _markdown(rows: list[dict[str, Any]]) -> str:
@@ -328,7 +369,8 @@ LIMITS = (
     f"Workload: tiny Llama, global batch {GLOBAL_BATCH}, {GROUPS} replica groups (Ray Train workers) "
     f"of {GPUS_PER_GROUP} declared GPUs on a head + {NODES} x {GPUS_PER_NODE}-GPU local Ray cluster, "
     f"CPU torch with gloo on a 2-core machine shared with other work; the node of the last group "
-    f"crashed (raylet SIGKILL) before step {KILL_AT}. Limits: Ray 2.60's TorchftConfig makes each "
+    f"crashed (raylet SIGKILL) before step {KILL_AT}; every step padded to {MIN_STEP_S} s (the tiny "
+    f"model's step is ~40 ms, shorter than a replacement's start). Limits: Ray 2.60's TorchftConfig makes each "
     f"worker its own replica group, so a group is one process holding the whole model (no TP inside "
     f"a group). torchft: lighthouse min_replicas {MIN_REPLICAS}, heartbeat timeout "
     f"{HEARTBEAT_TIMEOUT_MS} ms, gloo/PG-transport timeouts 30 s; while a group is missing the "
@@ -342,7 +384,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     """Both peers, same workload and failure, one cluster, one invocation."""
     from workers.runtime.local_cluster import InProcessCluster
 
-    steps = 12 if quick else 20
+    steps = 30 if quick else STEPS
     cluster = InProcessCluster(nodes=NODES, gpus_per_node=GPUS_PER_NODE).start()
     rows: list[dict[str, Any]] = []
     try:
