@@ -87,6 +87,16 @@ class _Run:
         self.min_step_s = float(config.get("min_step_s", 0.0))
         self.t_step = time.perf_counter()
 
+    def wait_for_all(self, event: str, timeout_s: float) -> None:
+        """Until every group logged ``event`` (the first start only: all replica managers heartbeat
+        before the first quorum, so the lighthouse forms it with every group)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            rows = [json.loads(x) for x in self.log.read_text().splitlines() if x.strip()]
+            if len({r["group"] for r in rows if r["event"] == event}) >= self.groups:
+                return
+            time.sleep(0.1)
+
     def pace(self) -> None:
         """Pad the step that began at the last ``pace()`` to ``min_step_s``."""
         left = self.min_step_s - (time.perf_counter() - self.t_step)
@@ -171,6 +181,8 @@ def _torchft_train_fn(config: dict[str, Any]) -> None:
         checkpoint_transport=PGTransport(pg, timeout=timeout, device=torch.device("cpu")),
     )
     run.note("manager_up", step=manager.current_step())
+    if not run.marker.exists():
+        run.wait_for_all("manager_up", timeout_s=config["timeout_s"])
     while manager.current_step() < run.cfg.steps and not run.done.exists():
         step = manager.current_step()
         run.maybe_kill(step)
@@ -256,7 +268,12 @@ def summarize(rows: list[dict[str, Any]], kind: str, groups: int, kill_group: in
         by_step[r["step"]] = r["loss"]  # the last commit of a step wins (a restart redoes steps)
     aborted = max((sum(1 for r in rows if r["event"] == "abort" and r["group"] == g) for g in survivors),
                   default=0)
-    degraded = sorted({r["step"] for r in steps if r.get("participants", groups) < groups})
+    degraded = sorted({r["step"] for r in steps if r.get("participants", groups) < groups and r["ts"] > fault_ts})
+    attempts: dict[int, int] = {}
+    for r in rows:
+        if r["event"] in ("step", "abort") and r["group"] in survivors:
+            attempts[r["step"]] = attempts.get(r["step"], 0) + 1
+    repeated = sorted(st for st, n in attempts.items() if n > len(survivors))
     return {
         "system": {"torchft": "Ray Train + torchft (replica groups)", "restart": "Ray Train restart"}[kind],
         "kind": kind,
@@ -267,7 +284,8 @@ def summarize(rows: list[dict[str, Any]], kind: str, groups: int, kill_group: in
         "full_strength_s": round(min(full) - fault_ts, 3) if full else None,
         "final_loss": round(statistics.fmean(final), 6),
         "last_step": last,
-        "degraded_steps": degraded,  # steps some group sat out (global batch smaller than configured)
+        "degraded_steps": degraded,  # after the crash, steps some group sat out (smaller global batch)
+        "repeated_steps": repeated,  # steps a survivor attempted more than once
         "losses": [by_step[s] for s in sorted(by_step)],
         "fault_step": faults[0]["step"],
     }

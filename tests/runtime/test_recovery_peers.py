@@ -36,6 +36,7 @@ def test_summarize_counts_survivor_stall_redone_steps_and_full_strength() -> Non
     assert out["steps_redone"] == 1  # the aborted attempt of step 3
     assert out["full_strength_s"] == 6.0  # 3.0 -> 9.0, first step with 3 participants
     assert out["degraded_steps"] == [3, 4]
+    assert out["repeated_steps"] == [3]
     assert out["losses"] == [3.0, 2.9, 2.8, 2.7, 2.6, 2.5]
     assert out["final_loss"] == 2.5
 
@@ -48,6 +49,7 @@ def test_summarize_restart_redoes_steps_since_the_checkpoint() -> None:
     rows += [_row(18.0 + s, "step", g, step=s, loss=1.0, participants=3) for s in range(2, 6) for g in range(3)]
     out = summarize(rows, "restart", 3, 2)
     assert out["steps_redone"] == 2
+    assert out["repeated_steps"] == [2, 3]
     assert out["stall_s"] == 17.0  # last step before the crash at 3.0, the first after at 20.0
     assert out["full_strength_s"] == 16.0
 
