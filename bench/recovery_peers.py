@@ -372,12 +372,13 @@ def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster
 
 def _markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| system | survivors' longest stall (s) | steady step (s) | steps redone | "
-             "crash -> full strength (s) | steps at reduced batch | final loss | run wall (s) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "crash -> full strength (s) | steps at reduced batch | repeated steps | final loss | run wall (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         full = "-" if r["full_strength_s"] is None else f"{r['full_strength_s']:.2f}"
         lines.append(f"| {r['system']} | {r['stall_s']:.2f} | {r['steady_step_s'] or 0:.3f} | "
                      f"{r['steps_redone']} | {full} | {len(r['degraded_steps'])} | "
+                     f"{', '.join(map(str, r['repeated_steps'])) or '-'} | "
                      f"{r['final_loss']:.4f} | {r['wall_s']:.1f} |")
     lines += ["", LIMITS]
     return "\n".join(lines)
