@@ -2,7 +2,7 @@
 
 1. ``summarize`` (pure): stall, steps redone and time to full strength come from the survivors' own
    step rows; the crashed group's rows and the replacement's healing step do not count.
-2. Smoke (cluster, heavy): Ray Train's ``TorchftConfig`` trains the tiny model in 3 replica groups,
+2. Smoke (cluster, heavy, ``soak``: about 2 minutes): Ray Train's ``TorchftConfig`` trains the tiny model in 3 replica groups,
    the last group's node is crashed, the survivors keep committing steps without it, the group is
    replaced on the spare node, heals from a peer and the run finishes every step with all 3 groups.
 """
@@ -60,13 +60,17 @@ def test_summarize_needs_exactly_one_fault() -> None:
         summarize([_row(0.0, "step", 0, step=0, loss=1.0)], "torchft", 3, 2)
 
 
+# Not CI-sized: the replacement needs 10-15 s from the crash to join on this 2-core box, so the run
+# needs ~60 padded steps after it (~2 min with the cluster); at 40 steps it finished before the
+# replacement joined (seen once, 2026-12-01). Behind ``soak``: ``./dev test -m soak``.
+@pytest.mark.soak
 @pytest.mark.cluster
 def test_torchft_peer_replaces_a_lost_replica_group(ray_cluster) -> None:  # type: ignore[no-untyped-def]
     from bench.recovery_peers import run_peer
 
     ray_cluster.add_node()  # the spare node the lost group is placed on (session cluster: 3 -> 4 nodes)
-    out = run_peer("torchft", steps=40, kill_at=3, cluster=ray_cluster, gpus_per_group=ray_cluster.gpus_per_node)
-    assert out["last_step"] == 39 and len(out["losses"]) == 40
+    out = run_peer("torchft", steps=60, kill_at=3, cluster=ray_cluster, gpus_per_group=ray_cluster.gpus_per_node)
+    assert out["last_step"] == 59 and len(out["losses"]) == 60
     assert out["degraded_steps"], "the survivors never committed a step without the lost group"
     assert out["full_strength_s"] is not None, f"never back at {GROUPS} groups: {out}"
     assert all(math.isfinite(x) for x in out["losses"])
