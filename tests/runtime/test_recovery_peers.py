@@ -1,0 +1,76 @@
+"""The recovery benchmark's outside peer (bench/recovery_peers.py): Ray Train + torchft.
+
+1. ``summarize`` (pure): stall, steps redone and time to full strength come from the survivors' own
+   step rows; the crashed group's rows and the replacement's healing step do not count.
+2. Smoke (cluster, heavy, ``soak``: about 2 minutes): Ray Train's ``TorchftConfig`` trains the tiny model in 3 replica groups,
+   the last group's node is crashed, the survivors keep committing steps without it, the group is
+   replaced on the spare node, heals from a peer and the run finishes every step with all 3 groups.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.recovery_peers import GROUPS, summarize
+
+
+def _row(ts: float, event: str, group: int, **kw: object) -> dict[str, object]:
+    return {"ts": ts, "event": event, "group": group, "pid": 1, **kw}
+
+
+@pytest.mark.unit
+def test_summarize_counts_survivor_stall_redone_steps_and_full_strength() -> None:
+    rows = []
+    for s in range(3):  # steps 0..2 with all three groups, one per second
+        rows += [_row(float(s), "step", g, step=s, loss=3.0 - s / 10, participants=3) for g in range(3)]
+    rows.append(_row(3.0, "fault", 2, step=3))
+    rows += [_row(3.5, "abort", g, step=3, participants=3) for g in (0, 1)]  # the interrupted step
+    rows += [_row(7.0, "step", g, step=3, loss=2.7, participants=2) for g in (0, 1)]  # 5 s stall
+    rows += [_row(8.0, "step", g, step=4, loss=2.6, participants=2) for g in (0, 1)]
+    rows.append(_row(9.0, "step", 2, step=5, loss=2.5, participants=3, healing=True))  # the replacement
+    rows += [_row(9.0, "step", g, step=5, loss=2.5, participants=3) for g in (0, 1)]
+    out = summarize(rows, "torchft", 3, 2)
+    assert out["stall_s"] == 5.0  # 2.0 -> 7.0 on the survivors, not the crashed group's gap
+    assert out["steps_redone"] == 1  # the aborted attempt of step 3
+    assert out["full_strength_s"] == 6.0  # 3.0 -> 9.0, first step with 3 participants
+    assert out["degraded_steps"] == [3, 4]
+    assert out["repeated_steps"] == [3]
+    assert out["losses"] == [3.0, 2.9, 2.8, 2.7, 2.6, 2.5]
+    assert out["final_loss"] == 2.5
+
+
+@pytest.mark.unit
+def test_summarize_restart_redoes_steps_since_the_checkpoint() -> None:
+    rows = [_row(float(s), "step", g, step=s, loss=1.0, participants=3) for s in range(4) for g in range(3)]
+    rows.append(_row(4.0, "fault", 2, step=4))
+    # the whole group restarts from the checkpoint after step 1: steps 2 and 3 run again
+    rows += [_row(18.0 + s, "step", g, step=s, loss=1.0, participants=3) for s in range(2, 6) for g in range(3)]
+    out = summarize(rows, "restart", 3, 2)
+    assert out["steps_redone"] == 2
+    assert out["repeated_steps"] == [2, 3]
+    assert out["stall_s"] == 17.0  # last step before the crash at 3.0, the first after at 20.0
+    assert out["full_strength_s"] == 16.0
+
+
+@pytest.mark.unit
+def test_summarize_needs_exactly_one_fault() -> None:
+    with pytest.raises(RuntimeError, match="one fault"):
+        summarize([_row(0.0, "step", 0, step=0, loss=1.0)], "torchft", 3, 2)
+
+
+# Not CI-sized: the replacement needs 10-15 s from the crash to join on this 2-core box, so the run
+# needs ~60 padded steps after it (~2 min with the cluster); at 40 steps it finished before the
+# replacement joined (seen once, 2026-12-01). Behind ``soak``: ``./dev test -m soak``.
+@pytest.mark.soak
+@pytest.mark.cluster
+def test_torchft_peer_replaces_a_lost_replica_group(ray_cluster) -> None:  # type: ignore[no-untyped-def]
+    from bench.recovery_peers import run_peer
+
+    ray_cluster.add_node()  # the spare node the lost group is placed on (session cluster: 3 -> 4 nodes)
+    out = run_peer("torchft", steps=60, kill_at=3, cluster=ray_cluster, gpus_per_group=ray_cluster.gpus_per_node)
+    assert out["last_step"] == 59 and len(out["losses"]) == 60
+    assert out["degraded_steps"], "the survivors never committed a step without the lost group"
+    assert out["full_strength_s"] is not None, f"never back at {GROUPS} groups: {out}"
+    assert all(math.isfinite(x) for x in out["losses"])
