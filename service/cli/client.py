@@ -131,14 +131,46 @@ TokenOpt = typer.Option(None, "--token", help="Bearer token (default: ORTHOPLEX_
 JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
 
 
+def check_spec(spec: dict[str, Any]) -> list[str]:
+    """``field: message`` for each problem the API's schema and cross-field rules find in ``spec``
+    (``service.api.schemas.JobSpec``, ``service.api.routes.jobs.validate_spec``: the one home of
+    those rules), checked as the API checks the JSON body; empty when it passes."""
+    from fastapi.exceptions import RequestValidationError
+    from pydantic import ValidationError
+
+    from service.api.routes.jobs import validate_spec
+    from service.api.schemas import JobSpec
+
+    def where(loc: Any, tagged: bool = False) -> str:
+        parts = [str(p) for p in loc if p != "body"]
+        # pydantic names the branch of a tagged union (model.hf.hf): keep the field path the user wrote
+        if tagged and len(parts) > 1 and parts[0] == "model" and parts[1] in ("preset", "shape", "hf"):
+            parts.pop(1)
+        return ".".join(parts) or "spec"
+
+    try:
+        parsed = JobSpec.model_validate_json(json.dumps(spec, default=str))
+        validate_spec(parsed)
+    except ValidationError as exc:
+        return [f"{where(e['loc'], tagged=True)}: {e['msg']}" for e in exc.errors()]
+    except RequestValidationError as exc:
+        return [f"{where(e['loc'])}: {e['msg']}" for e in exc.errors()]
+    return []
+
+
 def submit(
     spec_file: Path = typer.Argument(..., help="Job spec, YAML or JSON."),
     key: str | None = typer.Option(None, "--key", help="Idempotency-Key (default: random per invocation)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the job id (for scripts)."),
     as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt,
 ) -> None:
-    """Submit a job; prints its id and state."""
+    """Submit a job; prints its id and state. The spec is checked here first, by the API's own
+    rules (exit 2 naming the field); what needs the tenant's data area (paths resolving inside it,
+    an HF model's config, a tokenizer's vocabulary) the API checks (exit 1 naming the field)."""
     spec = _load(spec_file)
+    problems = check_spec(spec)
+    if problems:
+        _fail(f"{spec_file}: " + "; ".join(problems), 2)
     headers = {"Idempotency-Key": key or uuid.uuid4().hex}
 
     def go() -> None:
