@@ -131,8 +131,9 @@ def check_inputs(spec: Mapping[str, Any], area: DataArea) -> dict[str, Any]:
 def runtime_fields(spec: Mapping[str, Any], area: DataArea, job_dir: Path, *, job_id: int,
                    mlflow_uri: str | None = None) -> dict[str, Any]:
     """The runtime spec's fields for a stored job spec's inputs (``model``, ``init_hf``, ``data``,
-    ``val_data``, ``eval_every``, ``eval_batches``, ``export_hf``, ``tracking``), resolved again in
-    ``area``; :class:`InputError` when an input is gone or moved outside since submission."""
+    ``val_data``, ``eval_every``, ``eval_batches``, ``export_hf``, ``tracking``): the HF model and the
+    tokenizer resolved again in ``area`` (:class:`InputError` when one is gone or moved outside since
+    submission); data paths go with the area, which the engine resolves them in where it reads."""
     out: dict[str, Any] = {}
     model = spec.get("model", "tiny")
     if isinstance(model, Mapping) and "hf" in model:
@@ -149,8 +150,7 @@ def runtime_fields(spec: Mapping[str, Any], area: DataArea, job_dir: Path, *, jo
             continue
         d = dict(data)
         if d.get("kind", "builtin") != "builtin":
-            _data_files(field, d, area, bool(tok))
-            d["area"] = area.to_dict()
+            d["area"] = area.to_dict()  # the engine resolves the paths in it where it reads
             if tok_path and d.get("kind") == "text":
                 d["tokenizer"] = tok_path
         out[key] = d

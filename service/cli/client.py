@@ -377,12 +377,50 @@ def cancel(
     _run(go)
 
 
+def artifacts(
+    job: int = typer.Argument(..., help="Job id."),
+    get: str | None = typer.Option(None, "--get", help="Download this artifact file, or every file under this "
+                                   "folder (e.g. 'export' for the HF export), into --out."),
+    out: Path = typer.Option(Path("."), "--out", help="Where --get writes (a folder; created)."),
+    as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt,
+) -> None:
+    """List a job's artifacts (checkpoints, HF export, TensorBoard files), or download some (--get)."""
+
+    def go() -> None:
+        with _client(url, token) as c:
+            listing = _request(c, "GET", f"/v1/jobs/{job}/artifacts").json()
+            if get is None:
+                if as_json:
+                    typer.echo(json.dumps(listing, indent=2))
+                    return
+                typer.echo(f"checkpoints: {', '.join(listing['checkpoints']) or '-'}")
+                typer.echo(f"export: {listing['export'] or '-'}    tensorboard: {listing['tensorboard'] or '-'}")
+                for f in listing["items"]:
+                    typer.echo(f"{f['bytes']:>14,}  {f['kind']:<11}  {f['path']}")
+                return
+            prefix = get.strip("/")
+            chosen = [f for f in listing["items"] if f["path"] == prefix or f["path"].startswith(prefix + "/")]
+            if not chosen:
+                _fail(f"--get {get}: no artifact of job {job} is or lies under it", 2)
+            written = []
+            for f in chosen:
+                rel = f["path"][len(prefix) + 1:] if f["path"] != prefix else Path(f["path"]).name
+                dest = out / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(_request(c, "GET", f"/v1/jobs/{job}/artifacts/{f['path']}").content)
+                written.append(str(dest))
+        _say(as_json, {"job": job, "files": written}, f"wrote {len(written)} file(s) into {out}")
+
+    _run(go)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``submit``, ``status``, ``events`` and ``cancel`` to ``app``."""
     app.command("submit")(submit)
     app.command("status")(status)
     app.command("events")(events)
     app.command("cancel")(cancel)
+    app.command("artifacts")(artifacts)
     app.add_typer(data_app, name="data")
 
 
