@@ -1,13 +1,16 @@
 """``transformers``' Llama as an outside oracle: a random ``LlamaForCausalLM`` (GQA, rotary
 ``llama3`` scaling, tied and untied embeddings) saved with ``save_pretrained``, imported by every
 rank reading only its slices, gives the same loss on the same windows as ``transformers`` (1e-4
-relative) in one process and under TP (KV heads replicated at tp=4), PP, CP, FSDP and combinations."""
+relative) in one process and under TP (KV heads replicated at tp=4), PP, CP, FSDP and combinations
+(the 4D layouts: tests/engine/test_equivalence_8ranks.py). Evaluation (``forward_loss``, what
+``orthoplex eval`` and a job's ``val_loss`` run) gives the same loss with no backward pass and no
+autograd graph under every one of these layouts."""
 
 from pathlib import Path
 
 import pytest
 import torch
-from hf_fixtures import hf_window_loss, make_hf_llama
+from hf_fixtures import NoBackward, hf_window_loss, make_hf_llama
 
 from planner.layout import Layout
 from workers.engine.config import TrainConfig
@@ -30,7 +33,9 @@ def _windows(n: int) -> torch.Tensor:
 def _oracle_body(rank: int, world: int, cases: list[tuple[str, dict]], specs: list[str],
                  batch: torch.Tensor, export: dict[str, str]) -> list[tuple[str, str, float]]:
     """Every (checkpoint, layout): import, loss of ``batch``; for the layouts in ``export`` also an
-    export of the untouched weights (no optimizer step ran) to ``export[spec]/<checkpoint>``."""
+    export of the untouched weights (no optimizer step ran) to ``export[spec]/<checkpoint>``.
+    Each layout also evaluates ``batch`` forward only (``forward_loss``) with backward passes made
+    to raise: it must give the training path's loss with no module run under autograd."""
     from workers.engine.trainer import RankTrainer
 
     torch.set_num_threads(1)
@@ -40,7 +45,15 @@ def _oracle_body(rank: int, world: int, cases: list[tuple[str, dict]], specs: li
         for spec in specs:
             trainer = RankTrainer(cfg, Layout.parse(spec).with_global_batch(cfg.global_batch), rank, world)
             try:
-                out.append((path, spec, trainer.forward_backward(batch)))
+                loss = trainer.forward_backward(batch)
+                for p in trainer.params:
+                    p.grad = None
+                with NoBackward() as nb:
+                    evaluated = trainer.forward_loss(batch)
+                assert nb.forward_calls > 0 and nb.grad_calls == 0, (spec, nb.grad_calls)
+                assert all(p.grad is None for p in trainer.params)
+                assert abs(evaluated - loss) <= 1e-6 * loss, (spec, evaluated, loss)
+                out.append((path, spec, loss))
                 if spec in export:
                     trainer.export_hf(str(Path(export[spec]) / Path(path).name))
             finally:

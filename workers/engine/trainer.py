@@ -157,6 +157,37 @@ class RankTrainer:
             loss_t /= dist.get_world_size(self.groups.dp_cp)
         return float(loss_t.item())
 
+    @torch.no_grad()
+    def forward_loss(self, batch: torch.Tensor) -> float:
+        """The mean loss of the global ``batch`` ``[B, S+1]`` with no backward pass and no autograd
+        graph (evaluation): the same micro-batches and reductions as :meth:`forward_backward`, the
+        pipeline through its schedule's forward-only ``eval``; identical on every rank."""
+        x, y = self.local_inputs(batch)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            with self._autocast():
+                if self.coords.pp == 0:
+                    self.schedule.eval(x)
+                elif self.coords.pp == self.layout.pp - 1:
+                    self.schedule.eval(target=y, losses=losses)
+                else:
+                    self.schedule.eval()
+            if losses:
+                loss_sum += sum(float(t) for t in losses) / len(losses)
+        else:
+            model = self.parts.modules[0]
+            for xm, ym in zip(x.chunk(self.n_micro), y.chunk(self.n_micro), strict=True):
+                with self._autocast():
+                    loss_sum += float(self._loss_fn(model(xm), ym)) / self.n_micro
+        loss_t = loss_sum.to(self.device if self.device.type == "cuda" else "cpu").reshape(1)
+        if self.layout.pp > 1:
+            dist.all_reduce(loss_t, group=self.groups.pp)
+        if dist.get_world_size(self.groups.dp_cp) > 1:
+            dist.all_reduce(loss_t, group=self.groups.dp_cp)
+            loss_t /= dist.get_world_size(self.groups.dp_cp)
+        return float(loss_t.item())
+
     def optimizer_step(self, step: int) -> tuple[float, float]:
         """Clip by the global norm, set the step's lr, AdamW, and (zero=1) re-broadcast parameters."""
         norm = global_grad_norm(self.params, self.groups, owned_over_dp=self.zero1 is not None)
@@ -197,8 +228,8 @@ class RankTrainer:
 
     def val_loss(self) -> float:
         """Mean loss over the first ``eval_batches * global_batch`` windows of ``val_data`` (window
-        ``i`` = tokens ``[i*S, i*S+S]``, as ``orthoplex eval``); nothing is updated. Call between steps:
-        it runs the forward/backward every layout implements and drops the gradients."""
+        ``i`` = tokens ``[i*S, i*S+S]``, as ``orthoplex eval``); forward only (:meth:`forward_loss`),
+        nothing is updated. Call between steps."""
         if self.cfg.val_data is None:
             raise ValueError("val_loss() needs cfg.val_data")
         if self._val is None:
@@ -211,10 +242,7 @@ class RankTrainer:
                                  f"eval_batches * global_batch = {n} needed")
             rows = torch.stack([torch.from_numpy(ds[i]) for i in range(n)])
             self._val = list(rows.split(self.cfg.global_batch))
-        loss = sum(self.forward_backward(b) for b in self._val) / len(self._val)
-        for p in self.params:
-            p.grad = None
-        return loss
+        return sum(self.forward_loss(b) for b in self._val) / len(self._val)
 
     # ------------------------------------------------------------------ checkpoints
     def app_state(self) -> Any:
