@@ -4,7 +4,8 @@ listed, and downloaded one file at a time.
 
 A job of another tenant is a 404, as everywhere under ``/v1/jobs``. A download path is relative to
 the job's directory, under one of the artifact folders (``workers.job_inputs``), with no ``..``, no
-absolute path and no symlink out of the job's directory (the rule of ``workers.data_area``).
+absolute path and no symlink out of the job's directory (the rule of ``workers.data_area``); any
+other path is the same 404 as a missing file (no oracle).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi import Path as PathParam
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
@@ -100,16 +100,17 @@ def download_artifact(job_id: JobId, path: ArtifactPath, request: Request, tenan
     """One file of the job's artifacts (a path from the listing)."""
     _job_or_404(db, tenant.id, job_id)
     root = job_dir(request, job_id)
+    missing = HTTPException(status.HTTP_404_NOT_FOUND, "no such artifact (a path from the job's artifact listing)")
     try:
         if path.startswith("shared:"):
-            raise DataPathError(None, "must be a path from the job's artifacts")
+            raise missing
         _, rel = split_path(path, DataArea(root=root))
-        if rel.split("/")[0] not in KINDS:
-            raise DataPathError(None, f"must lie under {', '.join(KINDS)}")
-    except DataPathError as exc:
-        raise RequestValidationError([{"loc": ("path", "path"), "msg": exc.msg, "type": "value_error"}]) from None
+    except DataPathError:
+        raise missing from None
+    if rel.split("/")[0] not in KINDS:
+        raise missing
     real_root = root.resolve()
     target = (root / rel).resolve()
     if not target.is_relative_to(real_root) or not target.is_file():
-        raise HTTPException(status.HTTP_404_NOT_FOUND, "no such artifact")
+        raise missing
     return FileResponse(target, media_type="application/octet-stream", filename=target.name)
