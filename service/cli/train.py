@@ -131,7 +131,11 @@ def train(
               "seq_len": mcfg.seq_len, "lr": lr, "seed": seed, "init_hf": cfg.init_hf or "",
               "data": data or "builtin"}
     try:
-        tracker: RunTracker | None = RunTracker(tensorboard_dir, mcfg, gpu_type=None, mlflow_uri=mlflow_uri,
+        import torch
+
+        # MFU's peak: the CUDA device's planner profile; on CPU the planner's CPU stand-in
+        gpu_type = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+        tracker: RunTracker | None = RunTracker(tensorboard_dir, mcfg, gpu_type=gpu_type, mlflow_uri=mlflow_uri,
                                                 experiment=mlflow_experiment,
                                                 run_name=f"{mcfg.name} {lay.short()}", params=params)
     except Exception as e:  # mlflow raises its own MlflowException and connection errors
