@@ -82,6 +82,7 @@ def test_checkpoints_cover_sharding_tying_and_llama3_rope(checkpoints: dict[str,
     for p in (untied, tied):
         cfg = _train_cfg(p).model
         assert cfg.rope_scaling_factor == 8.0 and cfg.kv_heads == 2
+        assert cfg.tie_embeddings == (p == tied)
 
 
 @pytest.mark.engine
@@ -102,8 +103,9 @@ def test_import_matches_transformers_and_export_round_trips(checkpoints: dict[st
         print(f"{Path(path).name:<7} {spec:<18} orthoplex {loss:.6f} transformers {expected[path]:.6f} rel {rel:.1e}")
         assert rel < 1e-4, (path, spec, loss, expected[path])
     assert len(rows) == 2 * (1 + len(SPECS))
-    # import, then export with no training: bit-identical tensors (tied: the head is written as the
-    # embedding's copy, untied), a directory transformers loads, and the same loss from it
+    # import, then export with no training: bit-identical tensors (tied: embed_tokens only, with
+    # tie_word_embeddings true, as transformers writes it), a directory transformers loads, and the
+    # same loss from it
     from safetensors import safe_open
 
     for spec, root in exports.items():
@@ -118,6 +120,7 @@ def test_import_matches_transformers_and_export_round_trips(checkpoints: dict[st
                 with safe_open(str(out / ours.where[name]), "pt") as f:
                     b = f.get_tensor(name)
                 assert a.dtype == b.dtype and torch.equal(a, b), (spec, src.name, name)
-            assert set(ours.where) == set(orig.where) | {"lm_head.weight"}
+            assert set(ours.where) == set(orig.where)
+            assert read_hf_config(out)["tie_word_embeddings"] == (src.name == "tied")
             rel = abs(hf_window_loss(out, batch) - expected[str(src)]) / expected[str(src)]
             assert rel < 1e-6, (spec, src.name, rel)
