@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     data_max_bytes: int = Field(default=16 << 30, ge=1, description="bytes one job's data.paths may select")
     upload_max_bytes: int = Field(default=1 << 30, ge=1, description="largest single upload")
     tenant_quota_bytes: int = Field(default=20 << 30, ge=1, description="bytes a tenant's data area may hold")
+    mlflow_tracking_uri: str | None = Field(default=None, description="MLflow tracking URI every job logs to "
+                                            "unless its spec names one (tracking.mlflow_uri); TensorBoard files "
+                                            "are always written into the job's directory")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["console", "json"] = "console"
     admin_token: str | None = Field(default=None, description="Bearer token of the administrator")

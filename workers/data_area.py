@@ -238,3 +238,23 @@ def resolve_data_paths(paths: Sequence[str], area: DataArea, suffixes: Sequence[
                 out.append(f)
                 total.take(f.stat().st_size)
     return out
+
+
+def resolve_path(raw: str, area: DataArea, *, want: str = "any") -> Path:
+    """One file or directory a tenant names (an HF checkpoint directory, a tokenizer), resolved with
+    symlinks followed and inside its root; no globs. ``want``: ``"file"``, ``"dir"`` or ``"any"``.
+    :class:`DataPathError` (``index`` None) otherwise, never saying anything about the outside."""
+    root, rel = split_path(raw, area)
+    if _GLOB.search(rel):
+        raise DataPathError(None, "must name one file or directory (no patterns)")
+    root = root.resolve()
+    real = (root / rel).resolve()
+    if not _inside(real, root):
+        raise DataPathError(None, "resolves outside your data area")
+    if not real.exists():
+        raise DataPathError(None, "matches no file in your data area")
+    if want == "dir" and not real.is_dir():
+        raise DataPathError(None, "is not a directory in your data area")
+    if want == "file" and not real.is_file():
+        raise DataPathError(None, "is not a file in your data area")
+    return real

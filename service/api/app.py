@@ -17,7 +17,7 @@ from service.api.config import ApiSettings
 from service.api.errors import AllowHeader, BodyLimit, install_handlers
 from service.api.metrics import LatencyMiddleware, make_registry
 from service.api.repo import RATE_WINDOW_S
-from service.api.routes import admin, dashboard, data, jobs, system
+from service.api.routes import admin, artifacts, dashboard, data, jobs, system
 from service.api.sse import StreamSlots
 from service.db.session import make_engine, make_sessionmaker
 from service.settings import Settings, get_settings
@@ -61,6 +61,7 @@ def create_app(settings: Settings | None = None, api_settings: ApiSettings | Non
     app.state.tenant_registry = tenant_registry
     install_handlers(app)
     app.include_router(jobs.router)
+    app.include_router(artifacts.router)
     app.include_router(admin.router)
     app.include_router(data.router)
     app.include_router(system.router)

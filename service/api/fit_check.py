@@ -86,9 +86,11 @@ class FitResult:
     msg: str = ""
 
 
-def planner_spec(spec: JobSpec, api: ApiSettings, gpus: int | None = None) -> dict[str, Any]:
+def planner_spec(spec: JobSpec, api: ApiSettings, gpus: int | None = None,
+                 model: dict[str, Any] | None = None) -> dict[str, Any]:
     """The planner's input for ``spec`` on the configured cluster profile: ``gpus`` exactly, or any
-    count in ``min_gpus..max_gpus`` when ``gpus`` is None."""
+    count in ``min_gpus..max_gpus`` when ``gpus`` is None. ``model``: the engine shape to plan
+    (``workers.job_inputs.check_inputs``: an HF model's shape comes from its ``config.json``)."""
     from workers.planner_spec import PlanCluster, to_planner_spec
 
     top = gpus or spec.max_gpus
@@ -96,7 +98,8 @@ def planner_spec(spec: JobSpec, api: ApiSettings, gpus: int | None = None) -> di
     ranged = gpus is None and spec.min_gpus < spec.max_gpus
     cluster = PlanCluster(gpu_type=profile.gpu_type, num_gpus=top, min_gpus=spec.min_gpus if ranged else None,
                           gpus_per_node=profile.gpus_per_node)
-    model = spec.model if isinstance(spec.model, str) else spec.model.model_dump()
+    if model is None:
+        model = spec.model if isinstance(spec.model, str) else spec.model.model_dump()
     hint = spec.layout_hint.model_dump(exclude_none=True) if spec.layout_hint is not None else None
     return to_planner_spec({"model": model, "global_batch": spec.global_batch, "layout_hint": hint}, cluster)
 
@@ -157,11 +160,12 @@ def _plan(pspec: dict[str, Any], top_k: int, timeout_s: float) -> Any:
         raise PlannerTimeout(f"the planner did not finish within {timeout_s:g} s") from None
 
 
-def check_fit(spec: JobSpec, api: ApiSettings, before_planning: Callable[[], None] | None = None) -> None:
+def check_fit(spec: JobSpec, api: ApiSettings, before_planning: Callable[[], None] | None = None,
+              model: dict[str, Any] | None = None) -> None:
     """Raise :class:`PlannerRefused` when no GPU count in ``min..max`` has a plan for ``spec``.
     ``before_planning`` runs only when the answer is not cached, right before the search (a caller's
     cheap refusal, e.g. a tenant over its limits, that should not wait for planning)."""
-    pspec = planner_spec(spec, api)
+    pspec = planner_spec(spec, api, model=model)
     key = json.dumps(pspec, sort_keys=True)
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
@@ -172,7 +176,7 @@ def check_fit(spec: JobSpec, api: ApiSettings, before_planning: Callable[[], Non
             before_planning()
         try:
             # the largest count first: one size is cheap and usually fits; then the whole range
-            result = _plan(planner_spec(spec, api, spec.max_gpus), 1, api.plan_timeout_s)
+            result = _plan(planner_spec(spec, api, spec.max_gpus, model), 1, api.plan_timeout_s)
             if not result.plans and spec.min_gpus < spec.max_gpus:
                 result = _plan(pspec, 1, api.plan_timeout_s)
             hit = FitResult(True) if result.plans else FitResult(False, ("max_gpus",), _summary(result, spec, api))
@@ -192,10 +196,10 @@ def check_fit(spec: JobSpec, api: ApiSettings, before_planning: Callable[[], Non
         raise PlannerRefused(hit.loc, hit.msg)
 
 
-def dry_run(spec: JobSpec, api: ApiSettings, top_k: int) -> PlanOut:
+def dry_run(spec: JobSpec, api: ApiSettings, top_k: int, model: dict[str, Any] | None = None) -> PlanOut:
     """``POST /v1/plans``: the ranked plans for ``spec`` (any GPU count in min..max)."""
     try:
-        result = _plan(planner_spec(spec, api), top_k, api.dryrun_timeout_s)
+        result = _plan(planner_spec(spec, api, model=model), top_k, api.dryrun_timeout_s)
     except PlannerTimeout as exc:
         raise PlannerRefused(("max_gpus",), f"{exc}; narrow min_gpus..max_gpus or give layout_hint") from None
     d = result.to_dict()

@@ -27,9 +27,16 @@ MEANINGS: dict[str, str] = {
     "grad_clip": "clip the global gradient norm to this (0: off)",
     "keep_checkpoints": "verified checkpoints kept on storage",
     "data": "where the tokens come from (default: the built-in corpus)",
-    "data.kind": "`builtin` corpus, `text` files (byte tokens) or `tokens` memmaps",
+    "data.kind": "`builtin` corpus, `text` files (byte tokens; with `tokenizer`: `.txt`/`.md`, `.jsonl` with a "
+                 "`text` field, `.parquet` with a `text` column) or `tokens` memmaps",
     "data.paths": "files to read (see the data section above)",
     "data.dtype": "element type of `tokens` files",
+    "eval_data.kind": "as `data.kind` (not `builtin`)",
+    "eval_data.paths": "held-out files in your data area (the same rules as `data.paths`)",
+    "eval_data.dtype": "element type of `tokens` files",
+    "export": "write the final weights for use outside Orthoplex (listed in the job's artifacts)",
+    "tracking": "MLflow logging of the job's metrics",
+    "tracking.experiment": "the MLflow experiment the job's run goes into",
     "checkpoint": "checkpoint cadence",
     "checkpoint.min_every_steps": "checkpoint at most this often",
     "checkpoint.max_every_steps": "checkpoint at least this often",
@@ -132,11 +139,16 @@ def rows() -> list[tuple[str, str, str, str, str]]:
 
     schema = JobSpec.model_json_schema()
     out: list[tuple[str, str, str, str, str]] = []
+    seen: set[str] = set()
 
     def walk(obj: dict[str, Any], prefix: str) -> None:
         required = set(obj.get("required", []))
+        hf = "hf" in obj.get("properties", {}) and prefix == "model."
         for name, prop in obj.get("properties", {}).items():
             path = f"{prefix}{name}"
+            if hf and path in seen:  # the same name in the {"hf": DIR} form of model
+                path = f"{path} (with model.hf)"
+            seen.add(path)
             variants = _variants(schema, prop)
             meaning = prop.get("description") or MEANINGS.get(path, "")
             objects = [v for v in variants if "properties" in v]

@@ -101,10 +101,21 @@ class ModelShape(_In):
     rope_theta: float = Field(default=10000.0, gt=0, le=1e9, allow_inf_nan=False)
 
 
+class HFModel(_In):
+    """A Hugging Face Llama checkpoint directory (``config.json`` + ``*.safetensors``) in the tenant's
+    data area: the job starts from its weights; the planner plans the shape its ``config.json`` gives."""
+
+    hf: PathStr = Field(description="the checkpoint directory, relative to your data area (or shared:<root>/...)")
+    seq_len: Int | None = Field(default=None, ge=2, le=1 << 20,
+                                description="training sequence length (default: min(2048, max_position_embeddings))")
+
+
 class DataSpec(_In):
     """Where the tokens come from: the built-in corpus, text files or token memmaps. ``paths`` are
     relative to the tenant's data area (files, directories or globs) or ``shared:<root>/<path>``
-    for an admin-declared read-only root; anything outside is refused (``s3://``/``gs://`` too)."""
+    for an admin-declared read-only root; anything outside is refused (``s3://``/``gs://`` too).
+    ``kind: text`` reads ``.txt``/``.md`` files as bytes, or, with the job's ``tokenizer``, also
+    ``.jsonl`` (a ``text`` field per line) and ``.parquet`` (a ``text`` column) files."""
 
     kind: Literal["builtin", "text", "tokens"] = "builtin"
     paths: list[PathStr] = Field(default_factory=list, max_length=64)
@@ -135,12 +146,32 @@ class LayoutHint(_In):
     cp_method: Literal["ring", "ulysses"] | None = None
 
 
+class ExportSpec(_In):
+    """What the job writes after its last step (listed in its artifacts)."""
+
+    format: Literal["hf"] = Field(description="hf: a transformers-loadable directory (config, safetensors, "
+                                              "the tokenizer files when the job used one)")
+
+
+class TrackingSpec(_In):
+    """Where the job's metrics go besides its TensorBoard files (always written into its area)."""
+
+    mlflow_uri: Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^https?://[\x21-\x7e]+$")] | None = Field(
+        default=None, description="an MLflow tracking server (http:// or https://); default: the service's "
+                                  "ORTHOPLEX_MLFLOW_TRACKING_URI, if set")
+    experiment: Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[\x20-\x7e]+$")] = "orthoplex"
+
+
 def _model_kind(value: Any) -> str:
-    return "preset" if isinstance(value, str) else "shape"
+    if isinstance(value, str):
+        return "preset"
+    # a dict when validating, the model instance when serialising
+    return "hf" if isinstance(value, HFModel) or (isinstance(value, dict) and "hf" in value) else "shape"
 
 
 ModelField = Annotated[
-    Annotated[ModelPreset, Tag("preset")] | Annotated[ModelShape, Tag("shape")], Discriminator(_model_kind)
+    Annotated[ModelPreset, Tag("preset")] | Annotated[ModelShape, Tag("shape")] | Annotated[HFModel, Tag("hf")],
+    Discriminator(_model_kind),
 ]
 
 
@@ -149,7 +180,7 @@ class JobSpec(_In):
     layout for some GPU count in that range, or the job is refused with 422."""
 
     name: Name
-    model: ModelField = Field(description="an engine preset name, or an explicit shape")
+    model: ModelField = Field(description="an engine preset name, an explicit shape, or {\"hf\": DIR}")
     steps: Int = Field(ge=1, le=10_000_000)
     global_batch: Int = Field(ge=1, le=1_000_000)
     min_gpus: Int = Field(default=1, ge=1, le=4096)
@@ -165,6 +196,15 @@ class JobSpec(_In):
     grad_clip: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False)
     keep_checkpoints: Annotated[int, Field(ge=1, le=100), BeforeValidator(_integral)] | None = None
     data: DataSpec | None = None
+    tokenizer: PathStr | None = Field(default=None, description="a tokenizer.json or HF tokenizer directory in "
+                                                                "your data area, for kind: text data")
+    eval_every: Annotated[int, Field(ge=1, le=10_000_000), BeforeValidator(_integral)] | None = Field(
+        default=None, description="validation loss on eval_data every K steps and after the last (val_loss)")
+    eval_data: DataSpec | None = Field(default=None, description="held-out data for eval_every (same rules as data)")
+    eval_batches: Annotated[int, Field(ge=1, le=10_000), BeforeValidator(_integral)] | None = Field(
+        default=None, description="validation windows: the first eval_batches * global_batch of eval_data")
+    export: ExportSpec | None = None
+    tracking: TrackingSpec | None = None
     checkpoint: CheckpointSpec | None = None
     layout_hint: LayoutHint | None = None
 
@@ -227,6 +267,8 @@ class MetricPublic(_Out):
                                    "recovery appears once per epoch)")
     loss: float | None = None
     tokens_per_s: float | None = None
+    val_loss: float | None = Field(default=None, description="validation loss on eval_data (steps the job "
+                                                             "evaluated: every eval_every, and the last)")
     ts: dt.datetime
 
 

@@ -133,14 +133,46 @@ TokenOpt = typer.Option(None, "--token", help="Bearer token (default: ORTHOPLEX_
 JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
 
 
+def check_spec(spec: dict[str, Any]) -> list[str]:
+    """``field: message`` for each problem the API's schema and cross-field rules find in ``spec``
+    (``service.api.schemas.JobSpec``, ``service.api.routes.jobs.validate_spec``: the one home of
+    those rules), checked as the API checks the JSON body; empty when it passes."""
+    from fastapi.exceptions import RequestValidationError
+    from pydantic import ValidationError
+
+    from service.api.routes.jobs import validate_spec
+    from service.api.schemas import JobSpec
+
+    def where(loc: Any, tagged: bool = False) -> str:
+        parts = [str(p) for p in loc if p != "body"]
+        # pydantic names the branch of a tagged union (model.hf.hf): keep the field path the user wrote
+        if tagged and len(parts) > 1 and parts[0] == "model" and parts[1] in ("preset", "shape", "hf"):
+            parts.pop(1)
+        return ".".join(parts) or "spec"
+
+    try:
+        parsed = JobSpec.model_validate_json(json.dumps(spec, default=str))
+        validate_spec(parsed)
+    except ValidationError as exc:
+        return [f"{where(e['loc'], tagged=True)}: {e['msg']}" for e in exc.errors()]
+    except RequestValidationError as exc:
+        return [f"{where(e['loc'])}: {e['msg']}" for e in exc.errors()]
+    return []
+
+
 def submit(
     spec_file: Path = typer.Argument(..., help="Job spec, YAML or JSON."),
     key: str | None = typer.Option(None, "--key", help="Idempotency-Key (default: random per invocation)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the job id (for scripts)."),
     as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt,
 ) -> None:
-    """Submit a job; prints its id and state."""
+    """Submit a job; prints its id and state. The spec is checked here first, by the API's own
+    rules (exit 2 naming the field); what needs the tenant's data area (paths resolving inside it,
+    an HF model's config, a tokenizer's vocabulary) the API checks (exit 1 naming the field)."""
     spec = _load(spec_file)
+    problems = check_spec(spec)
+    if problems:
+        _fail(f"{spec_file}: " + "; ".join(problems), 2)
     headers = {"Idempotency-Key": key or uuid.uuid4().hex}
 
     def go() -> None:
@@ -347,12 +379,50 @@ def cancel(
     _run(go)
 
 
+def artifacts(
+    job: int = typer.Argument(..., help="Job id."),
+    get: str | None = typer.Option(None, "--get", help="Download this artifact file, or every file under this "
+                                   "folder (e.g. 'export' for the HF export), into --out."),
+    out: Path = typer.Option(Path("."), "--out", help="Where --get writes (a folder; created)."),
+    as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt,
+) -> None:
+    """List a job's artifacts (checkpoints, HF export, TensorBoard files), or download some (--get)."""
+
+    def go() -> None:
+        with _client(url, token) as c:
+            listing = _request(c, "GET", f"/v1/jobs/{job}/artifacts").json()
+            if get is None:
+                if as_json:
+                    typer.echo(json.dumps(listing, indent=2))
+                    return
+                typer.echo(f"checkpoints: {', '.join(listing['checkpoints']) or '-'}")
+                typer.echo(f"export: {listing['export'] or '-'}    tensorboard: {listing['tensorboard'] or '-'}")
+                for f in listing["items"]:
+                    typer.echo(f"{f['bytes']:>14,}  {f['kind']:<11}  {f['path']}")
+                return
+            prefix = get.strip("/")
+            chosen = [f for f in listing["items"] if f["path"] == prefix or f["path"].startswith(prefix + "/")]
+            if not chosen:
+                _fail(f"--get {get}: no artifact of job {job} is or lies under it", 2)
+            written = []
+            for f in chosen:
+                rel = f["path"][len(prefix) + 1:] if f["path"] != prefix else Path(f["path"]).name
+                dest = out / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(_request(c, "GET", f"/v1/jobs/{job}/artifacts/{f['path']}").content)
+                written.append(str(dest))
+        _say(as_json, {"job": job, "files": written}, f"wrote {len(written)} file(s) into {out}")
+
+    _run(go)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``submit``, ``status``, ``events`` and ``cancel`` to ``app``."""
     app.command("submit")(submit)
     app.command("status")(status)
     app.command("events")(events)
     app.command("cancel")(cancel)
+    app.command("artifacts")(artifacts)
     app.add_typer(data_app, name="data")
 
 

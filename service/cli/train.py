@@ -122,24 +122,25 @@ def train(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from workers.engine.launch import RankError, run_ranks, train_rank
-    from workers.engine.tracking import TensorBoardLog
+    from workers.engine.tracking import RunTracker
 
     console = Console(stderr=True)
     out = metrics_out.open("a") if metrics_out is not None else None
     if tensorboard_dir is None and checkpoint_dir is not None:
         tensorboard_dir = checkpoint_dir / "tensorboard"
-    tracker = None
-    if mlflow_uri:
-        from workers.engine.tracking import MLflowLog
+    params = {"model": mcfg.name, "layout": lay.short(), "global_batch": global_batch, "steps": steps,
+              "seq_len": mcfg.seq_len, "lr": lr, "seed": seed, "init_hf": cfg.init_hf or "",
+              "data": data or "builtin"}
+    try:
+        import torch
 
-        params = {"model": mcfg.name, "layout": lay.short(), "global_batch": global_batch, "steps": steps,
-                  "seq_len": mcfg.seq_len, "lr": lr, "seed": seed, "init_hf": cfg.init_hf or "",
-                  "data": data or "builtin"}
-        try:
-            tracker = MLflowLog(mlflow_uri, mlflow_experiment, f"{mcfg.name} {lay.short()}", params)
-        except Exception as e:  # mlflow raises its own MlflowException and connection errors
-            _refuse(f"--mlflow-uri {mlflow_uri}: {e}")
-    board = TensorBoardLog(tensorboard_dir) if tensorboard_dir is not None else None
+        # MFU's peak: the CUDA device's planner profile; on CPU the planner's CPU stand-in
+        gpu_type = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+        tracker: RunTracker | None = RunTracker(tensorboard_dir, mcfg, gpu_type=gpu_type, mlflow_uri=mlflow_uri,
+                                                experiment=mlflow_experiment,
+                                                run_name=f"{mcfg.name} {lay.short()}", params=params)
+    except Exception as e:  # mlflow raises its own MlflowException and connection errors
+        _refuse(f"--mlflow-uri {mlflow_uri}: {e}")
     progress = Progress(TextColumn("[bold]train[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
     task = progress.add_task(f"{mcfg.name} {lay.short()}", total=steps, info="starting ranks")
@@ -150,10 +151,9 @@ def train(
             progress.update(task, completed=ev["step"], info=f"from step {ev['step']}")
         elif kind == "step":
             line = {k: ev[k] for k in ("step", "loss", "grad_norm", "lr", "tokens_per_s")}
-            if board is not None:
-                board.log(ev["step"], {k: v for k, v in line.items() if k != "step"})
             if tracker is not None:
-                tracker.log(ev["step"], {k: v for k, v in line.items() if k != "step"})
+                line["mfu"] = tracker.log_step(ev["step"], loss=ev["loss"], grad_norm=ev["grad_norm"], lr=ev["lr"],
+                                               tokens_per_s=ev["tokens_per_s"], devices=lay.world_size)["mfu"]
             if out is not None:
                 out.write(json.dumps(line) + "\n")
                 out.flush()
@@ -168,10 +168,8 @@ def train(
                 out.flush()
             else:
                 typer.echo(json.dumps(line))
-            if board is not None:
-                board.log(ev["step"], {"val_loss": ev["val_loss"]})
             if tracker is not None:
-                tracker.log(ev["step"], {"val_loss": ev["val_loss"]})
+                tracker.log_eval(ev["step"], ev["val_loss"])
         elif kind == "export":
             progress.console.print(f"exported HF checkpoint -> {ev['path']}")
         elif kind == "checkpoint":
@@ -190,8 +188,6 @@ def train(
     finally:
         if out is not None:
             out.close()
-        if board is not None:
-            board.close()
         if tracker is not None:
             tracker.close()
     r = results[0]

@@ -38,6 +38,7 @@ from service.db.models import Event
 from service.log import get_logger
 from service.scheduler.types import Admit, Decision, Grow, Preempt, Shrink, Wait
 from workers.data_area import DataArea, tenant_area
+from workers.job_inputs import CHECKPOINT_DIR, runtime_fields
 from workers.runtime.jobspec import SPEC_KEYS
 from workers.states import AttemptState, JobState
 
@@ -61,14 +62,15 @@ def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int, placement: dict[str, int] 
     checkpoint directory, which every attempt shares so that a new attempt resumes from the newest
     verified checkpoint."""
     spec = {k: job.spec[k] for k in SPEC_KEYS if k in job.spec}
-    spec["checkpoint_dir"] = str(ctx.job_storage(job.id) / "checkpoints")
-    data = spec.get("data")
-    if isinstance(data, dict) and data.get("kind", "builtin") != "builtin":
-        # the engine resolves the tenant's relative paths inside the tenant's area only
-        cfg = ctx.config
-        area = DataArea(root=tenant_area(cfg.storage_path, job.tenant_id), shared=dict(cfg.shared_data_roots),
-                        max_files=cfg.data_max_files, max_bytes=cfg.data_max_bytes)
-        spec["data"] = {**data, "area": area.to_dict()}
+    spec["checkpoint_dir"] = str(ctx.job_storage(job.id) / CHECKPOINT_DIR)
+    # the tenant's inputs (HF model, tokenizer, data, eval data) resolved again inside the tenant's
+    # area (the engine resolves data paths once more where it reads), export and tracking in the
+    # job's directory: workers.job_inputs; an input gone since submission fails the attempt
+    cfg = ctx.config
+    area = DataArea(root=tenant_area(cfg.storage_path, job.tenant_id), shared=dict(cfg.shared_data_roots),
+                    max_files=cfg.data_max_files, max_bytes=cfg.data_max_bytes)
+    spec.update(runtime_fields(job.spec, area, ctx.job_storage(job.id), job_id=job.id,
+                               mlflow_uri=cfg.mlflow_tracking_uri))
     # the runtime plans on the cluster's GPU profile, the one submissions were fit-checked against
     spec["gpu_type"] = ctx.gpu_type
     spec["min_gpus"] = max(1, min(job.min_gpus, gpus))
@@ -88,9 +90,9 @@ def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int, placement: dict[str, int] 
 def launch_attempt(ctx: Ctx, job: JobRow, epoch: int, gpus: int, placement: dict[str, int] | None = None) -> str:
     """Steps 2 and 3 above for the job's attempt ``job.attempt`` (already persisted)."""
     key = AttemptKey(job.id, job.attempt)
-    spec = supervisor_spec(ctx, job, gpus, placement)
     crash_point("admit:persisted")
     try:
+        spec = supervisor_spec(ctx, job, gpus, placement)  # ValueError: an input is gone (job_inputs)
         ctx.sups.start(key, spec)
     except ValueError as exc:  # the runtime refused the spec: no attempt will ever do better
         log.warning("supervisor refused the spec", extra={"job_id": job.id, "error": repr(exc)})

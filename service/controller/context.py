@@ -40,6 +40,8 @@ class ControllerConfig:
     shared_data_roots: dict[str, Path] = field(default_factory=dict)
     data_max_files: int = 10_000
     data_max_bytes: int = 16 << 30
+    #: MLflow tracking URI of jobs that name none (``ORTHOPLEX_MLFLOW_TRACKING_URI``; None: TensorBoard only)
+    mlflow_tracking_uri: str | None = None
     #: extra keys merged into every supervisor spec (e.g. a fault-injection hook in tests/demos)
     spec_overrides: dict[str, object] = field(default_factory=dict)
 

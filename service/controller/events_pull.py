@@ -177,6 +177,7 @@ def _record(s: Session, job: JobRef, event: ev.Event) -> tx.Recorded:
             step=event.step,
             loss=event.loss,
             tokens_per_s=event.tokens_per_s,
+            val_loss=event.val_loss,
             ts=dt.datetime.fromtimestamp(event.ts, dt.UTC),
             commit=False,
         )

@@ -48,6 +48,7 @@ def config_from_env(settings: Settings) -> ControllerConfig:
         shared_data_roots=dict(settings.shared_data_roots),
         data_max_files=settings.data_max_files,
         data_max_bytes=settings.data_max_bytes,
+        mlflow_tracking_uri=settings.mlflow_tracking_uri,
         spec_overrides=overrides,
     )
 

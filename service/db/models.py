@@ -211,6 +211,7 @@ class Metric(Base):
     loss: Mapped[float | None] = mapped_column(sa.Float)
     tokens_per_s: Mapped[float | None] = mapped_column(sa.Float)
     ts: Mapped[dt.datetime] = mapped_column(default=utcnow, server_default=sa.func.now())
+    val_loss: Mapped[float | None] = mapped_column(sa.Float, doc="validation loss (steps the job evaluated)")
 
 
 class Lease(Base):

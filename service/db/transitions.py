@@ -41,7 +41,7 @@ writer holding an older epoch writes nothing. The names are a contract with the 
 ``record_event(session, job_id, *, epoch, source, seq, type, payload, ts=None) -> Recorded``
 ``record_checkpoint(session, job_id, *, epoch, step, location, layout=None, verified=False,
 manifest_sha256=None, nbytes=None) -> Recorded``
-``record_metric(session, job_id, *, epoch, step, loss, tokens_per_s=None, ts=None) -> Recorded``
+``record_metric(session, job_id, *, epoch, step, loss, tokens_per_s=None, ts=None, val_loss=None) -> Recorded``
     Idempotent inserts (``ON CONFLICT DO NOTHING`` on the unique keys ``(job_id, source, seq)``,
     ``(job_id, step)``, ``(job_id, step, attempt)``), fenced: written only while ``epoch`` is the
     job's current epoch (the job row is read ``FOR SHARE``, so a concurrent epoch bump waits).
@@ -431,9 +431,12 @@ def record_metric(
     tokens_per_s: float | None = None,
     ts: dt.datetime | None = None,
     commit: bool = True,
+    val_loss: float | None = None,
 ) -> Recorded:
-    """Record a step's loss and throughput once per attempt (unique ``(job_id, step, epoch)``)."""
-    values = {"epoch": epoch, "step": step, "loss": loss, "tokens_per_s": tokens_per_s, "ts": ts or utcnow()}
+    """Record a step's loss, throughput (and validation loss, on an eval step) once per attempt
+    (unique ``(job_id, step, epoch)``)."""
+    values = {"epoch": epoch, "step": step, "loss": loss, "tokens_per_s": tokens_per_s, "val_loss": val_loss,
+              "ts": ts or utcnow()}
     return _fenced_insert(session, job_id, epoch, Metric, values, ["job_id", "step", "epoch"], commit)
 
 

@@ -28,7 +28,9 @@ def _job() -> JobRow:
 
 
 def _ctx(gpu_type: str) -> types.SimpleNamespace:
-    config = types.SimpleNamespace(spec_overrides={})
+    from service.controller.context import ControllerConfig
+
+    config = ControllerConfig()  # the attempt spec resolves the job's inputs with the storage settings
     return types.SimpleNamespace(gpu_type=gpu_type, config=config, job_storage=lambda job_id: Path("/jobs") / str(job_id))
 
 

@@ -44,3 +44,29 @@ def hf_window_loss(path: Path, batch: torch.Tensor) -> float:
         logits = model(batch[:, :-1]).logits
     return float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
                                                    batch[:, 1:].reshape(-1)))
+
+
+class NoBackward:
+    """Inside it, any backward pass raises and every module forward is recorded with whether
+    autograd was recording (``grad_calls``): evaluation must leave both at zero."""
+
+    def __enter__(self) -> NoBackward:
+        self.forward_calls = 0
+        self.grad_calls = 0
+        self._saved = (torch.autograd.backward, torch.Tensor.backward)
+
+        def refuse(*_a: Any, **_k: Any) -> None:
+            raise AssertionError("a backward pass ran during evaluation")
+
+        def seen(_mod: Any, _args: Any, _out: Any) -> None:
+            self.forward_calls += 1
+            self.grad_calls += int(torch.is_grad_enabled())
+
+        torch.autograd.backward = refuse  # type: ignore[assignment]
+        torch.Tensor.backward = refuse  # type: ignore[method-assign]
+        self._hook = torch.nn.modules.module.register_module_forward_hook(seen)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.autograd.backward, torch.Tensor.backward = self._saved  # type: ignore[assignment]
+        self._hook.remove()

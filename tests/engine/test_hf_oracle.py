@@ -1,13 +1,16 @@
 """``transformers``' Llama as an outside oracle: a random ``LlamaForCausalLM`` (GQA, rotary
 ``llama3`` scaling, tied and untied embeddings) saved with ``save_pretrained``, imported by every
 rank reading only its slices, gives the same loss on the same windows as ``transformers`` (1e-4
-relative) in one process and under TP (KV heads replicated at tp=4), PP, CP, FSDP and combinations."""
+relative) in one process and under TP (KV heads replicated at tp=4), PP, CP, FSDP and combinations
+(the 4D layouts: tests/engine/test_equivalence_8ranks.py). Evaluation (``forward_loss``, what
+``orthoplex eval`` and a job's ``val_loss`` run) gives the same loss with no backward pass and no
+autograd graph under every one of these layouts."""
 
 from pathlib import Path
 
 import pytest
 import torch
-from hf_fixtures import hf_window_loss, make_hf_llama
+from hf_fixtures import NoBackward, hf_window_loss, make_hf_llama
 
 from planner.layout import Layout
 from workers.engine.config import TrainConfig
@@ -30,7 +33,9 @@ def _windows(n: int) -> torch.Tensor:
 def _oracle_body(rank: int, world: int, cases: list[tuple[str, dict]], specs: list[str],
                  batch: torch.Tensor, export: dict[str, str]) -> list[tuple[str, str, float]]:
     """Every (checkpoint, layout): import, loss of ``batch``; for the layouts in ``export`` also an
-    export of the untouched weights (no optimizer step ran) to ``export[spec]/<checkpoint>``."""
+    export of the untouched weights (no optimizer step ran) to ``export[spec]/<checkpoint>``.
+    Each layout also evaluates ``batch`` forward only (``forward_loss``) with backward passes made
+    to raise: it must give the training path's loss with no module run under autograd."""
     from workers.engine.trainer import RankTrainer
 
     torch.set_num_threads(1)
@@ -40,7 +45,15 @@ def _oracle_body(rank: int, world: int, cases: list[tuple[str, dict]], specs: li
         for spec in specs:
             trainer = RankTrainer(cfg, Layout.parse(spec).with_global_batch(cfg.global_batch), rank, world)
             try:
-                out.append((path, spec, trainer.forward_backward(batch)))
+                loss = trainer.forward_backward(batch)
+                for p in trainer.params:
+                    p.grad = None
+                with NoBackward() as nb:
+                    evaluated = trainer.forward_loss(batch)
+                assert nb.forward_calls > 0 and nb.grad_calls == 0, (spec, nb.grad_calls)
+                assert all(p.grad is None for p in trainer.params)
+                assert abs(evaluated - loss) <= 1e-6 * loss, (spec, evaluated, loss)
+                out.append((path, spec, loss))
                 if spec in export:
                     trainer.export_hf(str(Path(export[spec]) / Path(path).name))
             finally:
@@ -69,6 +82,7 @@ def test_checkpoints_cover_sharding_tying_and_llama3_rope(checkpoints: dict[str,
     for p in (untied, tied):
         cfg = _train_cfg(p).model
         assert cfg.rope_scaling_factor == 8.0 and cfg.kv_heads == 2
+        assert cfg.tie_embeddings == (p == tied)
 
 
 @pytest.mark.engine
@@ -89,8 +103,9 @@ def test_import_matches_transformers_and_export_round_trips(checkpoints: dict[st
         print(f"{Path(path).name:<7} {spec:<18} orthoplex {loss:.6f} transformers {expected[path]:.6f} rel {rel:.1e}")
         assert rel < 1e-4, (path, spec, loss, expected[path])
     assert len(rows) == 2 * (1 + len(SPECS))
-    # import, then export with no training: bit-identical tensors (tied: the head is written as the
-    # embedding's copy, untied), a directory transformers loads, and the same loss from it
+    # import, then export with no training: bit-identical tensors (tied: embed_tokens only, with
+    # tie_word_embeddings true, as transformers writes it), a directory transformers loads, and the
+    # same loss from it
     from safetensors import safe_open
 
     for spec, root in exports.items():
@@ -105,6 +120,7 @@ def test_import_matches_transformers_and_export_round_trips(checkpoints: dict[st
                 with safe_open(str(out / ours.where[name]), "pt") as f:
                     b = f.get_tensor(name)
                 assert a.dtype == b.dtype and torch.equal(a, b), (spec, src.name, name)
-            assert set(ours.where) == set(orig.where) | {"lm_head.weight"}
+            assert set(ours.where) == set(orig.where)
+            assert read_hf_config(out)["tie_word_embeddings"] == (src.name == "tied")
             rel = abs(hf_window_loss(out, batch) - expected[str(src)]) / expected[str(src)]
             assert rel < 1e-6, (spec, src.name, rel)

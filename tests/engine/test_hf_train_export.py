@@ -79,8 +79,14 @@ def test_fine_tune_3d_export_and_eval_agree_with_transformers(corpus: Path, tmp_
     steps = [json.loads(line) for line in r.output.splitlines() if '"grad_norm"' in line]
     assert [s["step"] for s in steps] == [1, 2, 3]
     board = read_scalars(ck / "tensorboard")
-    for name in ("loss", "lr", "grad_norm", "tokens_per_s"):
+    for name in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu"):
         assert [st for st, _ in board[f"train/{name}"]] == [1, 2, 3], name
+    # MFU against the declared peak (no GPU here: the planner's CPU stand-in, 0.5 TFLOP/s per rank)
+    from workers.engine.config import ModelConfig
+
+    for s, (_, mfu) in zip(steps, board["train/mfu"], strict=True):
+        flops = ModelConfig(vocab=320, layers=2, hidden=64, heads=8, kv_heads=2, ffn=172, seq_len=SEQ).flops_per_token()
+        assert abs(mfu - flops * s["tokens_per_s"] / (8 * 0.5e12)) <= 1e-6 * mfu and s["mfu"] == pytest.approx(mfu)
     for s, (_, v) in zip(steps, board["train/loss"], strict=True):
         assert abs(v - s["loss"]) <= 1e-6 * s["loss"]
     vals = [json.loads(line) for line in r.output.splitlines() if '"val_loss"' in line]

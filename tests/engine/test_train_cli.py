@@ -70,7 +70,7 @@ def test_stop_resume_under_another_layout_matches_uninterrupted(tmp_path: Path) 
     rows = {k: [json.loads(line) for line in (tmp_path / f"{k}.jsonl").read_text().splitlines()] for k in "abc"}
     assert [r["step"] for r in rows["a"]] == [1, 2]
     assert [r["step"] for r in rows["b"]] == [3, 4]
-    assert set(rows["c"][0]) == {"step", "loss", "grad_norm", "lr", "tokens_per_s"}
+    assert set(rows["c"][0]) == {"step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu"}
     for got, want in zip(rows["a"] + rows["b"], rows["c"], strict=True):
         assert got["step"] == want["step"] and got["lr"] == pytest.approx(want["lr"], rel=1e-12)
         assert abs(got["loss"] - want["loss"]) / want["loss"] < 1e-4, (got, want)

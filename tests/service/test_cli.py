@@ -106,8 +106,12 @@ def test_submit_errors(cli: typer.Typer, live, tenant_token: str, tmp_path: Path
     assert _run(cli, live, tenant_token, "submit", str(tmp_path / "missing.yaml")).exit_code == 2
     invalid = tmp_path / "invalid.yaml"
     invalid.write_text("name: x\nmodel: tiny\nsteps: 5\nglobal_batch: 8\nmin_gpus: 4\nmax_gpus: 2\n")
-    r = _run(cli, live, tenant_token, "submit", str(invalid))
-    assert r.exit_code == 1 and "max_gpus" in r.output and "422" in r.output
+    r = _run(cli, live, tenant_token, "submit", str(invalid))  # the API's rules, checked before sending
+    assert r.exit_code == 2 and "max_gpus: must be >= min_gpus" in r.output
+    outside = tmp_path / "outside.yaml"  # what only the tenant's data area can tell: the API's 422
+    outside.write_text("name: x\nmodel: {hf: no-such-dir}\nsteps: 5\nglobal_batch: 8\n")
+    r = _run(cli, live, tenant_token, "submit", str(outside))
+    assert r.exit_code == 1 and "422" in r.output and "model.hf" in r.output
     r = _run(cli, live, "not-a-token", "status")
     assert r.exit_code == 1 and "401" in r.output
     r = _run(cli, live, tenant_token, "status", "2147483000")

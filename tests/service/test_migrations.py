@@ -18,7 +18,7 @@ from service.db.models import Base
 from service.db.session import make_engine
 from tests.conftest import make_empty_database
 
-HEAD = "0003_attempt_placement"
+HEAD = "0004_metric_val_loss"
 EXPECTED_TABLES = {"tenants", "api_tokens", "jobs", "attempts", "events", "checkpoints", "metrics", "leases"}
 
 

@@ -18,7 +18,7 @@ from planner.profiles import MODEL_PRESETS as _PLANNER_PRESETS
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of a Llama-style decoder (RMSNorm, RoPE, GQA, SwiGLU, untied head)."""
+    """Shape of a Llama-style decoder (RMSNorm, RoPE, GQA, SwiGLU; head untied unless ``tie_embeddings``)."""
 
     name: str = "tiny"
     layers: int = 4
@@ -36,6 +36,10 @@ class ModelConfig:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_position: int = 8192
+    #: one parameter for the token embedding and the output head (``tie_word_embeddings``): with
+    #: pipeline stages, the first and the last stage each hold a copy kept identical (gradients summed
+    #: between them before the update, as Megatron does)
+    tie_embeddings: bool = False
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
@@ -54,16 +58,18 @@ class ModelConfig:
         return self.hidden // self.heads
 
     def num_params(self) -> int:
-        """Parameter count (embedding + layers + final norm + untied head)."""
+        """Parameter count (embedding + layers + final norm + head, unless tied to the embedding)."""
         hd = self.head_dim
         attn = self.hidden * hd * (self.heads * 2 + self.kv_heads * 2)
         mlp = 3 * self.hidden * self.ffn
         per_layer = attn + mlp + 2 * self.hidden
-        return 2 * self.vocab * self.hidden + self.layers * per_layer + self.hidden
+        heads = 1 if self.tie_embeddings else 2
+        return heads * self.vocab * self.hidden + self.layers * per_layer + self.hidden
 
     def flops_per_token(self) -> float:
-        """Training FLOPs per token: 6 * non-embedding params + attention (12 * L * h * s / 2 causal)."""
-        non_embed = self.num_params() - self.vocab * self.hidden
+        """Training FLOPs per token: 6 * non-embedding params + attention (12 * L * h * s / 2 causal);
+        the head's matmul counts whether or not it shares the embedding's weight."""
+        non_embed = self.num_params() - (0 if self.tie_embeddings else self.vocab * self.hidden)
         return 6.0 * non_embed + 6.0 * self.layers * self.hidden * self.seq_len
 
     def to_dict(self) -> dict[str, Any]:

@@ -71,12 +71,8 @@ def eval_rank(rank: int, world: int, cfg_dict: dict[str, Any], layout_dict: dict
     try:
         if checkpoint_dir is not None and load_latest(checkpoint_dir, trainer.app_state()) is None:
             raise ValueError(f"checkpoint-dir: no verified checkpoint under {checkpoint_dir}")
-        # forward_backward is the one step every layout (pipeline schedules included) runs; the
-        # gradients it leaves are dropped, nothing is updated
-        total = sum(trainer.forward_backward(b) for b in batches) / len(batches)
-        for p in trainer.params:
-            p.grad = None
-        return total
+        # forward only: no autograd graph, no backward pass (the pipeline through its schedule's eval)
+        return sum(trainer.forward_loss(b) for b in batches) / len(batches)
     finally:
         trainer.close()
 

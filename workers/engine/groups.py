@@ -95,6 +95,8 @@ class ParallelGroups:
             self.dp_shard_cp_mesh = self.mesh[shard, cp]._flatten(self._n("dp_shard_cp"),
                                                                   backend_override=override)
         self._check_against_layout()
+        self._embedding: dist.ProcessGroup | None = None
+        self._embedding_made = False
         self._closed = False
 
     def _check_against_layout(self) -> None:
@@ -175,9 +177,30 @@ class ParallelGroups:
         kw[dim] = index
         return self.layout.rank_of(**kw)
 
+    def embedding_group(self) -> dist.ProcessGroup | None:
+        """The first and the last pipeline rank with our other coordinates (tied embeddings: the two
+        stages holding the shared weight sum its gradient here); None on a middle pipeline rank.
+        Collective: every rank calls it (``pp > 1``); all pairs are created, in one order, everywhere."""
+        if not self._embedding_made:
+            self._embedding_made = True
+            if self.layout.pp < 2:
+                raise ValueError("embedding_group: needs pp > 1")
+            _, opts = backend_options(self.backend, self.timeout.total_seconds())
+            c = self.coords
+            for dp in range(self.layout.dp):
+                for cp in range(self.layout.cp):
+                    for tp in range(self.layout.tp):
+                        ranks = [self.layout.rank_of(pp=0, dp=dp, cp=cp, tp=tp),
+                                 self.layout.rank_of(pp=self.layout.pp - 1, dp=dp, cp=cp, tp=tp)]
+                        g = dist.new_group(ranks, timeout=self.timeout, pg_options=opts)
+                        if (dp, cp, tp) == (c.dp, c.cp, c.tp) and c.pp in (0, self.layout.pp - 1):
+                            self._embedding = g
+        return self._embedding
+
     def all_groups(self) -> list[dist.ProcessGroup]:
         dims = HSDP_MESH_DIMS if self.replicated else MESH_DIMS
-        return [self.mesh.get_group(self._n(d)) for d in dims] + [self.dp, self.dp_cp, self.dp_shard_cp]
+        extra = [self._embedding] if self._embedding is not None else []
+        return [self.mesh.get_group(self._n(d)) for d in dims] + [self.dp, self.dp_cp, self.dp_shard_cp] + extra
 
     def close(self) -> None:
         """Barrier, then destroy every sub-group (never the default group)."""

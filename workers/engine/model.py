@@ -148,6 +148,11 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+#: the tied parameter's name, and the name its copy has on a last pipeline stage (``tie_embeddings``)
+TIED_EMBEDDING = "tok_embeddings.weight"
+TIED_HEAD = "output.weight"
+
+
 class TransformerBlock(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -175,6 +180,13 @@ class Transformer(nn.Module):
         self.norm: RMSNorm | None = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.output: nn.Linear | None = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         self.checkpoint_layers = False  # recompute="full": activation checkpointing per block
+        self.tie()
+
+    def tie(self) -> None:
+        """``tie_embeddings``: the head uses the embedding's parameter (one parameter, named
+        ``tok_embeddings.weight``); a no-op when either is not on this stage."""
+        if self.cfg.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
+            self.output.weight = self.tok_embeddings.weight
 
     def forward(self, tokens_or_h: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens_or_h) if self.tok_embeddings is not None else tokens_or_h
@@ -218,14 +230,14 @@ def init_local_shards(modules: list[Transformer], cfg: ModelConfig, seed: int) -
 
     held = {n: p for m in modules for n, p in m.named_parameters()}
     for name, value in initial_values(cfg, seed):
-        p = held.get(name)
-        if p is None:
-            continue
-        if isinstance(p, DTensor):
-            shard = distribute_tensor(value.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
-            p._local_tensor.copy_(shard._local_tensor)
-        else:
-            p.copy_(value)
+        # tied: a last pipeline stage holds the embedding's copy as ``output.weight``
+        names = [name, TIED_HEAD] if cfg.tie_embeddings and name == TIED_EMBEDDING else [name]
+        for p in (held[n] for n in names if n in held):
+            if isinstance(p, DTensor):
+                shard = distribute_tensor(value.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+                p._local_tensor.copy_(shard._local_tensor)
+            else:
+                p.copy_(value)
 
 
 def build_model(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu") -> Transformer:

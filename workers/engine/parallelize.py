@@ -79,10 +79,15 @@ def build_parts(cfg: ModelConfig, seed: int, layout: Layout, groups: ParallelGro
                 block.attention.core = core
             block.attention.recompute_core = layout.recompute == "selective"
         apply_tp(m, groups.tp_mesh, sp=layout.sp)
+        m.tie()  # TP distributed the embedding's and the head's weights separately: one again
         m.checkpoint_layers = layout.recompute == "full"
         if layout.zero == 3:
             apply_fsdp(m, groups, pp_enabled=layout.pp > 1)
         m.to_empty(device=device)
+        if layout.zero != 3:
+            m.tie()  # to_empty replaced each module's meta parameter on its own (FSDP keeps shared ones)
+        if cfg.tie_embeddings and m.tok_embeddings is not None and m.output is not None:
+            assert m.output.weight is m.tok_embeddings.weight, "tied embeddings came apart"
         m.rope.reset((positions if positions is not None else torch.arange(cfg.seq_len)).to(device))
     if init_hf:
         from workers.engine.hf import load_hf_shards

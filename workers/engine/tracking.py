@@ -4,6 +4,8 @@
 :func:`read_scalars` reads them back (the tests, and anyone without TensorBoard installed).
 ``MLflowLog(uri, experiment, run_name, params)`` logs the same metrics under their plain names
 (``loss``, ``val_loss``, ``lr``, ...) with ``mlflow`` (``mlflow-skinny``: the client only).
+:class:`RunTracker` is both plus MFU, as ``orthoplex train`` and a service job (the Ray runtime's
+supervisor) log a run: one home for what a run's tracking holds.
 """
 
 from __future__ import annotations
@@ -33,15 +35,28 @@ class TensorBoardLog:
 
 
 class MLflowLog:
-    """One MLflow run on the tracking server or store at ``uri`` (``sqlite:///FILE``, ``http://...``)."""
+    """One MLflow run on the tracking server or store at ``uri`` (``sqlite:///FILE``, ``http://...``).
 
-    def __init__(self, uri: str, experiment: str, run_name: str, params: dict[str, Any]) -> None:
+    ``resume_key``: a run tagged ``orthoplex.run`` with this value is continued instead of starting
+    another (a service job's attempts, each a new supervisor, log into one run)."""
+
+    def __init__(self, uri: str, experiment: str, run_name: str, params: dict[str, Any],
+                 resume_key: str | None = None) -> None:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(experiment)
         exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(experiment)
-        self.run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
+        found = []
+        if resume_key is not None:
+            found = self.client.search_runs([exp_id], filter_string=f"tags.`orthoplex.run` = '{resume_key}'",
+                                            max_results=1)
+        if found:
+            self.run_id = found[0].info.run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+            return
+        tags = {"orthoplex.run": resume_key} if resume_key is not None else None
+        self.run_id = self.client.create_run(exp_id, run_name=run_name, tags=tags).info.run_id
         for k, v in params.items():
             self.client.log_param(self.run_id, k, v)
 
@@ -56,6 +71,79 @@ class MLflowLog:
 
     def close(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)
+
+
+def peak_flops(gpu_type: str | None) -> tuple[float, str]:
+    """(dense bf16 peak FLOP/s of one device of ``gpu_type``, where the number comes from): the
+    planner's GPU profile (``planner.profiles``). Without a type, or on CPU, the planner's ``CPU``
+    stand-in profile (0.5 TFLOP/s per rank): MFU on CPU is relative to that declared stand-in, not to
+    any measured CPU peak."""
+    from planner.profiles import PROFILES, lookup_gpu
+
+    prof = lookup_gpu(gpu_type) if gpu_type else None
+    if prof is None:
+        prof = PROFILES["CPU"]
+    return prof.peak_tflops * 1e12, f"planner profile {prof.name}: {prof.peak_tflops:g} TFLOP/s per device"
+
+
+class RunTracker:
+    """A run's TensorBoard files (always, under ``tensorboard_dir``) and MLflow run (given a URI):
+    ``loss``, ``grad_norm``, ``lr``, ``tokens_per_s``, ``mfu`` per step and ``val_loss`` per eval.
+
+    MFU = ``flops_per_token(model) * tokens/s / (devices * peak_flops(gpu_type))``. A tracking
+    failure (an MLflow server going away) never fails the run: it is reported once in ``errors``
+    and MLflow logging stops."""
+
+    def __init__(self, tensorboard_dir: str | Path | None, model: Any, gpu_type: str | None = None, *,
+                 mlflow_uri: str | None = None, experiment: str = "orthoplex", run_name: str = "run",
+                 params: dict[str, Any] | None = None, resume_key: str | None = None) -> None:
+        self.flops_per_token = float(model.flops_per_token())
+        self.peak, self.peak_source = peak_flops(gpu_type)
+        self.errors: list[str] = []
+        self.board = TensorBoardLog(tensorboard_dir) if tensorboard_dir else None
+        self.mlflow: MLflowLog | None = None
+        if mlflow_uri:
+            all_params = {**(params or {}), "mfu_peak": self.peak_source}
+            self.mlflow = MLflowLog(mlflow_uri, experiment, run_name, all_params, resume_key=resume_key)
+
+    def mfu(self, tokens_per_s: float, devices: int) -> float:
+        return self.flops_per_token * tokens_per_s / (max(1, devices) * self.peak)
+
+    def _emit(self, step: int, metrics: dict[str, float]) -> None:
+        if self.board is not None:
+            self.board.log(step, metrics)
+        if self.mlflow is not None:
+            try:
+                self.mlflow.log(step, metrics)
+            except Exception as e:  # mlflow raises its own exceptions and connection errors
+                self.errors.append(f"mlflow: {e}")
+                self.mlflow = None
+
+    def log_step(self, step: int, *, loss: float, grad_norm: float, lr: float, tokens_per_s: float,
+                 devices: int) -> dict[str, float]:
+        """The step's metrics as logged (MFU included)."""
+        metrics = {"loss": float(loss), "grad_norm": float(grad_norm), "lr": float(lr),
+                   "tokens_per_s": float(tokens_per_s), "mfu": self.mfu(tokens_per_s, devices)}
+        self._emit(step, metrics)
+        return metrics
+
+    def log_eval(self, step: int, val_loss: float) -> None:
+        self._emit(step, {"val_loss": float(val_loss)})
+
+    def flush(self) -> None:
+        if self.board is not None:
+            self.board.writer.flush()
+
+    def close(self, status: str = "FINISHED") -> None:
+        if self.board is not None:
+            self.board.close()
+            self.board = None
+        if self.mlflow is not None:
+            try:
+                self.mlflow.close(status)
+            except Exception as e:
+                self.errors.append(f"mlflow: {e}")
+            self.mlflow = None
 
 
 def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from planner.layout import Layout
 from workers.engine.checkpoint.dcp_io import CheckpointInfo
@@ -71,6 +72,20 @@ class RankTrainer:
                                                   init_hf=cfg.init_hf)
         self.params = self.parts.parameters()
         named = self.parts.named_parameters()
+        # tied embeddings over pipeline stages: the first stage's embedding and the last stage's head
+        # are copies of one parameter, kept identical by summing their gradients before the update;
+        # the global norm counts the parameter once (the head's copy is left out of it)
+        self.embed_group: dist.ProcessGroup | None = None
+        self.tied_copies: list[torch.nn.Parameter] = []
+        self._norm_params = self.params
+        if cfg.model.tie_embeddings and layout.pp > 1:
+            from workers.engine.hf.weights import engine_name
+            from workers.engine.model import TIED_EMBEDDING, TIED_HEAD
+
+            self.embed_group = self.groups.embedding_group()
+            self.tied_copies = [p for n, p in named if engine_name(n) in (TIED_EMBEDDING, TIED_HEAD)]
+            heads = {id(p) for n, p in named if engine_name(n) == TIED_HEAD}
+            self._norm_params = [p for p in self.params if id(p) not in heads]
         self.zero1: ZeroOneShards | None = None
         if layout.zero == 1:
             self.zero1 = ZeroOneShards([n for n, _ in named], self.params, self.groups)
@@ -144,6 +159,7 @@ class RankTrainer:
                 loss.backward()
                 loss_sum += float(loss.detach())
         fix_partial_grads(self.params)
+        self._sum_tied_grads()
         if self.zero1 is not None:
             self.zero1.reduce_grads()
         elif self.layout.zero == 0:
@@ -157,9 +173,52 @@ class RankTrainer:
             loss_t /= dist.get_world_size(self.groups.dp_cp)
         return float(loss_t.item())
 
+    @torch.no_grad()
+    def _sum_tied_grads(self) -> None:
+        """Tied embeddings under PP: the embedding's and the head's gradients summed between the first
+        and the last stage (each partial over DP as it is; the DP reduction follows)."""
+        if self.embed_group is None:
+            return
+        for p in self.tied_copies:
+            g = p.grad
+            if g is None:
+                g = p.grad = torch.zeros_like(p)
+            dist.all_reduce(g._local_tensor if isinstance(g, DTensor) else g, group=self.embed_group)
+
+    @torch.no_grad()
+    def forward_loss(self, batch: torch.Tensor) -> float:
+        """The mean loss of the global ``batch`` ``[B, S+1]`` with no backward pass and no autograd
+        graph (evaluation): the same micro-batches and reductions as :meth:`forward_backward`, the
+        pipeline through its schedule's forward-only ``eval``; identical on every rank."""
+        x, y = self.local_inputs(batch)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            with self._autocast():
+                if self.coords.pp == 0:
+                    self.schedule.eval(x)
+                elif self.coords.pp == self.layout.pp - 1:
+                    self.schedule.eval(target=y, losses=losses)
+                else:
+                    self.schedule.eval()
+            if losses:
+                loss_sum += sum(float(t) for t in losses) / len(losses)
+        else:
+            model = self.parts.modules[0]
+            for xm, ym in zip(x.chunk(self.n_micro), y.chunk(self.n_micro), strict=True):
+                with self._autocast():
+                    loss_sum += float(self._loss_fn(model(xm), ym)) / self.n_micro
+        loss_t = loss_sum.to(self.device if self.device.type == "cuda" else "cpu").reshape(1)
+        if self.layout.pp > 1:
+            dist.all_reduce(loss_t, group=self.groups.pp)
+        if dist.get_world_size(self.groups.dp_cp) > 1:
+            dist.all_reduce(loss_t, group=self.groups.dp_cp)
+            loss_t /= dist.get_world_size(self.groups.dp_cp)
+        return float(loss_t.item())
+
     def optimizer_step(self, step: int) -> tuple[float, float]:
         """Clip by the global norm, set the step's lr, AdamW, and (zero=1) re-broadcast parameters."""
-        norm = global_grad_norm(self.params, self.groups, owned_over_dp=self.zero1 is not None)
+        norm = global_grad_norm(self._norm_params, self.groups, owned_over_dp=self.zero1 is not None)
         clip_grads(self.params, norm, self.cfg.grad_clip)
         lr = lr_at(step, self.cfg)
         for g in self.optimizer.param_groups:
@@ -197,8 +256,8 @@ class RankTrainer:
 
     def val_loss(self) -> float:
         """Mean loss over the first ``eval_batches * global_batch`` windows of ``val_data`` (window
-        ``i`` = tokens ``[i*S, i*S+S]``, as ``orthoplex eval``); nothing is updated. Call between steps:
-        it runs the forward/backward every layout implements and drops the gradients."""
+        ``i`` = tokens ``[i*S, i*S+S]``, as ``orthoplex eval``); forward only (:meth:`forward_loss`),
+        nothing is updated. Call between steps."""
         if self.cfg.val_data is None:
             raise ValueError("val_loss() needs cfg.val_data")
         if self._val is None:
@@ -211,18 +270,19 @@ class RankTrainer:
                                  f"eval_batches * global_batch = {n} needed")
             rows = torch.stack([torch.from_numpy(ds[i]) for i in range(n)])
             self._val = list(rows.split(self.cfg.global_batch))
-        loss = sum(self.forward_backward(b) for b in self._val) / len(self._val)
-        for p in self.params:
-            p.grad = None
-        return loss
+        return sum(self.forward_loss(b) for b in self._val) / len(self._val)
 
     # ------------------------------------------------------------------ checkpoints
     def app_state(self) -> Any:
         """Model parts + optimizer (+ the step and data position) as one DCP ``Stateful``; parameters
         and optimizer state are keyed by global parameter name, so any layout can load them."""
         from workers.engine.checkpoint import ModelOptimizerState
+        from workers.engine.model import TIED_EMBEDDING, TIED_HEAD
 
-        return ModelOptimizerState(self.parts.modules, self.optimizer, extra=self._trainer_state())
+        # tied under PP: the last stage's copy keeps the optimizer state under the parameter's one name
+        aliases = {TIED_HEAD: TIED_EMBEDDING} if self.embed_group is not None and self.coords.pp > 0 else None
+        return ModelOptimizerState(self.parts.modules, self.optimizer, extra=self._trainer_state(),
+                                   optim_aliases=aliases)
 
     def _trainer_state(self) -> dict[str, Any]:
         return {"next_step": self.next_step, "consumed_samples": self.next_step * self.cfg.global_batch,

@@ -224,6 +224,7 @@ class StepDone(Event):
     busy_max_s: float
     world_size: int
     tokens_per_s: float
+    val_loss: float | None = None  # on the steps the job evaluates (eval_every, and the last)
 
 
 @_register

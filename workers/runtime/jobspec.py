@@ -12,6 +12,7 @@ A plain dict (JSON), so the control plane can store it with the attempt::
      "checkpoint": {"min_every_steps": 1, "max_every_steps": 50, "mtbf_s": 3600},
      "runtime": {...RuntimeSettings fields...},
      "events_out": "events.jsonl", "metrics_out": "metrics.jsonl",
+     "tracking": {"tensorboard_dir": ..., "mlflow_uri": ..., "experiment": ..., "run_name": ...},
      "faults": [...]}                    # test/demo hook only (see workers.runtime.faults)
 """
 
@@ -80,6 +81,9 @@ class JobSpec:
     events_out: str | None = None
     metrics_out: str | None = None
     faults: list[dict[str, Any]] = field(default_factory=list)
+    #: where the supervisor logs the job's metrics (``workers.runtime.job_tracking``)
+    tracking: dict[str, Any] = field(default_factory=dict)
+    gpu_type: str | None = None  # the GPU profile the job is planned on (MFU's peak)
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -156,6 +160,8 @@ def parse_job(spec: dict[str, Any]) -> JobSpec:
         events_out=spec.get("events_out"),
         metrics_out=spec.get("metrics_out"),
         faults=list(spec.get("faults") or []),
+        tracking=dict(spec.get("tracking") or {}),
+        gpu_type=spec.get("gpu_type"),
         raw=dict(spec),
     )
     if job.min_gpus < 1 or (job.max_gpus is not None and job.max_gpus < job.min_gpus):

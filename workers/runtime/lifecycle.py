@@ -35,6 +35,7 @@ from workers.runtime.cadence import CheckpointCadence
 from workers.runtime.cluster_port import ClusterPort
 from workers.runtime.gang import Gang, StartFailed
 from workers.runtime.job_plans import Keep, Replanner, SwitchTo, held_gpus
+from workers.runtime.job_tracking import JobTracking
 from workers.runtime.jobspec import JobSpec
 from workers.runtime.placement import Reservation
 from workers.runtime.straggler import LinkScorer, StragglerScorer, median
@@ -148,6 +149,7 @@ class AttemptMachine:
         self._switch: Switch | None = None
         self._cycle: _Cycle | None = None
         self._run: _Run | None = None
+        self.tracking = JobTracking(job.tracking, job.model, job.gpu_type, job.steps)
 
     # ------------------------------------------------------------------ requests (from other threads)
     def request_resize(self, gpus: int, placement: dict[str, int] | None = None) -> dict[str, Any]:
@@ -363,8 +365,10 @@ class AttemptMachine:
         busy = {r: float(o["busy_s"]) for r, o in out.items()}
         self.log.emit(ev.StepDone(step=done, loss=round(loss, 6), wall_s=round(wall, 4),
                                   busy_max_s=round(max(busy.values()), 4), world_size=gang.world_size,
-                                  tokens_per_s=round(float(out[0]["tokens"]) / max(wall, 1e-9), 1)))
+                                  tokens_per_s=round(float(out[0]["tokens"]) / max(wall, 1e-9), 1),
+                                  val_loss=out[0].get("val_loss")))
         self._metrics(done, out, gang)
+        self.tracking.on_step(done, out[0], gang.world_size, wall)
         if run.recovery is not None:
             self._event_recovery(run.recovery, time.time() - run.recovery["t0"])
             run.recovery = None
@@ -544,6 +548,7 @@ class AttemptMachine:
             self.port.close()
         finally:
             self.error = error
+            self.tracking.close("FAILED")
             self._set_state(AttemptState.FAILED)
             self.log.emit(ev.Failed(reason=error, step=self.next_step))
         return Phase.FAILED, error

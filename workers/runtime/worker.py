@@ -167,6 +167,16 @@ class RankWorker:
             "busy_s": time.thread_time() - c0,
             "wall_s": time.perf_counter() - w0,
         }
+        # after the step's timing (straggler scores and tokens/s see the step only): the job's
+        # validation loss every eval_every steps and after the last, and its HF export after the last
+        # (both collective: every rank runs the same step)
+        cfg = self._trainer.cfg
+        if cfg.eval_every and (res.step % cfg.eval_every == 0 or res.step == cfg.steps):
+            self._phase("eval", res.step)
+            out["val_loss"] = self._trainer.val_loss()
+        if cfg.export_hf and res.step == cfg.steps:
+            self._phase("export", res.step)
+            out["exported"] = self._trainer.export_hf(cfg.export_hf)
         self._phase("idle", res.step)
         return out
 

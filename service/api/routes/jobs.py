@@ -18,12 +18,21 @@ from service.api import repo
 from service.api.deps import AnyPrincipal, CurrentTenant, Db
 from service.api.errors import field_error, responses
 from service.api.fit_check import PlannerRefused, PlannerUnavailable, check_fit, planner_unavailable
-from service.api.schemas import EventPublic, JobList, JobPublic, JobSpec, JobStateName, MetricPublic
+from service.api.schemas import (
+    EventPublic,
+    HFModel,
+    JobList,
+    JobPublic,
+    JobSpec,
+    JobStateName,
+    MetricPublic,
+    ModelShape,
+)
 from service.api.sse import SSE_EVENT_SCHEMA, open_stream, wants_stream
 from service.db import transitions as tr
 from service.db.models import Job
 from service.settings import data_area
-from workers.data_area import DataArea, DataPathError, resolve_data_paths, split_path
+from workers.data_area import DataArea, DataPathError, split_path
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -47,7 +56,7 @@ def validate_spec(spec: JobSpec) -> None:
     errors: list[tuple[list[str | int], str]] = []
     if spec.max_gpus < spec.min_gpus:
         errors.append((["max_gpus"], f"must be >= min_gpus ({spec.min_gpus})"))
-    if not isinstance(spec.model, str):
+    if isinstance(spec.model, ModelShape):
         m = spec.model
         if m.hidden % m.heads:
             errors.append((["model", "heads"], f"hidden {m.hidden} is not divisible by heads {m.heads}"))
@@ -69,6 +78,28 @@ def validate_spec(spec: JobSpec) -> None:
                 split_path(p, None, i)
             except DataPathError as exc:
                 errors.append((["data", "paths", i], exc.msg))
+    named: list[tuple[list[str | int], str]] = []
+    if isinstance(spec.model, HFModel):
+        named.append((["model", "hf"], spec.model.hf))
+    if spec.tokenizer is not None:
+        named.append((["tokenizer"], spec.tokenizer))
+        if spec.data is None or spec.data.kind != "text":
+            errors.append((["tokenizer"], "applies to data of kind 'text' (text, jsonl or parquet files)"))
+    if spec.eval_data is not None:
+        if spec.eval_data.kind == "builtin":
+            errors.append((["eval_data", "kind"], "must be text or tokens (held-out files in your data area)"))
+        elif not spec.eval_data.paths:
+            errors.append((["eval_data", "paths"], f"required for kind {spec.eval_data.kind!r}"))
+        named += [(["eval_data", "paths", i], p) for i, p in enumerate(spec.eval_data.paths)]
+    if spec.eval_every is not None and spec.eval_data is None:
+        errors.append((["eval_data"], "required with eval_every (the held-out data val_loss is measured on)"))
+    if spec.eval_batches is not None and spec.eval_every is None:
+        errors.append((["eval_batches"], "applies only with eval_every"))
+    for loc, p in named:  # the syntax; submit_job then resolves them in the area
+        try:
+            split_path(p, None)
+        except DataPathError as exc:
+            errors.append((loc, exc.msg))
     hint = spec.layout_hint
     if hint is not None:
         used = (hint.tp or 1) * (hint.pp or 1) * (hint.cp or 1) * (hint.dp or 1)
@@ -80,14 +111,17 @@ def validate_spec(spec: JobSpec) -> None:
         )
 
 
-def check_data_paths(paths: list[str], area: DataArea) -> None:
-    """422 naming ``data.paths[i]`` unless every path selects files inside the tenant's area or a
-    shared root, within the bounds (``workers.data_area``; the engine checks again where it reads)."""
+def check_inputs(spec: JobSpec, area: DataArea) -> dict[str, Any]:
+    """422 naming the field unless the spec's data, HF model, tokenizer and eval data lie inside the
+    tenant's area (or a shared root) and fit together (``workers.job_inputs``); returns the engine
+    shape of the model, which the planner plans."""
+    from workers.job_inputs import InputError
+    from workers.job_inputs import check_inputs as check
+
     try:
-        resolve_data_paths(paths, area)
-    except DataPathError as exc:
-        loc = ("body", "data", "paths") if exc.index is None else ("body", "data", "paths", exc.index)
-        raise RequestValidationError([{"loc": loc, "msg": exc.msg, "type": "value_error"}]) from None
+        return check(spec.stored(), area)
+    except InputError as exc:
+        raise RequestValidationError([{"loc": ("body", *exc.loc), "msg": exc.msg, "type": "value_error"}]) from None
 
 
 def _public(job: Job) -> JobPublic:
@@ -113,8 +147,7 @@ def submit_job(spec: JobSpec, request: Request, response: Response, tenant: Curr
     attempts = request.app.state.attempts
     try:
         validate_spec(spec)
-        if spec.data is not None and spec.data.paths:
-            check_data_paths(spec.data.paths, data_area(request.app.state.settings, tenant.id))
+        shape = check_inputs(spec, data_area(request.app.state.settings, tenant.id))
     except RequestValidationError:
         attempts.record(tenant.id)  # a refused submission counts toward the rate
         raise
@@ -136,7 +169,7 @@ def submit_job(spec: JobSpec, request: Request, response: Response, tenant: Curr
                 db.rollback()
 
         try:
-            check_fit(spec, api, before_planning=over_limits)
+            check_fit(spec, api, before_planning=over_limits, model=shape)
         except PlannerRefused as exc:
             attempts.record(tenant.id)
             raise field_error(["body", *exc.loc], exc.msg, "plan_infeasible") from None

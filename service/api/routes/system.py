@@ -16,10 +16,11 @@ from service.api import repo
 from service.api.deps import AnyPrincipal
 from service.api.errors import field_error, responses
 from service.api.fit_check import PlannerRefused, PlannerUnavailable, dry_run
-from service.api.routes.jobs import validate_spec
-from service.api.schemas import ClusterJob, ClusterOut, Health, JobSpec, PlanOut, Ready
+from service.api.routes.jobs import check_inputs, validate_spec
+from service.api.schemas import ClusterJob, ClusterOut, Health, HFModel, JobSpec, PlanOut, Ready
 from service.api.security import is_admin_token
 from service.db.models import Attempt, Job
+from service.settings import data_area
 from workers.states import HOLDING
 
 router = APIRouter(tags=["system"])
@@ -107,8 +108,14 @@ def plan_job(
                               attempts=attempts.recent(tenant.id, tenant.submit_per_minute))
         attempts.record(tenant.id)
     validate_spec(spec)
+    shape = None
+    if isinstance(spec.model, HFModel):
+        if tenant is None:
+            raise field_error(["body", "model", "hf"], "an HF model lies in a tenant's data area: plan it with "
+                                                       "a tenant's token", "value_error")
+        shape = check_inputs(spec, data_area(request.app.state.settings, tenant.id))
     try:
-        return dry_run(spec, request.app.state.api, top_k)
+        return dry_run(spec, request.app.state.api, top_k, model=shape)
     except PlannerRefused as exc:
         raise field_error(["body", *exc.loc], exc.msg, "plan_infeasible") from None
     except PlannerUnavailable as exc:

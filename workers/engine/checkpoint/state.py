@@ -64,11 +64,13 @@ class ModelOptimizerState(Stateful):
         extra: JSON-serialisable trainer state (step, sampler state, RNG, LR-schedule position); it is
             replaced by the checkpoint's on load. Stored as one JSON string, so its keys may differ
             between the saving and the loading run.
+        optim_aliases: ``{name here: name in the checkpoint}`` for optimizer state (a tied head's copy
+            on the last pipeline stage is stored under the embedding's name, as one process stores it).
     """
 
     def __init__(self, model_parts: nn.Module | Sequence[nn.Module],
                  optimizers: Optimizer | Sequence[Optimizer] | None = None,
-                 extra: dict[str, Any] | None = None) -> None:
+                 extra: dict[str, Any] | None = None, optim_aliases: dict[str, str] | None = None) -> None:
         self.model_parts = [model_parts] if isinstance(model_parts, nn.Module) else list(model_parts)
         if not self.model_parts:
             raise ValueError("no model parts given")
@@ -81,6 +83,21 @@ class ModelOptimizerState(Stateful):
             raise ValueError(f"{len(opts)} optimizers for {len(self.model_parts)} model parts; give one per part "
                              "or one for all")
         self.extra: dict[str, Any] = dict(extra or {})
+        self.optim_aliases = dict(optim_aliases or {})
+
+    def _rename(self, optim: dict[str, Any], back: bool) -> dict[str, Any]:
+        """Flat optimizer keys (``state.<param>.<field>``, ``param_groups.<param>.<field>``) renamed."""
+        if not self.optim_aliases:
+            return optim
+        pairs = [((b, a) if back else (a, b)) for a, b in self.optim_aliases.items()]
+        out: dict[str, Any] = {}
+        for k, v in optim.items():
+            for src, dst in pairs:
+                if f".{src}." in f".{k}.":
+                    k = f".{k}.".replace(f".{src}.", f".{dst}.", 1)[1:-1]
+                    break
+            out[k] = v
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         model: dict[str, Any] = {}
@@ -91,12 +108,13 @@ class ModelOptimizerState(Stateful):
             optim.update(get_optimizer_state_dict(part, opt, options=FLAT))
         out: dict[str, Any] = {"model": model, "extra": json.dumps(self.extra, sort_keys=True)}
         if self._pairs:
-            out["optim"] = optim
+            out["optim"] = self._rename(optim, back=False)
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for part in self.model_parts:
             set_model_state_dict(part, state_dict["model"], options=FLAT_LOOSE)
         for part, opt in self._pairs:
-            set_optimizer_state_dict(part, opt, optim_state_dict=state_dict["optim"], options=FLAT)
+            set_optimizer_state_dict(part, opt, optim_state_dict=self._rename(state_dict["optim"], back=True),
+                                     options=FLAT)
         self.extra = json.loads(state_dict["extra"])

@@ -102,14 +102,15 @@ def model_config_from_hf(data: dict[str, Any], seq_len: int, name: str = "hf") -
         return ModelConfig(name=name, layers=data["num_hidden_layers"], hidden=hidden, heads=heads,
                            kv_heads=data.get("num_key_value_heads") or heads, ffn=data["intermediate_size"],
                            vocab=data["vocab_size"], seq_len=seq_len, rope_theta=theta,
-                           norm_eps=float(data.get("rms_norm_eps", 1e-6)), **extra)
+                           norm_eps=float(data.get("rms_norm_eps", 1e-6)),
+                           tie_embeddings=bool(data.get("tie_word_embeddings", False)), **extra)
     except ValueError as e:
         raise HFConfigError(str(e)) from None
 
 
 def hf_config(cfg: ModelConfig, base: dict[str, Any] | None = None, max_position: int | None = None
               ) -> dict[str, Any]:
-    """An HF ``LlamaForCausalLM`` ``config.json`` for ``cfg`` (untied head: the engine trains its own).
+    """An HF ``LlamaForCausalLM`` ``config.json`` for ``cfg`` (``tie_word_embeddings`` as it trains).
 
     ``base`` (the imported checkpoint's config) keeps its other fields (token ids, ...)."""
     out = dict(base or {})
@@ -125,7 +126,7 @@ def hf_config(cfg: ModelConfig, base: dict[str, Any] | None = None, max_position
         "intermediate_size": cfg.ffn, "num_hidden_layers": cfg.layers, "num_attention_heads": cfg.heads,
         "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab,
         "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
-        "tie_word_embeddings": False, "dtype": "float32",
+        "tie_word_embeddings": cfg.tie_embeddings, "dtype": "float32",
         "max_position_embeddings": max(max_position or 0, int(out.get("max_position_embeddings") or 0), cfg.seq_len),
         # both spellings: rope_theta/rope_scaling for transformers 4.x, rope_parameters for 5.x
         "rope_theta": cfg.rope_theta, "rope_parameters": rope,

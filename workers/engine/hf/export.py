@@ -83,7 +83,10 @@ def export_hf(parts: Any, cfg: ModelConfig, layout: Any, coords: Any, out: str |
     out.mkdir(parents=True, exist_ok=True)
     stages = layout.pp
     writer_rank = coords.tp == 0 and coords.cp == 0 and coords.dp == 0
-    held = [(engine_name(n), p) for n, p in parts.named_parameters()]
+    from workers.engine.model import TIED_HEAD
+
+    held = [(engine_name(n), p) for n, p in parts.named_parameters()
+            if not (cfg.tie_embeddings and n == TIED_HEAD)]  # tied: embed_tokens only, as transformers writes
     held.sort(key=lambda x: x[0])
     fname = shard_file(coords.pp, stages)
     writer = StreamingSafetensors(out / fname, [(hf_name(n), tuple(p.shape), p.dtype) for n, p in held]) \

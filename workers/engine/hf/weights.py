@@ -4,7 +4,7 @@ Names: ``model.embed_tokens`` = ``tok_embeddings``, ``model.layers.i.self_attn.{
 ``layers.i.attention.w{q,k,v,o}``, ``mlp.{gate,up,down}_proj`` = ``feed_forward.w{1,3,2}``,
 ``input_layernorm`` / ``post_attention_layernorm`` = ``attention_norm`` / ``ffn_norm``,
 ``model.norm`` = ``norm``, ``lm_head`` = ``output`` (``model.embed_tokens`` when the checkpoint ties
-them: the engine's head starts as a copy and trains on its own).
+them: the engine ties them too, one parameter; a last pipeline stage's head copy reads it as well).
 
 Rotary layout: HF rotates the two *halves* of each head (``x[i]`` with ``x[i + d/2]``), the
 engine rotates *adjacent pairs* (``x[2i]`` with ``x[2i+1]``). The same permutation of the rows of
