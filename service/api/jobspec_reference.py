@@ -46,6 +46,7 @@ MEANINGS: dict[str, str] = {
     "layout_hint.pp": "pipeline-parallel degree",
     "layout_hint.cp": "context-parallel degree",
     "layout_hint.dp": "data-parallel degree",
+    "layout_hint.dp_replicate": "replica groups inside dp (HSDP): ZeRO shards inside a group, plain replication across groups; must divide dp",
     "layout_hint.vpp": "virtual pipeline stages per rank (interleaved schedule)",
     "layout_hint.micro_batch": "sequences per micro-batch",
     "layout_hint.sp": "sequence parallelism with TP",

@@ -137,6 +137,9 @@ class LayoutHint(_In):
     pp: Annotated[int, Field(ge=1, le=1024), BeforeValidator(_integral)] | None = None
     cp: Annotated[int, Field(ge=1, le=1024), BeforeValidator(_integral)] | None = None
     dp: Annotated[int, Field(ge=1, le=4096), BeforeValidator(_integral)] | None = None
+    dp_replicate: Annotated[int, Field(
+        ge=1, le=4096, description="replica groups inside dp (HSDP): ZeRO shards inside a group, plain replication "
+                                   "across groups; must divide dp"), BeforeValidator(_integral)] | None = None
     vpp: Annotated[int, Field(ge=1, le=64), BeforeValidator(_integral)] | None = None
     micro_batch: Annotated[int, Field(ge=1, le=65536), BeforeValidator(_integral)] | None = None
     sp: bool | None = None

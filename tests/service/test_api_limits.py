@@ -97,6 +97,7 @@ def test_admin_list_limit(client: TestClient) -> None:
     ({"checkpoint": {"min_every_steps": 10, "max_every_steps": 5}}, ["body", "checkpoint", "max_every_steps"]),
     ({"layout_hint": {"tp": 4, "pp": 2}}, ["body", "layout_hint"]),
     ({"layout_hint": {"zero": 2}}, ["body", "layout_hint", "zero"]),
+    ({"layout_hint": {"dp_replicate": 0}}, ["body", "layout_hint", "dp_replicate"]),
     ({"layout_hint": {"recompute": "sometimes"}}, ["body", "layout_hint", "recompute"]),
     ({"layout_hint": {"recompute": "layer:1"}}, ["body", "layout_hint", "recompute"]),
     ({"model": "llama3-405b", "min_gpus": 1, "max_gpus": 4}, ["body", "max_gpus"]),
@@ -236,3 +237,17 @@ def test_stream_query_parameter_is_documented_and_checked(client: TestClient, te
     r = client.get(f"/v1/jobs/{jid}/events?stream=maybe", headers=tenant)
     assert r.status_code == 422 and "stream" in r.text
     assert client.get(f"/v1/jobs/{jid}/events?stream=false", headers=tenant).json()[0]["type"] == "submitted"
+
+
+def test_replica_groups_reach_the_planner(client: TestClient, tenant: dict[str, str]) -> None:
+    """``layout_hint.dp_replicate`` (HSDP) is planned as given; one that does not divide dp is a 422
+    naming the field (the planner's rule)."""
+    body = {**job_body(max_gpus=4), "layout_hint": {"dp": 4, "dp_replicate": 2, "zero": 3}}
+    r = client.post("/v1/plans", json=body, headers=tenant)
+    assert r.status_code == 200, r.text
+    layout = r.json()["plans"][0]["layout"]
+    assert (layout["dp"], layout["dp_replicate"], layout["zero"]) == (4, 2, 3)
+    bad = {**job_body(max_gpus=4), "layout_hint": {"dp": 4, "dp_replicate": 3, "zero": 3}}
+    r = client.post("/v1/plans", json=bad, headers=tenant)
+    assert r.status_code == 422, r.text
+    assert "dp_replicate" in json.dumps(r.json()["detail"])
