@@ -137,3 +137,6 @@ def test_bad_fault_arguments_are_refused(netns_net: Any) -> None:
         f.partition("n9")
     with pytest.raises(ValueError, match="kind"):
         f.heal("n1", "flood")
+    with pytest.raises(ValueError, match="ms"):
+        f.delay("n1", 0)
+    assert not f.lines

@@ -320,3 +320,32 @@ def test_partition_from_one_peer_on_a_running_job(netns_ray: Any, tmp_path: Path
     assert failure["ts"] - t_fault <= 20 + 90 + 30, "a collective/step deadline bounds the stall"
     _no_step_lost(job, res)
     _no_leaks(netns_ray)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+def test_slow_link_under_tp_moves_tp_inside_nodes_first(netns_ray: Any, tmp_path: Path) -> None:
+    """TP spans two nodes (``tp=4`` on 2-GPU nodes); one node's link is capped: the link straggler's
+    first re-plan moves TP inside the nodes and keeps the node (its compute is fine)."""
+    spec = _spec(tmp_path)
+    spec["layout_hint"] = "tp=4"
+    spec["runtime"]["straggler_window"] = 3
+    job = Job("nn-tplink", spec)
+    name = ""
+    try:
+        job.wait_step(2)
+        node_id, name = _victim(job, netns_ray)
+        netns_ray.faults.rate(name, 10)
+        res = job.finish()
+    finally:
+        if name:
+            netns_ray.faults.heal(name)
+        job.stop()
+    flagged = [e for e in job.of("straggler") if e["node"] == node_id]
+    assert flagged and flagged[0]["cause"] == "link", job.of("straggler")
+    first = next(e for e in job.of("replan") if e["seq"] > flagged[0]["seq"])
+    print(f"tp4 with {name}'s link at 10 Mbit/s: re-plans {[(e['old_short'], e['new_short'], e['change']) for e in job.of('replan')]}")
+    assert first["change"].get("slow_links") == [node_id] and first["old"]["tp"] == 4, first
+    assert first["new"]["tp"] * first["new"]["cp"] <= 2 and node_id in first["nodes"], first
+    _no_step_lost(job, res)
+    _no_leaks(netns_ray)

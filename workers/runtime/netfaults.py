@@ -182,7 +182,8 @@ class NetFaults:
         self._note("loss", n, pct=pct)
 
     def delay(self, node: str, ms: float, jitter_ms: float = 0.0) -> None:
-        """Add ``ms`` (+- ``jitter_ms``) latency each way (netem; refused where the kernel lacks it)."""
+        """Add ``ms`` (+- ``jitter_ms``) latency each way: a delay line at each end of the link (refused
+        without /dev/net/tun)."""
         if ms <= 0 or jitter_ms < 0:
             raise ValueError("delay: ms must be > 0 and jitter_ms >= 0")
         if not delay_supported():
