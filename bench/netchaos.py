@@ -1,14 +1,14 @@
 """Chaos soak over network namespaces: one job while random network faults hit random nodes.
 
 A ``NetnsCluster`` (head + 3 nodes x 2 declared GPUs, each node its own namespace and link) runs one
-elastic job (tiny model, up to 4 ranks). Every 30-60 s (``quick``: 10-20 s) a random fault of a
-random kind hits a random node that hosts ranks: a partition healed after 2-15 s (sometimes within
-the node-loss deadline, sometimes not), a partition from one peer, a bandwidth cap (2-20 Mbit/s),
-packet loss (5-20 %), or a delay of 20-100 ms each way with 0-20 ms of jitter; the last four heal
-after 20-40 s. A node that was declared lost (its raylet
+elastic job (tiny model, up to 4 ranks). Every 30-60 s (``quick``: 10-20 s) a fault hits a random
+node that hosts ranks; its kind comes from a shuffled round of all kinds, so every kind fires: a
+partition healed after 2-15 s (sometimes within the node-loss deadline, sometimes not), a partition
+from one peer, a bandwidth cap (2-20 Mbit/s), packet loss (5-20 %), or a delay of 20-100 ms each way
+with 0-20 ms of jitter; the last four heal after 20-40 s. A node that was declared lost (its raylet
 exits when the link heals) is restarted as a repaired machine. The soak lasts ``soak_s`` (600 s;
-quick: 100 s); the job has as many steps as the no-fault median step time measured first would finish
-in that time, so faults go on for the whole soak and the job ends shortly after they stop.
+quick: 100 s); the job has as many steps as the no-fault median step time measured first would
+finish in that time, so faults go on for the whole soak and the job ends shortly after they stop.
 
 What must hold (checked, reported in ``bench/results/netchaos.json``): the job SUCCEEDED; every step
 was done, and steps were run twice only after a resume from a checkpoint (exactly
@@ -20,6 +20,7 @@ namespace or link is left. The baseline is the same job without faults, in the s
 from __future__ import annotations
 
 import random
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -78,6 +79,7 @@ class Chaos:
         self.next_at = self.t0 + rng.uniform(*every)
         self.heal_at: dict[str, float] = {}
         self.fired: list[dict[str, Any]] = []
+        self.bag: list[str] = []
 
     def __call__(self, events: list[dict[str, Any]]) -> None:
         import ray
@@ -102,7 +104,9 @@ class Chaos:
         if not used:
             return
         name = self.rng.choice(used)
-        kind = self.rng.choice(self.KINDS)
+        if not self.bag:  # every kind once per round, in a random order: all of them fire in a soak
+            self.bag = self.rng.sample(self.KINDS, len(self.KINDS))
+        kind = self.bag.pop()
         rec: dict[str, Any] = {"t": round(now - self.t0, 1), "kind": kind, "node": name}
         if kind == "partition":
             self.faults.partition(name)
@@ -197,6 +201,7 @@ def soak(soak_s: float, every: tuple[float, float], seed: int = 0) -> dict[str, 
     finally:
         if chaos is not None:
             chaos.faults.close()  # its delay lines are children of this process
+        shutil.rmtree(tmp, ignore_errors=True)
         rec = cluster.record()
         if ray.is_initialized():
             ray.shutdown()
