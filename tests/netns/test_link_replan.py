@@ -45,6 +45,7 @@ def test_tp_across_a_slow_link_moves_inside_the_nodes_and_the_node_stays() -> No
     resumed = of(events, ev.Resumed)[0]
     assert resumed.cause == "straggler" and resumed.world_size == 4
     assert not heavy_groups_crossing(m.replanner.plans[1][0], [slow])
+    assert not heavy_groups_crossing(m.replanner.plans[1][0], ["node0", "node1", "node2"])
     # only afterwards (DP still crosses the link) may the node be treated as slow
     later = [e for e in of(events, ev.Replanned) if e.seq > first.seq]
     assert all("slow_links" not in e.change for e in later)
@@ -54,7 +55,8 @@ def test_a_slow_link_only_dp_crosses_counts_the_node_as_slow() -> None:
     c = MemoryCluster.of(2, 2, 2)
     m = machine(c, steps=12, min_gpus=4, max_gpus=4, hint="tp=2,dp=2")
     step_until(m, lambda: m.next_step >= 2)
-    assert m.gang is not None and not heavy_groups_crossing(m.replanner.in_force, m.gang.rank_nodes)
+    assert m.gang is not None and not heavy_groups_crossing(m.replanner.in_force, m.gang.rank_nodes,
+                                                            m.gang.rank_nodes)
     slow = _slow_link_on_last_rank(m, c)
     events = finished_cleanly(m, c)
     found = of(events, ev.StragglerFound)
@@ -74,5 +76,8 @@ def test_heavy_groups_crossing_names_tp_and_cp_groups_on_the_slow_node_only() ->
     assert where is not None and where[0] == where[1] != where[2] == where[3]  # TP inside, CP across
     assert heavy_groups_crossing(plan, [where[2]]) == [("cp", (0, 2)), ("cp", (1, 3))]
     assert heavy_groups_crossing(plan, ["node-not-used"]) == []
+    # the gang's own placement wins over the plan's grid: here TP spans the nodes, CP does not
+    placed = [where[0], where[2], where[0], where[2]]
+    assert heavy_groups_crossing(plan, [where[2]], placed) == [("tp", (0, 1)), ("tp", (2, 3))]
     tp4 = planner_bridge.first_plan(parse_job({**job.raw, "layout_hint": "tp=4"}), c.nodes())
     assert heavy_groups_crossing(tp4, [planner_bridge.plan_nodes(tp4)[0]]) == [("tp", (0, 1, 2, 3))]

@@ -79,10 +79,10 @@ def _victim(job: Job, netns_ray: Any) -> tuple[str, str]:
     return node_id, netns_ray.node_name(node_id)
 
 
-def _no_step_lost(job: Job, res: dict[str, Any]) -> None:
+def _no_step_lost(job: Job, res: dict[str, Any], total: int = STEPS) -> None:
     assert res["state"] == "SUCCEEDED", res
     steps = sorted({e["step"] for e in job.of("step")})
-    assert steps == list(range(1, STEPS + 1)), steps  # a step event names the steps done (1-based)
+    assert steps == list(range(1, total + 1)), steps  # a step event names the steps done (1-based)
     # at-least-once steps: a step is run again only after a resume from an earlier checkpoint
     runs = [e["step"] for e in job.of("step")]
     redone = len(runs) - len(set(runs))
@@ -326,8 +326,12 @@ def test_partition_from_one_peer_on_a_running_job(netns_ray: Any, tmp_path: Path
 @pytest.mark.timeout(900)
 def test_slow_link_under_tp_moves_tp_inside_nodes_first(netns_ray: Any, tmp_path: Path) -> None:
     """TP spans two nodes (``tp=4`` on 2-GPU nodes); one node's link is capped: the link straggler's
-    first re-plan moves TP inside the nodes and keeps the node (its compute is fine)."""
-    spec = _spec(tmp_path)
+    first re-plan moves TP inside the nodes and keeps the node (its compute is fine). The cap is
+    2 Mbit/s: the link's 100-packet queue then holds about 0.6 s, so heartbeats queued behind the TP
+    traffic pass the ``LinkScorer`` floor (0.25 s; at 10 Mbit/s the full queue is only 0.12 s and
+    nothing is flagged)."""
+    steps = 10
+    spec = _spec(tmp_path, steps)
     spec["layout_hint"] = "tp=4"
     spec["runtime"]["straggler_window"] = 3
     job = Job("nn-tplink", spec)
@@ -335,7 +339,7 @@ def test_slow_link_under_tp_moves_tp_inside_nodes_first(netns_ray: Any, tmp_path
     try:
         job.wait_step(2)
         node_id, name = _victim(job, netns_ray)
-        netns_ray.faults.rate(name, 10)
+        netns_ray.faults.rate(name, 2)
         res = job.finish()
     finally:
         if name:
@@ -344,8 +348,8 @@ def test_slow_link_under_tp_moves_tp_inside_nodes_first(netns_ray: Any, tmp_path
     flagged = [e for e in job.of("straggler") if e["node"] == node_id]
     assert flagged and flagged[0]["cause"] == "link", job.of("straggler")
     first = next(e for e in job.of("replan") if e["seq"] > flagged[0]["seq"])
-    print(f"tp4 with {name}'s link at 10 Mbit/s: re-plans {[(e['old_short'], e['new_short'], e['change']) for e in job.of('replan')]}")
+    print(f"tp4 with {name}'s link at 2 Mbit/s: re-plans {[(e['old_short'], e['new_short'], e['change']) for e in job.of('replan')]}")
     assert first["change"].get("slow_links") == [node_id] and first["old"]["tp"] == 4, first
     assert first["new"]["tp"] * first["new"]["cp"] <= 2 and node_id in first["nodes"], first
-    _no_step_lost(job, res)
+    _no_step_lost(job, res, steps)
     _no_leaks(netns_ray)

@@ -63,12 +63,14 @@ def held_gpus(rank_nodes: Sequence[str]) -> dict[str, int]:
 HEAVY_DIMS = ("tp", "cp")  # the communication-heavy dimensions (collectives every layer), in order
 
 
-def heavy_groups_crossing(plan: Any, slow_links: Sequence[str]) -> list[tuple[str, tuple[int, ...]]]:
+def heavy_groups_crossing(plan: Any, slow_links: Sequence[str],
+                          rank_nodes: Sequence[str] | None = None) -> list[tuple[str, tuple[int, ...]]]:
     """The TP and CP groups of ``plan`` that span nodes and have a member on one of ``slow_links``
     (their traffic crosses that node's link), as (dim, ranks). Ranks are numbered TP fastest, then
-    CP (``planner.layout``); the node of every rank is the plan's rank grid."""
-    where = planner_bridge.plan_nodes(plan)
-    if where is None:
+    CP (``planner.layout``); the node of every rank is ``rank_nodes`` (where a gang's ranks run) or
+    else the plan's rank grid."""
+    where = list(rank_nodes) if rank_nodes is not None else planner_bridge.plan_nodes(plan)
+    if where is None or len(where) != plan.layout.world_size:
         return []
     lay, slow = plan.layout, set(slow_links)
     tp, cp = lay.tp, lay.cp
@@ -200,12 +202,12 @@ class Replanner:
         return SwitchTo(rp, change, plan_s)
 
     def _heavy_dims_off(self, slow_links: Sequence[str], rank_nodes: Sequence[str]) -> SwitchTo | None:
-        """The planner's best plan over the same GPUs in which no TP or CP group crosses a slow link
-        (its groups stay inside one node, a slow-link node included), when the plan in force has such
-        a group on one of ``slow_links``; ``None`` when it has none (nothing to move: the caller treats
+        """The planner's best plan over the same GPUs in which no TP or CP group spans nodes (so none
+        crosses a slow link; a slow-link node keeps its GPUs), when the gang in force (ranks on
+        ``rank_nodes``) has such a group on one of ``slow_links``; ``None`` when it has none (nothing to move: the caller treats
         the node as slow) or when no plan keeps them off (e.g. TP wider than every node)."""
         prev = self.in_force
-        crossing = heavy_groups_crossing(prev, slow_links)
+        crossing = heavy_groups_crossing(prev, slow_links, rank_nodes)
         if not crossing:
             return None
         t0 = time.monotonic()
@@ -214,7 +216,8 @@ class Replanner:
             ranked = planner_bridge.ranked_plans(self.job, nodes, max_gpus=self.cap)
         except planner_bridge.PlanningError:
             return None
-        off = [p for p in ranked if not heavy_groups_crossing(p, slow_links)]
+        # where the placement puts a plan's ranks is not known yet: no TP/CP group may span nodes at all
+        off = [p for p in ranked if not heavy_groups_crossing(p, planner_bridge.plan_nodes(p) or [])]
         if not off:
             return None
         plan = off[0]
