@@ -81,3 +81,20 @@ def test_heavy_groups_crossing_names_tp_and_cp_groups_on_the_slow_node_only() ->
     assert heavy_groups_crossing(plan, [where[2]], placed) == [("tp", (0, 1)), ("tp", (2, 3))]
     tp4 = planner_bridge.first_plan(parse_job({**job.raw, "layout_hint": "tp=4"}), c.nodes())
     assert heavy_groups_crossing(tp4, [planner_bridge.plan_nodes(tp4)[0]]) == [("tp", (0, 1, 2, 3))]
+
+
+def test_a_slow_gpu_under_a_spanning_tp_group_moves_tp_first_then_is_left_out() -> None:
+    """Busy time includes the TP collectives: with TP across nodes a slow GPU and a slow link look
+    alike, so TP moves inside nodes first; the slow GPU is found again and then handled as slow."""
+    c = MemoryCluster.of(2, 2, 2)
+    m = machine(c, steps=16, min_gpus=4, max_gpus=4, hint="tp=4",
+                faults=[{"kind": "slow_node", "at_step": 2, "rank": -1, "factor": 4.0}])
+    events = finished_cleanly(m, c)
+    slow = of(events, ev.FaultInjected)[0].node
+    found = [f for f in of(events, ev.StragglerFound) if f.node == slow]
+    assert len(found) >= 2 and found[0].cause == "compute", found
+    replans = [e for e in of(events, ev.Replanned) if e.seq > found[0].seq]
+    assert replans[0].change == {"slow_links": [slow]} and replans[0].new["tp"] <= 2 and slow in replans[0].nodes
+    later = next(e for e in replans if e.seq > found[1].seq)
+    assert "slow_links" not in later.change and slow in later.change["slow_nodes"], later
+    assert later.decision == "keep" or slow not in later.nodes

@@ -345,10 +345,12 @@ def test_slow_link_under_tp_moves_tp_inside_nodes_first(netns_ray: Any, tmp_path
         if name:
             netns_ray.faults.heal(name)
         job.stop()
+    # found by heartbeats (link) or by busy time (compute: the TP all-reduces crossing the capped
+    # link are part of a rank's busy time); either way TP moves first
     flagged = [e for e in job.of("straggler") if e["node"] == node_id]
-    assert flagged and flagged[0]["cause"] == "link", job.of("straggler")
+    assert flagged, job.of("straggler")
     first = next(e for e in job.of("replan") if e["seq"] > flagged[0]["seq"])
-    print(f"tp4 with {name}'s link at 2 Mbit/s: re-plans {[(e['old_short'], e['new_short'], e['change']) for e in job.of('replan')]}")
+    print(f"causes {[e['cause'] for e in flagged]}; tp4 with {name}'s link at 2 Mbit/s: re-plans {[(e['old_short'], e['new_short'], e['change']) for e in job.of('replan')]}")
     assert first["change"].get("slow_links") == [node_id] and first["old"]["tp"] == 4, first
     assert first["new"]["tp"] * first["new"]["cp"] <= 2 and node_id in first["nodes"], first
     _no_step_lost(job, res, steps)

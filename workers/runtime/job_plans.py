@@ -179,15 +179,18 @@ class Replanner:
         return rp
 
     def on_straggler(self, findings: Sequence[StragglerFinding], rank_nodes: Sequence[str]) -> Decision:
-        """Slow nodes found. A slow *link* (``cause == "link"``) under a TP or CP group is handled
-        first by moving those groups off it (:meth:`_heavy_dims_off`: the node stays, its compute is
-        fine); otherwise (a slow GPU, or a slow link that only DP/PP cross) re-plan with the measured
-        speed; a switch keeps unused slow nodes out."""
-        links = sorted({f.node for f in findings if f.cause == "link"})
-        if links:
-            moved = self._heavy_dims_off(links, rank_nodes)
-            if moved is not None:
-                return moved
+        """Slow nodes found. When a TP or CP group of the gang crosses a slow node's link, those groups
+        move inside nodes first (:meth:`_heavy_dims_off`: the node stays). That covers a slow *link*
+        (``cause == "link"``) and a ``compute`` finding alike, since busy time includes the TP/CP
+        collectives that cross the link. Otherwise (a slow GPU, or a slow link only DP/PP cross)
+        re-plan with the measured speed; a switch keeps unused slow nodes out."""
+        # a compute finding counts too: a rank's busy time includes its TP/CP collectives, so when
+        # those cross the node's link a slow link and a slow GPU look alike; the cheap remedy first
+        # (a slow GPU is found again on the next window, with TP/CP inside nodes, and handled below)
+        nodes = sorted({f.node for f in findings})
+        moved = self._heavy_dims_off(nodes, rank_nodes)
+        if moved is not None:
+            return moved
         speeds = {f.node: max(0.05, f.score) for f in findings}
         change = planner_bridge.ClusterChange(slow_nodes=speeds, reason="straggler")
         t0 = time.monotonic()
@@ -222,7 +225,7 @@ class Replanner:
             return None
         plan = off[0]
         where = ", ".join(f"{dim}{list(ranks)}" for dim, ranks in crossing)
-        reason = (f"slow link of node(s) {[n[:8] for n in slow_links]} under {where}: TP/CP moved inside nodes "
+        reason = (f"slow node(s) {[n[:8] for n in slow_links]} whose link {where} cross: TP/CP moved inside nodes "
                   f"({prev.layout.short()} -> {plan.layout.short()}), the node(s) stay")
         change = planner_bridge.ClusterChange(slow_links=list(slow_links), reason=reason)
         from planner.result import Replan
