@@ -1,13 +1,14 @@
 """Chaos soak over network namespaces: one job while random network faults hit random nodes.
 
 A ``NetnsCluster`` (head + 3 nodes x 2 declared GPUs, each node its own namespace and link) runs one
-elastic job (tiny model, up to 4 ranks). Every 30-60 s (``quick``: 10-20 s) a random fault of a
-random kind hits a random node that hosts ranks: a partition healed after 2-15 s (sometimes within
-the node-loss deadline, sometimes not), a partition from one peer, a bandwidth cap (2-20 Mbit/s), or
-packet loss (5-20 %); the last three heal after 20-40 s. A node that was declared lost (its raylet
+elastic job (tiny model, up to 4 ranks). Every 30-60 s (``quick``: 10-20 s) a fault hits a random
+node that hosts ranks; its kind comes from a shuffled round of all kinds, so every kind fires: a
+partition healed after 2-15 s (sometimes within the node-loss deadline, sometimes not), a partition
+from one peer, a bandwidth cap (2-20 Mbit/s), packet loss (5-20 %), or a delay of 20-100 ms each way
+with 0-20 ms of jitter; the last four heal after 20-40 s. A node that was declared lost (its raylet
 exits when the link heals) is restarted as a repaired machine. The soak lasts ``soak_s`` (600 s;
-quick: 100 s); the job has as many steps as the no-fault step rate measured first would finish in
-that time, so it ends shortly after the faults stop.
+quick: 100 s); the job has as many steps as the no-fault median step time measured first would
+finish in that time, so faults go on for the whole soak and the job ends shortly after they stop.
 
 What must hold (checked, reported in ``bench/results/netchaos.json``): the job SUCCEEDED; every step
 was done, and steps were run twice only after a resume from a checkpoint (exactly
@@ -19,6 +20,7 @@ namespace or link is left. The baseline is the same job without faults, in the s
 from __future__ import annotations
 
 import random
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -68,7 +70,7 @@ def _run_job(job_id: str, spec: dict[str, Any], during: Any = None) -> tuple[dic
 class Chaos:
     """Fires random network faults on the nodes the job uses; heals and repairs them."""
 
-    KINDS = ("partition", "partition_peer", "rate", "loss")
+    KINDS = ("partition", "partition_peer", "rate", "loss", "delay")
 
     def __init__(self, cluster: Any, faults: Any, rng: random.Random, every: tuple[float, float],
                  soak_s: float) -> None:
@@ -78,6 +80,7 @@ class Chaos:
         self.next_at = self.t0 + rng.uniform(*every)
         self.heal_at: dict[str, float] = {}
         self.fired: list[dict[str, Any]] = []
+        self.bag: list[str] = []
 
     def __call__(self, events: list[dict[str, Any]]) -> None:
         import ray
@@ -102,7 +105,9 @@ class Chaos:
         if not used:
             return
         name = self.rng.choice(used)
-        kind = self.rng.choice(self.KINDS)
+        if not self.bag:  # every kind once per round, in a random order: all of them fire in a soak
+            self.bag = self.rng.sample(self.KINDS, len(self.KINDS))
+        kind = self.bag.pop()
         rec: dict[str, Any] = {"t": round(now - self.t0, 1), "kind": kind, "node": name}
         if kind == "partition":
             self.faults.partition(name)
@@ -116,9 +121,13 @@ class Chaos:
             rec["mbit"] = self.rng.choice([2, 5, 10, 20])
             self.faults.rate(name, rec["mbit"])
             hold = self.rng.uniform(20, 40)
-        else:
+        elif kind == "loss":
             rec["pct"] = self.rng.choice([5, 10, 20])
             self.faults.loss(name, rec["pct"])
+            hold = self.rng.uniform(20, 40)
+        else:
+            rec["ms"], rec["jitter_ms"] = self.rng.choice([20, 50, 100]), self.rng.choice([0, 10, 20])
+            self.faults.delay(name, rec["ms"], rec["jitter_ms"])
             hold = self.rng.uniform(20, 40)
         rec["heal_after_s"] = round(hold, 1)
         self.heal_at[name] = now + hold
@@ -144,13 +153,16 @@ def soak(soak_s: float, every: tuple[float, float], seed: int = 0) -> dict[str, 
     problems: list[str] = []
     out: dict[str, Any] = {}
     tmp = Path(tempfile.mkdtemp(prefix="orthoplex-netchaos-"))
+    chaos: Chaos | None = None
     try:
         cluster.start()
         t0 = time.monotonic()
         base_res, base_ev = _run_job("chaos-base", _spec(str(tmp / "base"), 20))
         base_wall = [e["wall_s"] for e in base_ev if e["type"] == "step"]
         base_s = time.monotonic() - t0
-        steps = max(20, int(soak_s / (base_s / 20) * 0.8))
+        # as many steps as the no-fault median step would finish in soak_s (not the baseline's wall
+        # time over 20 steps: that includes the gang's start, and the job ended long before the soak)
+        steps = max(20, int(soak_s / max(sorted(base_wall)[len(base_wall) // 2], 1e-3)))
         chaos = Chaos(cluster, NetFaults(cluster), rng, every, soak_s)
         t1 = time.monotonic()
         res, events = _run_job("chaos-soak", _spec(str(tmp / "soak"), steps), during=chaos)
@@ -188,6 +200,9 @@ def soak(soak_s: float, every: tuple[float, float], seed: int = 0) -> dict[str, 
                "baseline": {"state": base_res["state"], "steps": 20, "wall_s": round(base_s, 1),
                             "median_step_s": round(sorted(base_wall)[len(base_wall) // 2], 3)}}
     finally:
+        if chaos is not None:
+            chaos.faults.close()  # its delay lines are children of this process
+        shutil.rmtree(tmp, ignore_errors=True)
         rec = cluster.record()
         if ray.is_initialized():
             ray.shutdown()

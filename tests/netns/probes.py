@@ -94,6 +94,27 @@ print(count() - before)
     return int(ns_python(netns, code))
 
 
+def rtts_ms(netns: str, ip: str, samples: int) -> list[float]:
+    """Round trips (ms) of UDP requests to the server's counter, one at a time, sorted."""
+    code = f"""
+import socket, time
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)
+out = []
+for i in range({samples}):
+    tag = b'count-rtt%d' % i
+    t = time.monotonic(); u.sendto(tag, ('{ip}', 7001))
+    try:
+        while u.recvfrom(100)[0].split()[0] != tag:
+            pass
+        out.append((time.monotonic() - t) * 1000)
+    except OSError:
+        pass
+    time.sleep(0.01)
+print(' '.join('%.3f' % x for x in out))
+"""
+    return sorted(float(x) for x in ns_python(netns, code).split())
+
+
 def wait_until(pred, timeout_s: float, what: str, poll_s: float = 0.5):  # type: ignore[no-untyped-def]
     """The controller tests' ``wait_for``, polled every half second."""
     return wait_for(pred, timeout_s, what, interval_s=poll_s)

@@ -1,5 +1,6 @@
 """Network faults on real links between network namespaces (no Ray): partition, partition from some
-peers, bandwidth cap, packet loss, delay where the kernel has netem; each healed."""
+peers, bandwidth cap, packet loss, delay and jitter (a userspace delay line: no netem here); each
+healed."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.netns.probes import connects, send_seconds, server, udp_delivered
-from workers.runtime.netfaults import NetFaults, NetFaultUnsupported, delay_supported
+from tests.netns.probes import connects, rtts_ms, send_seconds, server, udp_delivered
+from workers.runtime.netfaults import NetFaults, delay_supported
 
 pytestmark = [pytest.mark.cluster]
 
@@ -75,15 +76,55 @@ def test_loss_drops_about_the_given_share_each_way(netns_net: Any) -> None:
     assert clean >= 980, clean
 
 
-def test_delay_uses_netem_or_says_the_kernel_lacks_it(netns_net: Any) -> None:
-    f = NetFaults(netns_net)
-    if delay_supported():
-        f.delay("n2", 50, 5)
-        assert f.faults()["n2"]["delay_ms"] == 50
+def _stats(rtts: list[float]) -> tuple[float, float, float]:
+    """(p10, median, p90) of sorted round trips."""
+    return rtts[len(rtts) // 10], rtts[len(rtts) // 2], rtts[len(rtts) * 9 // 10]
+
+
+def test_delay_and_jitter_hold_every_packet_then_heal(netns_net: Any) -> None:
+    """The kernel here has no netem: the delay lines (a TAP per link end, in userspace) do it."""
+    c = netns_net
+    f = NetFaults(c)
+    n1, n2 = c.workers
+    assert delay_supported()
+    try:
+        with server(n2.netns):
+            _, clean, _ = _stats(rtts_ms(n1.netns, n2.ip, 30))
+            f.delay("n2", 40)  # a request crosses n2's link once each way: +80 ms a round trip
+            assert len(f.lines["n2"]) == 2
+            lo, delayed, _ = _stats(rtts_ms(n1.netns, n2.ip, 30))
+            assert lo >= 80 and delayed < 80 + clean + 120, (clean, lo, delayed)
+            f.delay("n2", 40, 20)  # each way 20-60 ms, in order (a wire does not reorder)
+            rtts = rtts_ms(n1.netns, n2.ip, 60)
+            lo, _, hi = _stats(rtts)
+            assert rtts[0] >= 40 and hi - lo > 10, rtts
+            f.heal("n2", "delay")
+            assert "n2" not in f.lines
+            _, healed, _ = _stats(rtts_ms(n1.netns, n2.ip, 30))
+            assert healed < 40, (clean, healed)
+    finally:
         f.heal("n2")
-    else:
-        with pytest.raises(NetFaultUnsupported, match="CONFIG_NET_SCH_NETEM"):
-            f.delay("n2", 50, 5)
+    assert not any(p.poll() is None for ps in f.lines.values() for p in ps)
+
+
+def test_delay_combines_with_loss_and_rate_applied_once(netns_net: Any) -> None:
+    c = netns_net
+    f = NetFaults(c)
+    n1, n2 = c.workers
+    try:
+        with server(n2.netns):
+            f.delay("n2", 5)
+            f.loss("n2", 30)  # applied after the delay line, once: ~70 % arrive (twice would be ~49 %)
+            got = udp_delivered(n1.netns, n2.ip, 1000)
+            f.heal("n2", "loss")
+            f.rate("n2", 4)
+            capped = send_seconds(n1.netns, n2.ip, 1_000_000)  # 8 Mbit through 4 Mbit/s: >= 2 s
+    finally:
+        f.heal("n2")
+    assert 580 <= got <= 820, got
+    assert capped >= 1.6, capped
+    assert f.faults()["n2"] == {"down": False, "drop_peers": [], "rate_mbit": None, "loss_pct": 0.0,
+                                "delay_ms": 0.0, "jitter_ms": 0.0}
 
 
 def test_bad_fault_arguments_are_refused(netns_net: Any) -> None:
@@ -96,3 +137,6 @@ def test_bad_fault_arguments_are_refused(netns_net: Any) -> None:
         f.partition("n9")
     with pytest.raises(ValueError, match="kind"):
         f.heal("n1", "flood")
+    with pytest.raises(ValueError, match="ms"):
+        f.delay("n1", 0)
+    assert not f.lines

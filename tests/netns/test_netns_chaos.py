@@ -1,5 +1,5 @@
 """The CI-sized chaos soak over network namespaces (the 10-minute one is ``orthoplex bench netchaos``):
-90 s of random partitions, partial partitions, bandwidth caps and packet loss on the job's nodes
+90 s of random partitions, partial partitions, bandwidth caps, packet loss and delays on the job's nodes
 every 10-20 s; the job finishes, no step is lost or run twice beyond the resumes, the loss matches
 the single-process run within 1 %, and nothing is left behind."""
 

@@ -79,10 +79,10 @@ def _victim(job: Job, netns_ray: Any) -> tuple[str, str]:
     return node_id, netns_ray.node_name(node_id)
 
 
-def _no_step_lost(job: Job, res: dict[str, Any]) -> None:
+def _no_step_lost(job: Job, res: dict[str, Any], total: int = STEPS) -> None:
     assert res["state"] == "SUCCEEDED", res
     steps = sorted({e["step"] for e in job.of("step")})
-    assert steps == list(range(1, STEPS + 1)), steps  # a step event names the steps done (1-based)
+    assert steps == list(range(1, total + 1)), steps  # a step event names the steps done (1-based)
     # at-least-once steps: a step is run again only after a resume from an earlier checkpoint
     runs = [e["step"] for e in job.of("step")]
     redone = len(runs) - len(set(runs))
@@ -208,4 +208,150 @@ def test_slow_link_shows_as_a_link_straggler_and_is_replanned_around(netns_ray: 
     assert flagged and flagged[0]["cause"] == "link", job.of("straggler")
     assert job.of("replan") and job.of("replan")[0]["change"]["slow_nodes"], job.of("replan")
     _no_step_lost(job, res)
+    _no_leaks(netns_ray)
+
+
+def _planner_step_s(hint: str, mbit: float, intra_GBps: float) -> tuple[float, list[str]]:
+    """The planner's step time for the job's layout on the toy network: 2-GPU nodes, every node's link
+    capped at ``mbit`` (two ranks share it), inside a node ``intra_GBps``; and its spanning dims."""
+    import planner
+    from workers.runtime import planner_bridge
+    from workers.runtime.jobspec import parse_job
+    from workers.runtime.placement import NodeCapacity
+
+    job = parse_job({"model": "tiny", "steps": 4, "global_batch": 8, "checkpoint_dir": "/nowhere",
+                     "min_gpus": 4, "max_gpus": 4, "layout_hint": hint})
+    nodes = [NodeCapacity(id=f"n{i}", gpus=2, free_gpus=2, cpus=2.0, is_head=False) for i in range(2)]
+    spec = planner_bridge.planner_spec(job, nodes, max_gpus=4, hint=job.layout_hint)
+    spec["cluster"].update(inter_node_bw_Gbps_per_gpu=mbit / 1000 / 2, intra_node_bw_GBps=intra_GBps)
+    plan = planner.plan(spec, top_k=1).plans[0]
+    return plan.estimate.step_time_s, sorted({g.dim for g in plan.spanning_groups})
+
+
+@pytest.mark.timeout(900)
+def test_capped_links_keep_tp_inside_nodes_and_step_times_order_as_the_planner_predicts(
+        netns_ray: Any, tmp_path: Path) -> None:
+    """Inter-node links capped by tc, links inside a node (loopback of the node's namespace) not.
+
+    A coarse check on a toy network: the planner's step-time order of two layouts (TP inside nodes
+    with DP across them, and TP across the nodes) is the measured order, and the placement keeps the
+    TP groups of the first inside nodes. Not a calibration: on this 2-core box compute is slower
+    than the planner's CPU profile says, so only the order and the direction are compared."""
+    mbit = 10.0
+    steps = 5
+    measured: dict[str, float] = {}
+    names = [n.name for n in netns_ray.cluster.workers]
+    try:
+        for name in names:
+            netns_ray.faults.rate(name, mbit)
+        for hint in ("tp=2,dp=2", "tp=4"):
+            spec = _spec(tmp_path / hint.replace(",", "_").replace("=", ""), steps)
+            spec["layout_hint"] = hint
+            spec["checkpoint"] = {"min_every_steps": steps, "max_every_steps": steps}
+            job = Job(f"nn-bw-{hint.replace(',', '-').replace('=', '')}", spec)
+            try:
+                res = job.finish()
+            finally:
+                job.stop()
+            assert res["state"] == "SUCCEEDED", res
+            mapped = job.of("ranks_mapped")[-1]["rank_to_node"]
+            if hint == "tp=2,dp=2":  # TP groups {0,1} and {2,3} each on one node, DP across the link
+                assert mapped[0] == mapped[1] != mapped[2] == mapped[3], mapped
+            else:
+                assert len(set(mapped)) == 2, mapped
+            walls = sorted(e["wall_s"] for e in job.of("step") if e["step"] > 1)  # step 1 warms up
+            measured[hint] = walls[len(walls) // 2]
+    finally:
+        for name in names:
+            netns_ray.faults.heal(name)
+    predicted = {h: _planner_step_s(h, mbit, 1.0) for h in measured}
+    print(f"at {mbit:g} Mbit/s per node link: measured median step {measured}, planner {predicted}")
+    assert predicted["tp=2,dp=2"][1] == [] and predicted["tp=4"][1] == ["tp"]
+    assert predicted["tp=4"][0] > predicted["tp=2,dp=2"][0]
+    assert measured["tp=4"] > measured["tp=2,dp=2"], (measured, predicted)
+    _no_leaks(netns_ray)
+
+
+FAILURES = ("node_lost", "rank_failed", "hang")
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+def test_partition_from_one_peer_on_a_running_job(netns_ray: Any, tmp_path: Path) -> None:
+    """The node of the last ranks is cut from the node of the first ranks only (the DP all-reduce
+    crosses that pair); the head, the driver and the third node still reach both. Both raylets
+    answer the GCS, so no node is lost: the blocked collective times out (or the step deadline or a
+    rank's store connection fails first) and the gang restarts. The partition lasts until the job
+    steps again or 240 s pass, then heals; the job finishes within the recovery contract."""
+    spec = _spec(tmp_path)
+    spec["runtime"]["collective_timeout_s"] = 20
+    job = Job("nn-peer", spec)
+    cut = ""
+    try:
+        job.wait_step(3)
+        mapped = job.of("ranks_mapped")[-1]["rank_to_node"]
+        first, last = netns_ray.node_name(mapped[0]), netns_ray.node_name(mapped[-1])
+        assert first != last
+        t_fault = time.time()
+        netns_ray.faults.partition(last, peers=[first])
+        cut = last
+        wait_until(lambda: (job.pull() or True) and any(job.of(k) for k in FAILURES), 300, "a failure")
+        failure = min((e for k in FAILURES for e in job.of(k)), key=lambda e: e["seq"])
+
+        def stepped_or_late() -> bool:
+            job.pull()
+            return any(e["seq"] > failure["seq"] for e in job.of("step")) or time.time() - t_fault > 240
+
+        wait_until(stepped_or_late, 300, "a step or 240 s")
+        progressed = any(e["seq"] > failure["seq"] for e in job.of("step"))
+        t_heal = time.time()
+        netns_ray.faults.heal(cut)
+        cut = ""
+        res = job.finish()
+    finally:
+        if cut:
+            netns_ray.faults.heal(cut)
+        job.stop()
+    fails = [(e["type"], round(e["ts"] - t_fault, 1), e.get("reason", "")[:120]) for e in job.events if e["type"] in FAILURES]
+    replans = [(e["decision"], e["new_short"], e["nodes"]) for e in job.of("replan")]
+    print(f"peer partition {last} x {first}: failures {fails}; re-plans {replans}; stepped while cut: "
+          f"{progressed}; healed after {t_heal - t_fault:.0f} s")
+    assert not job.of("node_lost"), "both raylets answer the GCS: no node may be declared lost"
+    assert failure["ts"] - t_fault <= 20 + 90 + 30, "a collective/step deadline bounds the stall"
+    _no_step_lost(job, res)
+    _no_leaks(netns_ray)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+def test_slow_link_under_tp_moves_tp_inside_nodes_first(netns_ray: Any, tmp_path: Path) -> None:
+    """TP spans two nodes (``tp=4`` on 2-GPU nodes); one node's link is capped: the link straggler's
+    first re-plan moves TP inside the nodes and keeps the node (its compute is fine). The cap is
+    2 Mbit/s: the link's 100-packet queue then holds about 0.6 s, so heartbeats queued behind the TP
+    traffic pass the ``LinkScorer`` floor (0.25 s; at 10 Mbit/s the full queue is only 0.12 s and
+    nothing is flagged)."""
+    steps = 10
+    spec = _spec(tmp_path, steps)
+    spec["layout_hint"] = "tp=4"
+    spec["runtime"]["straggler_window"] = 3
+    job = Job("nn-tplink", spec)
+    name = ""
+    try:
+        job.wait_step(2)
+        node_id, name = _victim(job, netns_ray)
+        netns_ray.faults.rate(name, 2)
+        res = job.finish()
+    finally:
+        if name:
+            netns_ray.faults.heal(name)
+        job.stop()
+    # found by heartbeats (link) or by busy time (compute: the TP all-reduces crossing the capped
+    # link are part of a rank's busy time); either way TP moves first
+    flagged = [e for e in job.of("straggler") if e["node"] == node_id]
+    assert flagged, job.of("straggler")
+    first = next(e for e in job.of("replan") if e["seq"] > flagged[0]["seq"])
+    print(f"causes {[e['cause'] for e in flagged]}; tp4 with {name}'s link at 2 Mbit/s: re-plans {[(e['old_short'], e['new_short'], e['change']) for e in job.of('replan')]}")
+    assert first["change"].get("slow_links") == [node_id] and first["old"]["tp"] == 4, first
+    assert first["new"]["tp"] * first["new"]["cp"] <= 2 and node_id in first["nodes"], first
+    _no_step_lost(job, res, steps)
     _no_leaks(netns_ray)

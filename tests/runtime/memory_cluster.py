@@ -34,6 +34,7 @@ class Node:
     gpus: int
     alive: bool = True
     speed: float = 1.0  # compute time multiplier (a slow node > 1)
+    link_rtt_s: float = 0.01  # heartbeat round trip over the node's link (a slow link: seconds)
 
 
 @dataclass
@@ -155,6 +156,7 @@ class MemoryCluster:
             self._gang_steps[id(gang)] = self.checkpoint_step
         elif call == "step":
             self._gang_steps[id(gang)] = done + 1
+            out.hb_rtt = {r: self.machines[rank.node].link_rtt_s for r, rank in enumerate(gang.workers)}
             wall = max(o["busy_s"] for o in out.results.values())
             for o in out.results.values():
                 o["wall_s"] = wall

@@ -60,6 +60,33 @@ def held_gpus(rank_nodes: Sequence[str]) -> dict[str, int]:
     return out
 
 
+HEAVY_DIMS = ("tp", "cp")  # the communication-heavy dimensions (collectives every layer), in order
+
+
+def heavy_groups_crossing(plan: Any, slow_links: Sequence[str],
+                          rank_nodes: Sequence[str] | None = None) -> list[tuple[str, tuple[int, ...]]]:
+    """The TP and CP groups of ``plan`` that span nodes and have a member on one of ``slow_links``
+    (their traffic crosses that node's link), as (dim, ranks). Ranks are numbered TP fastest, then
+    CP (``planner.layout``); the node of every rank is ``rank_nodes`` (where a gang's ranks run) or
+    else the plan's rank grid."""
+    where = list(rank_nodes) if rank_nodes is not None else planner_bridge.plan_nodes(plan)
+    if where is None or len(where) != plan.layout.world_size:
+        return []
+    lay, slow = plan.layout, set(slow_links)
+    tp, cp = lay.tp, lay.cp
+    groups: dict[tuple[str, tuple[int, ...]], None] = {}
+    for r in range(lay.world_size):
+        base_tp = r - r % tp
+        tp_group = tuple(range(base_tp, base_tp + tp))
+        cp_base = r % tp + (r // (tp * cp)) * tp * cp
+        cp_group = tuple(cp_base + tp * i for i in range(cp))
+        for dim, g in (("tp", tp_group), ("cp", cp_group)):
+            nodes = {where[i] for i in g}
+            if len(nodes) > 1 and nodes & slow:
+                groups[(dim, g)] = None
+    return list(groups)
+
+
 class Replanner:
     def __init__(self, job: JobSpec, port: ClusterPort, log: ev.EventLog) -> None:
         self.job = job
@@ -152,7 +179,18 @@ class Replanner:
         return rp
 
     def on_straggler(self, findings: Sequence[StragglerFinding], rank_nodes: Sequence[str]) -> Decision:
-        """Slow nodes found: re-plan with their measured speed; a switch keeps unused slow nodes out."""
+        """Slow nodes found. When a TP or CP group of the gang crosses a slow node's link, those groups
+        move inside nodes first (:meth:`_heavy_dims_off`: the node stays). That covers a slow *link*
+        (``cause == "link"``) and a ``compute`` finding alike, since busy time includes the TP/CP
+        collectives that cross the link. Otherwise (a slow GPU, or a slow link only DP/PP cross)
+        re-plan with the measured speed; a switch keeps unused slow nodes out."""
+        # a compute finding counts too: a rank's busy time includes its TP/CP collectives, so when
+        # those cross the node's link a slow link and a slow GPU look alike; the cheap remedy first
+        # (a slow GPU is found again on the next window, with TP/CP inside nodes, and handled below)
+        nodes = sorted({f.node for f in findings})
+        moved = self._heavy_dims_off(nodes, rank_nodes)
+        if moved is not None:
+            return moved
         speeds = {f.node: max(0.05, f.score) for f in findings}
         change = planner_bridge.ClusterChange(slow_nodes=speeds, reason="straggler")
         t0 = time.monotonic()
@@ -165,6 +203,38 @@ class Replanner:
         used = set(planner_bridge.nodes_used(rp.plan))
         self.excluded.update(n for n in speeds if n not in used)
         return SwitchTo(rp, change, plan_s)
+
+    def _heavy_dims_off(self, slow_links: Sequence[str], rank_nodes: Sequence[str]) -> SwitchTo | None:
+        """The planner's best plan over the same GPUs in which no TP or CP group spans nodes (so none
+        crosses a slow link; a slow-link node keeps its GPUs), when the gang in force (ranks on
+        ``rank_nodes``) has such a group on one of ``slow_links``; ``None`` when it has none (nothing to move: the caller treats
+        the node as slow) or when no plan keeps them off (e.g. TP wider than every node)."""
+        prev = self.in_force
+        crossing = heavy_groups_crossing(prev, slow_links, rank_nodes)
+        if not crossing:
+            return None
+        t0 = time.monotonic()
+        nodes = self.nodes(held=held_gpus(rank_nodes))
+        try:
+            ranked = planner_bridge.ranked_plans(self.job, nodes, max_gpus=self.cap)
+        except planner_bridge.PlanningError:
+            return None
+        # where the placement puts a plan's ranks is not known yet: no TP/CP group may span nodes at all
+        off = [p for p in ranked if not heavy_groups_crossing(p, planner_bridge.plan_nodes(p) or [])]
+        if not off:
+            return None
+        plan = off[0]
+        where = ", ".join(f"{dim}{list(ranks)}" for dim, ranks in crossing)
+        reason = (f"slow node(s) {[n[:8] for n in slow_links]} whose link {where} cross: TP/CP moved inside nodes "
+                  f"({prev.layout.short()} -> {plan.layout.short()}), the node(s) stay")
+        change = planner_bridge.ClusterChange(slow_links=list(slow_links), reason=reason)
+        from planner.result import Replan
+
+        rp = Replan(plan=plan, decision="replan", reason=reason,
+                    old_tokens_per_s=prev.estimate.tokens_per_s, new_tokens_per_s=plan.estimate.tokens_per_s,
+                    switch_cost_s=self.restart_s)
+        self._record_replan(prev, rp, change)
+        return SwitchTo(rp, change, time.monotonic() - t0)
 
     def on_resize(self, target: int, rank_nodes: Sequence[str], step: int) -> Decision:
         """Re-plan within a new grant; keeps the running plan when the planner says so (a grow that

@@ -10,15 +10,19 @@ from the node and traffic to it alike:
 peers=[...])``       peer's address into a drop class); everybody else still reaches it
 ``rate(node, mbit)`` an HTB class capped at ``mbit`` (ceil = rate) carries all of the link's traffic
 ``loss(node, pct)``  a classic-BPF filter (``ld rand``) sends ``pct`` % of packets into the drop class
-``delay(node, ms,    ``netem`` delay and jitter, where the kernel has it (``delay_supported()``)
-jitter_ms)``
+``delay(node, ms,    every packet held ``ms`` +- ``jitter_ms`` by a userspace delay line
+jitter_ms)``         (``workers.runtime.delayline``: a TAP the packets are redirected to)
 ``heal(node)``       every fault of that node is removed (``heal(node, "loss")`` just one kind)
 ===================  ==========================================================================
 
 The drop class is an HTB leaf whose queue is a ``pfifo`` of length 0: everything classified into it
 is dropped on enqueue. Nothing here needs iptables or nftables (not installed on our machines), or
-netem for anything but ``delay`` (``CONFIG_NET_SCH_NETEM`` is off in the kernel our CI runs on:
-``delay`` raises :class:`NetFaultUnsupported` there, naming the missing option).
+netem (``CONFIG_NET_SCH_NETEM`` is off in the kernel our CI runs on, and so are fq and etf, which an
+EDT program would need): ``delay`` redirects each end's packets (a cBPF filter on the mark, with
+``action mirred``) to a TAP read by a delay line process per end, which sends them back out marked,
+through the rest of the link's faults. It needs ``/dev/net/tun``; without it ``delay`` raises
+:class:`NetFaultUnsupported`. The delay line processes are children of the process that made the
+fault and die with it.
 
 The state of every node's faults is kept here and each change re-renders that node's queueing
 discipline from scratch, so faults combine (a slow *and* lossy link) and heal independently.
@@ -27,7 +31,9 @@ discipline from scratch, so faults combine (a slow *and* lossy link) and heal in
 from __future__ import annotations
 
 import ipaddress
+import os
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,10 +41,11 @@ NET_FAULT_KINDS: tuple[str, ...] = ("partition", "rate", "loss", "delay")
 LINE_RATE = "10gbit"  # the pass-through class when no cap is set
 QUEUE_PACKETS = 100  # the link's queue: at 1 Mbit/s about 1.2 s of delay when full
 SKF_AD_RANDOM = 0xFFFFF000 + 56  # classic BPF ancillary load: a random u32
+SKF_AD_MARK = 0xFFFFF000 + 20  # classic BPF ancillary load: skb->mark
 
 
 class NetFaultUnsupported(RuntimeError):
-    """The kernel lacks what this fault needs (e.g. netem for delay)."""
+    """The kernel lacks what this fault needs (``/dev/net/tun`` for delay)."""
 
 
 class NodeLink(Protocol):
@@ -64,21 +71,13 @@ def _tc(netns: str | None, *args: str, check: bool = True) -> subprocess.Complet
     return _run([*base, *args], check=check)
 
 
-_netem: bool | None = None
-
-
 def delay_supported() -> bool:
-    """Whether the kernel has the netem qdisc (probed once on a throwaway veth pair)."""
-    global _netem
-    if _netem is None:
-        a, b = "oxnetemprobe0", "oxnetemprobe1"
-        _run(["ip", "link", "add", a, "type", "veth", "peer", "name", b], check=False)
-        try:
-            _netem = _tc(None, "qdisc", "add", "dev", a, "root", "netem", "delay", "1ms",
-                         check=False).returncode == 0
-        finally:
-            _run(["ip", "link", "del", a], check=False)
-    return _netem
+    """Whether delay lines can be made here (``/dev/net/tun`` opens)."""
+    try:
+        os.close(os.open("/dev/net/tun", os.O_RDWR))
+    except OSError:
+        return False
+    return True
 
 
 @dataclass
@@ -98,6 +97,17 @@ class LinkFaults:
     def to_dict(self) -> dict[str, Any]:
         return {"down": self.down, "drop_peers": sorted(self.drop_peers), "rate_mbit": self.rate_mbit,
                 "loss_pct": self.loss_pct, "delay_ms": self.delay_ms, "jitter_ms": self.jitter_ms}
+
+
+def _unmarked_bytecode() -> str:
+    """cBPF: match every packet whose mark is not the delay line's (those it sent back are done)."""
+    from workers.runtime.delayline import MARK
+
+    prog = [(0x20, 0, 0, SKF_AD_MARK),  # ld [mark]
+            (0x15, 0, 1, MARK),  # jeq MARK -> no match
+            (0x06, 0, 0, 0),  # ret 0: no match
+            (0x06, 0, 0, 0xFFFFFFFF)]  # ret -1: match
+    return f"{len(prog)}," + ",".join(" ".join(str(x) for x in ins) for ins in prog)
 
 
 def _loss_bytecode(pct: float) -> str:
@@ -120,6 +130,7 @@ class NetFaults:
         self.cluster = cluster
         self.state: dict[str, LinkFaults] = {}
         self.log: list[dict[str, Any]] = []
+        self.lines: dict[str, list[subprocess.Popen[str]]] = {}  # node -> its delay line processes
 
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> NetFaults:
@@ -171,15 +182,17 @@ class NetFaults:
         self._note("loss", n, pct=pct)
 
     def delay(self, node: str, ms: float, jitter_ms: float = 0.0) -> None:
-        """Add ``ms`` (+- ``jitter_ms``) latency each way (netem; refused where the kernel lacks it)."""
+        """Add ``ms`` (+- ``jitter_ms``) latency each way: a delay line at each end of the link (refused
+        without /dev/net/tun)."""
         if ms <= 0 or jitter_ms < 0:
             raise ValueError("delay: ms must be > 0 and jitter_ms >= 0")
         if not delay_supported():
-            raise NetFaultUnsupported("delay needs the netem qdisc, which this kernel lacks "
-                                      "(CONFIG_NET_SCH_NETEM is not set)")
+            raise NetFaultUnsupported("delay needs /dev/net/tun (CONFIG_TUN) for its delay line")
         n = self.cluster.node(node)
         st = self.state.setdefault(n.name, LinkFaults())
         st.delay_ms, st.jitter_ms = float(ms), float(jitter_ms)
+        self._stop_lines(n.name)
+        self._start_lines(n, st)
         self._render(n, st)
         self._note("delay", n, ms=ms, jitter_ms=jitter_ms)
 
@@ -199,14 +212,52 @@ class NetFaults:
         if kind in (None, "delay"):
             st.delay_ms = st.jitter_ms = 0.0
         self._render(n, st)
+        if not st.delay_ms:
+            self._stop_lines(n.name)
         self._note("heal", n, what=kind or "all")
 
     def heal_all(self) -> None:
         for name in list(self.state):
             self.heal(name)
 
+    def close(self) -> None:
+        """Stop every delay line (the links may be gone already: nothing else is touched)."""
+        for name in list(self.lines):
+            self._stop_lines(name)
+
     def faults(self) -> dict[str, dict[str, Any]]:
         return {k: v.to_dict() for k, v in self.state.items()}
+
+    # ------------------------------------------------------------------ delay lines
+    @staticmethod
+    def tap_name(n: Any) -> str:
+        """The TAP of ``n``'s delay lines (the same name at both ends: each end has its namespace)."""
+        return "oxd" + str(n.veth).removeprefix("oxv")
+
+    def _start_lines(self, n: Any, st: LinkFaults) -> None:
+        args = ["-m", "workers.runtime.delayline"]
+        procs = []
+        for netns, dev in ((None, n.veth), (n.netns, "eth0")):
+            cmd = [sys.executable, *args, dev, self.tap_name(n), f"{st.delay_ms:g}", f"{st.jitter_ms:g}"]
+            if netns:
+                cmd = ["ip", "netns", "exec", netns, *cmd]
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            procs.append(proc)
+            self.lines[n.name] = procs
+            line = proc.stdout.readline().strip() if proc.stdout else ""
+            if line != "ready":
+                err = proc.stderr.read()[-2000:] if proc.stderr and proc.poll() is not None else ""
+                self._stop_lines(n.name)
+                raise RuntimeError(f"delay line on {dev} of {n.name} did not start: {line!r} {err}")
+
+    def _stop_lines(self, name: str) -> None:
+        for proc in self.lines.pop(name, []):
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
 
     # ------------------------------------------------------------------ tc
     def _note(self, kind: str, n: Any, **kw: Any) -> None:
@@ -227,18 +278,18 @@ class NetFaults:
                 "ceil", rate, "burst", burst, "cburst", burst)
             _tc(netns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:99", "htb", "rate", "8kbit")
             _tc(netns, "qdisc", "add", "dev", dev, "parent", "1:99", "handle", "99:", "pfifo", "limit", "0")
-            if st.delay_ms:
-                spec = ["delay", f"{st.delay_ms:g}ms"] + ([f"{st.jitter_ms:g}ms"] if st.jitter_ms else [])
-                _tc(netns, "qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:", "netem", *spec,
-                    "limit", str(QUEUE_PACKETS))
-            else:  # a switch-sized buffer, not the veth's 1000 packets (seconds of queue on a slow link)
-                _tc(netns, "qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:", "pfifo",
-                    "limit", str(QUEUE_PACKETS))
+            # a switch-sized buffer, not the veth's 1000 packets (seconds of queue on a slow link)
+            _tc(netns, "qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:", "pfifo",
+                "limit", str(QUEUE_PACKETS))
+            if st.delay_ms:  # first: unmarked packets to the delay line; what it sends back goes on below
+                _tc(netns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "all", "prio", "1", "bpf",
+                    "bytecode", _unmarked_bytecode(), "action", "mirred", "egress", "redirect", "dev",
+                    self.tap_name(n))
             for peer in sorted(st.drop_peers):
                 ipaddress.IPv4Address(peer)
                 match = "dst" if direction == "from" else "src"
-                _tc(netns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+                _tc(netns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "2", "u32",
                     "match", "ip", match, f"{peer}/32", "flowid", "1:99")
             if st.loss_pct:
-                _tc(netns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "all", "prio", "2", "bpf",
+                _tc(netns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "all", "prio", "3", "bpf",
                     "bytecode", _loss_bytecode(st.loss_pct), "flowid", "1:99")

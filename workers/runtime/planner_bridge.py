@@ -32,6 +32,7 @@ class ClusterChange:
     slow_nodes: dict[str, float] = field(default_factory=dict)
     added_nodes: list[dict[str, Any]] = field(default_factory=list)  # [{"id", "gpus", "speed"}]
     max_gpus: int | None = None  # the most GPUs the job may use afterwards (the scheduler's grant)
+    slow_links: list[str] = field(default_factory=list)  # nodes whose link is slow (not for the planner)
     reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -44,7 +45,13 @@ class ClusterChange:
             out["added_nodes"] = [dict(n) for n in self.added_nodes]
         if self.max_gpus is not None:
             out["max_gpus"] = int(self.max_gpus)
+        if self.slow_links:
+            out["slow_links"] = list(self.slow_links)
         return out
+
+    def for_planner(self) -> dict[str, Any]:
+        """``planner.replan``'s ``cluster_change`` (it has no notion of a node's link)."""
+        return {k: v for k, v in self.to_dict().items() if k != "slow_links"}
 
 
 def planner_spec(
@@ -99,6 +106,22 @@ def first_plan(job: JobSpec, nodes: Sequence[NodeCapacity], *, max_gpus: int | N
     return result.plans[0]
 
 
+def ranked_plans(job: JobSpec, nodes: Sequence[NodeCapacity], *, max_gpus: int | None = None,
+                 top_k: int = 10) -> list[Any]:
+    """The planner's best ``top_k`` plans for ``nodes`` (one per TP/PP/CP/DP shape, best first; no
+    layout hint: for re-plans)."""
+    import planner
+
+    spec = planner_spec(job, nodes, max_gpus=max_gpus)
+    try:
+        result = planner.plan(spec, top_k=top_k)
+    except ValueError as exc:
+        raise PlanningError(f"planner refused the spec: {exc}") from exc
+    if not result.plans:
+        raise PlanningError("no plan fits")
+    return list(result.plans)
+
+
 def replan(
     job: JobSpec,
     previous: Any,
@@ -116,7 +139,7 @@ def replan(
 
     spec = planner_spec(job, base_nodes, max_gpus=change.max_gpus, restart_s=restart_s, horizon_s=horizon_s)
     try:
-        return planner.replan(previous, checkpoint_layout, change.to_dict(), spec)
+        return planner.replan(previous, checkpoint_layout, change.for_planner(), spec)
     except ValueError as exc:
         raise PlanningError(f"planner refused the re-plan: {exc}") from exc
 
