@@ -141,16 +141,7 @@ class RankTrainer:
         if self.schedule is not None:
             if self.in_flight is not None:
                 self.in_flight.reset()
-            losses: list[torch.Tensor] = []
-            with self._autocast():
-                if self.coords.pp == 0:
-                    self.schedule.step(x)
-                elif self.coords.pp == self.layout.pp - 1:
-                    self.schedule.step(target=y, losses=losses)
-                else:
-                    self.schedule.step()
-            if losses:
-                loss_sum += sum(float(t.detach()) for t in losses) / len(losses)
+            loss_sum += self._run_pipeline(self.schedule.step, x, y)
         else:
             model = self.parts.modules[0]
             for xm, ym in zip(x.chunk(self.n_micro), y.chunk(self.n_micro), strict=True):
@@ -164,14 +155,7 @@ class RankTrainer:
             self.zero1.reduce_grads()
         elif self.layout.zero == 0:
             allreduce_grads(self.params, self.groups.dp_cp)
-        # loss: last stage -> all stages (sum over pp), then mean over dp*cp
-        loss_t = loss_sum.to(self.device if self.device.type == "cuda" else "cpu").reshape(1)
-        if self.layout.pp > 1:
-            dist.all_reduce(loss_t, group=self.groups.pp)
-        if dist.get_world_size(self.groups.dp_cp) > 1:
-            dist.all_reduce(loss_t, group=self.groups.dp_cp)
-            loss_t /= dist.get_world_size(self.groups.dp_cp)
-        return float(loss_t.item())
+        return self._global_loss(loss_sum)
 
     @torch.no_grad()
     def _sum_tied_grads(self) -> None:
@@ -193,21 +177,30 @@ class RankTrainer:
         x, y = self.local_inputs(batch)
         loss_sum = torch.zeros((), dtype=torch.float64)
         if self.schedule is not None:
-            losses: list[torch.Tensor] = []
-            with self._autocast():
-                if self.coords.pp == 0:
-                    self.schedule.eval(x)
-                elif self.coords.pp == self.layout.pp - 1:
-                    self.schedule.eval(target=y, losses=losses)
-                else:
-                    self.schedule.eval()
-            if losses:
-                loss_sum += sum(float(t) for t in losses) / len(losses)
+            loss_sum += self._run_pipeline(self.schedule.eval, x, y)
         else:
             model = self.parts.modules[0]
             for xm, ym in zip(x.chunk(self.n_micro), y.chunk(self.n_micro), strict=True):
                 with self._autocast():
                     loss_sum += float(self._loss_fn(model(xm), ym)) / self.n_micro
+        return self._global_loss(loss_sum)
+
+    def _run_pipeline(self, run: Any, x: torch.Tensor, y: torch.Tensor) -> float:
+        """One pass of the pipeline schedule (``schedule.step`` trains, ``schedule.eval`` only runs
+        forward): the mean micro-batch loss on the last stage, 0.0 on the others."""
+        losses: list[torch.Tensor] = []
+        with self._autocast():
+            if self.coords.pp == 0:
+                run(x)
+            elif self.coords.pp == self.layout.pp - 1:
+                run(target=y, losses=losses)
+            else:
+                run()
+        return sum(float(t.detach()) for t in losses) / len(losses) if losses else 0.0
+
+    def _global_loss(self, loss_sum: torch.Tensor) -> float:
+        """This rank's loss sum -> the step's loss, identical on every rank: the last stage's value
+        to all stages (sum over pp), then the mean over dp*cp."""
         loss_t = loss_sum.to(self.device if self.device.type == "cuda" else "cpu").reshape(1)
         if self.layout.pp > 1:
             dist.all_reduce(loss_t, group=self.groups.pp)
