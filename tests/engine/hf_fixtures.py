@@ -70,3 +70,17 @@ class NoBackward:
     def __exit__(self, *exc: object) -> None:
         torch.autograd.backward, torch.Tensor.backward = self._saved  # type: ignore[assignment]
         self._hook.remove()
+
+
+def train_then_eval_loss(trainer: Any, batch: torch.Tensor) -> tuple[float, float]:
+    """``batch``'s loss through the training path (``forward_backward``), then forward only
+    (``forward_loss``) under :class:`NoBackward`: no backward pass may run, no module under
+    autograd, and no gradient is left behind."""
+    loss = trainer.forward_backward(batch)
+    for p in trainer.params:
+        p.grad = None
+    with NoBackward() as nb:
+        evaluated = trainer.forward_loss(batch)
+    assert nb.forward_calls > 0 and nb.grad_calls == 0, nb.grad_calls
+    assert all(p.grad is None for p in trainer.params)
+    return loss, evaluated

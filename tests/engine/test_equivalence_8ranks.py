@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_harness import TINY, assert_equivalent, equivalence_inputs, run_equivalence
-from hf_fixtures import NoBackward, hf_window_loss, make_hf_llama
+from hf_fixtures import hf_window_loss, make_hf_llama, train_then_eval_loss
 
 from workers.engine.launch import run_ranks
 
@@ -54,12 +54,7 @@ def _hf_oracle(rank: int, world: int, cfg_dict: dict, batch: torch.Tensor) -> li
     for spec in HF_SPECS:
         trainer = RankTrainer(cfg, Layout.parse(spec).with_global_batch(cfg.global_batch), rank, world)
         try:
-            loss = trainer.forward_backward(batch)
-            for p in trainer.params:
-                p.grad = None
-            with NoBackward() as nb:
-                evaluated = trainer.forward_loss(batch)
-            assert nb.forward_calls > 0 and nb.grad_calls == 0, spec
+            loss, evaluated = train_then_eval_loss(trainer, batch)
             out.append((spec, loss, evaluated))
         finally:
             trainer.close()
