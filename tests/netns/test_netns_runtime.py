@@ -79,6 +79,21 @@ def _victim(job: Job, netns_ray: Any) -> tuple[str, str]:
     return node_id, netns_ray.node_name(node_id)
 
 
+def _finish_with_capped_victim(job: Job, netns_ray: Any, mbit: float) -> tuple[str, dict[str, Any]]:
+    """After step 2, cap the link of the node hosting the last rank to ``mbit`` Mbit/s until the job
+    ends (healed and stopped whatever happens); (that node's ray id, the job's result)."""
+    name = ""
+    try:
+        job.wait_step(2)
+        node_id, name = _victim(job, netns_ray)
+        netns_ray.faults.rate(name, mbit)
+        return node_id, job.finish()
+    finally:
+        if name:
+            netns_ray.faults.heal(name)
+        job.stop()
+
+
 def _no_step_lost(job: Job, res: dict[str, Any], total: int = STEPS) -> None:
     assert res["state"] == "SUCCEEDED", res
     steps = sorted({e["step"] for e in job.of("step")})
@@ -194,16 +209,8 @@ def test_slow_link_shows_as_a_link_straggler_and_is_replanned_around(netns_ray: 
     spec = _spec(tmp_path)
     spec["runtime"]["straggler_window"] = 3
     job = Job("nn-slow", spec)
-    name = ""
-    try:
-        job.wait_step(2)
-        node_id, name = _victim(job, netns_ray)
-        netns_ray.faults.rate(name, 1)  # 1 Mbit/s: the DP all-reduce crossing this link crawls
-        res = job.finish()
-    finally:
-        if name:
-            netns_ray.faults.heal(name)
-        job.stop()
+    # 1 Mbit/s: the DP all-reduce crossing this link crawls
+    node_id, res = _finish_with_capped_victim(job, netns_ray, 1)
     flagged = [e for e in job.of("straggler") if e["node"] == node_id]
     assert flagged and flagged[0]["cause"] == "link", job.of("straggler")
     assert job.of("replan") and job.of("replan")[0]["change"]["slow_nodes"], job.of("replan")
@@ -335,22 +342,13 @@ def test_slow_link_under_tp_moves_tp_inside_nodes_first(netns_ray: Any, tmp_path
     spec["layout_hint"] = "tp=4"
     spec["runtime"]["straggler_window"] = 3
     job = Job("nn-tplink", spec)
-    name = ""
-    try:
-        job.wait_step(2)
-        node_id, name = _victim(job, netns_ray)
-        netns_ray.faults.rate(name, 2)
-        res = job.finish()
-    finally:
-        if name:
-            netns_ray.faults.heal(name)
-        job.stop()
+    node_id, res = _finish_with_capped_victim(job, netns_ray, 2)
     # found by heartbeats (link) or by busy time (compute: the TP all-reduces crossing the capped
     # link are part of a rank's busy time); either way TP moves first
     flagged = [e for e in job.of("straggler") if e["node"] == node_id]
     assert flagged, job.of("straggler")
     first = next(e for e in job.of("replan") if e["seq"] > flagged[0]["seq"])
-    print(f"causes {[e['cause'] for e in flagged]}; tp4 with {name}'s link at 2 Mbit/s: re-plans {[(e['old_short'], e['new_short'], e['change']) for e in job.of('replan')]}")
+    print(f"causes {[e['cause'] for e in flagged]}; tp4 with node {node_id[:8]}'s link at 2 Mbit/s: re-plans {[(e['old_short'], e['new_short'], e['change']) for e in job.of('replan')]}")
     assert first["change"].get("slow_links") == [node_id] and first["old"]["tp"] == 4, first
     assert first["new"]["tp"] * first["new"]["cp"] <= 2 and node_id in first["nodes"], first
     _no_step_lost(job, res, steps)
