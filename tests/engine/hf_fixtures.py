@@ -84,3 +84,18 @@ def train_then_eval_loss(trainer: Any, batch: torch.Tensor) -> tuple[float, floa
     assert nb.forward_calls > 0 and nb.grad_calls == 0, nb.grad_calls
     assert all(p.grad is None for p in trainer.params)
     return loss, evaluated
+
+
+def oracle_case(out: Path, text: Path, seed: int, seq: int, windows: int = 8) -> tuple[dict, torch.Tensor, float]:
+    """An oracle case: a random untied ``LlamaForCausalLM`` saved under ``out``, ``windows`` real-text
+    windows of ``seq + 1`` bytes of ``text``, and transformers' loss on them. Returns the
+    ``TrainConfig`` (as a dict) that imports the model, the batch and that loss."""
+    from workers.engine.config import TrainConfig
+    from workers.engine.hf import model_config_from_hf, read_hf_config
+
+    hf = make_hf_llama(out, tied=False, seed=seed)
+    data = torch.tensor(list(text.read_bytes()), dtype=torch.long)
+    batch = torch.stack([data[i * seq:i * seq + seq + 1] for i in range(windows)])
+    cfg = TrainConfig(model=model_config_from_hf(read_hf_config(hf), seq, name="hf"), steps=1,
+                      global_batch=windows, init_hf=str(hf))
+    return cfg.to_dict(), batch, hf_window_loss(hf, batch)

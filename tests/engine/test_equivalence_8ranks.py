@@ -2,11 +2,10 @@
 with every schedule, ZeRO stage and CP method, equal the single process.
 
 The same spawned group also checks ``transformers``' Llama as an outside oracle on the 8-rank
-layouts (the 4D part of tests/engine/test_hf_oracle.py): a random ``LlamaForCausalLM`` imported
+layouts (the multi-dimensional part of tests/engine/test_hf_oracle.py): a random ``LlamaForCausalLM`` imported
 under ``HF_SPECS`` gives transformers' loss on the same windows to 1e-4 relative, in training
-(forward/backward) and in evaluation (forward only, no backward pass). A layout with all four
-dimensions > 1 needs 16 ranks, too many processes for this 2-core CI box: on 8 ranks every layout
-leaves one dimension at 1, and together they cover tp, pp, cp and dp (as the equivalence specs do)."""
+(forward/backward) and in evaluation (forward only, no backward pass). On 8 ranks every layout
+leaves one dimension at 1; the layout with all four > 1 (16 ranks) is ``test_hf_oracle_4d.py``."""
 
 import dataclasses
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_harness import TINY, assert_equivalent, equivalence_inputs, run_equivalence
-from hf_fixtures import hf_window_loss, make_hf_llama, train_then_eval_loss
+from hf_fixtures import oracle_case, train_then_eval_loss
 
 from workers.engine.launch import run_ranks
 
@@ -69,16 +68,8 @@ def _body(rank: int, world: int, specs: list[str], inputs: tuple, hf: tuple[dict
 @pytest.mark.engine
 @pytest.mark.slow
 def test_eight_rank_layouts_match_single_process(tmp_path: Path) -> None:
-    from workers.engine.config import TrainConfig
-    from workers.engine.hf import model_config_from_hf, read_hf_config
-
-    hf = make_hf_llama(tmp_path / "hf", tied=False, seed=3)
-    data = torch.tensor(list(Path(__file__).read_bytes()), dtype=torch.long)
-    batch = torch.stack([data[i * HF_SEQ:i * HF_SEQ + HF_SEQ + 1] for i in range(8)])  # real text windows
-    expected = hf_window_loss(hf, batch)
-    cfg = TrainConfig(model=model_config_from_hf(read_hf_config(hf), HF_SEQ, name="hf"), steps=1, global_batch=8,
-                      init_hf=str(hf))
-    results = run_ranks(_body, 8, SPECS, equivalence_inputs(TINY8), (cfg.to_dict(), batch), timeout_s=1800)
+    cfg, batch, expected = oracle_case(tmp_path / "hf", Path(__file__), seed=3, seq=HF_SEQ)  # real text windows
+    results = run_ranks(_body, 8, SPECS, equivalence_inputs(TINY8), (cfg, batch), timeout_s=1800)
     assert_equivalent([r["equivalence"] for r in results])
     rows = results[0]["hf"]
     assert [r[0] for r in rows] == HF_SPECS
