@@ -7,9 +7,11 @@ The planner (``planner.plan``) is imported lazily. Its ``SpecError.field`` (``mo
 configured GPU profile (``engine_only``: layouts the engine runs) and caches answers per spec. It
 never fails open: when the planner is busy, exceeds its time budget or breaks, the submission is
 refused with :class:`PlannerUnavailable` (503 with ``Retry-After``), never accepted unchecked. At
-most two searches run at once; a dry run finding both busy answers 503, one overrunning its budget
-422 (``max_gpus``: the range is too large to plan within ``dryrun_timeout_s``). Callers hold no
-database transaction while a search runs.
+most two searches run at once. Concurrent submissions of the same planner spec share one search
+(single flight); a submission waits up to ``plan_timeout_s`` for a free slot before it is refused
+as busy, while a dry run finding both slots busy is shed at once (429), and one overrunning its
+budget is 422 (``max_gpus``: the range is too large to plan within ``dryrun_timeout_s``). Callers
+hold no database transaction while a search runs.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ _SLOTS = threading.BoundedSemaphore(_WORKERS)
 _CACHE: OrderedDict[str, FitResult] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 2048
+#: fit checks in flight, by planner spec: a concurrent identical submission waits for the leader's answer
+_INFLIGHT: dict[str, concurrent.futures.Future[FitResult]] = {}
+#: how long a dry run waits for a planner slot before it is shed
+_DRYRUN_SLOT_WAIT_S = 0.05
 
 # planner field -> where it sits in the job spec
 _FIELD_MAP = {
@@ -133,16 +139,16 @@ def _run_plan(pspec: dict[str, Any], top_k: int) -> Any:
     return planner.plan(pspec, top_k=top_k)
 
 
-def _plan(pspec: dict[str, Any], top_k: int, timeout_s: float) -> Any:
+def _plan(pspec: dict[str, Any], top_k: int, timeout_s: float, slot_wait_s: float) -> Any:
     """``planner.plan`` with a time budget and a bounded number of searches in flight.
 
     Raises :class:`PlannerRefused` for the spec's field errors, :class:`PlannerBusy` when every
-    slot is taken, :class:`PlannerTimeout` when the budget runs out (the search finishes in the
-    background and then frees its slot)."""
+    slot stays taken for ``slot_wait_s``, :class:`PlannerTimeout` when the budget runs out (the
+    search finishes in the background and then frees its slot)."""
     from planner.layout import LayoutError
     from planner.spec import SpecError
 
-    if not _SLOTS.acquire(timeout=0.05):
+    if not _SLOTS.acquire(timeout=slot_wait_s):
         raise PlannerBusy("the planner is busy")
     try:
         future = _POOL.submit(_run_plan, pspec, top_k)
@@ -160,6 +166,25 @@ def _plan(pspec: dict[str, Any], top_k: int, timeout_s: float) -> Any:
         raise PlannerTimeout(f"the planner did not finish within {timeout_s:g} s") from None
 
 
+def _search_fit(spec: JobSpec, api: ApiSettings, pspec: dict[str, Any],
+                model: dict[str, Any] | None) -> FitResult:
+    """The fit check's search (no cache): the largest count first, then the whole range."""
+    try:
+        # the largest count first: one size is cheap and usually fits; then the whole range
+        result = _plan(planner_spec(spec, api, spec.max_gpus, model), 1, api.plan_timeout_s, api.plan_timeout_s)
+        if not result.plans and spec.min_gpus < spec.max_gpus:
+            result = _plan(pspec, 1, api.plan_timeout_s, api.plan_timeout_s)
+        return FitResult(True) if result.plans else FitResult(False, ("max_gpus",), _summary(result, spec, api))
+    except PlannerRefused as exc:
+        return FitResult(False, exc.loc, exc.msg)
+    except PlannerUnavailable as exc:
+        log.warning("fit check could not run; refusing the job for now", extra={"why": str(exc)})
+        raise
+    except Exception as exc:  # a planner bug refuses (503), it never lets an unchecked job in
+        log.exception("fit check failed; refusing the job for now")
+        raise PlannerUnavailable("the planner failed; retry later") from exc
+
+
 def check_fit(spec: JobSpec, api: ApiSettings, before_planning: Callable[[], None] | None = None,
               model: dict[str, Any] | None = None) -> None:
     """Raise :class:`PlannerRefused` when no GPU count in ``min..max`` has a plan for ``spec``.
@@ -174,32 +199,48 @@ def check_fit(spec: JobSpec, api: ApiSettings, before_planning: Callable[[], Non
     if hit is None:
         if before_planning is not None:
             before_planning()
-        try:
-            # the largest count first: one size is cheap and usually fits; then the whole range
-            result = _plan(planner_spec(spec, api, spec.max_gpus, model), 1, api.plan_timeout_s)
-            if not result.plans and spec.min_gpus < spec.max_gpus:
-                result = _plan(pspec, 1, api.plan_timeout_s)
-            hit = FitResult(True) if result.plans else FitResult(False, ("max_gpus",), _summary(result, spec, api))
-        except PlannerRefused as exc:
-            hit = FitResult(False, exc.loc, exc.msg)
-        except PlannerUnavailable as exc:
-            log.warning("fit check could not run; refusing the job for now", extra={"why": str(exc)})
-            raise
-        except Exception as exc:  # a planner bug refuses (503), it never lets an unchecked job in
-            log.exception("fit check failed; refusing the job for now")
-            raise PlannerUnavailable("the planner failed; retry later") from exc
-        with _CACHE_LOCK:
-            _CACHE[key] = hit
-            while len(_CACHE) > _CACHE_SIZE:
-                _CACHE.popitem(last=False)
+        hit = _fit_once(key, spec, api, pspec, model)
     if not hit.ok:
         raise PlannerRefused(hit.loc, hit.msg)
+
+
+def _fit_once(key: str, spec: JobSpec, api: ApiSettings, pspec: dict[str, Any],
+              model: dict[str, Any] | None) -> FitResult:
+    """The fit answer for ``key``, searched once however many submissions ask at the same time."""
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            return hit
+        running = _INFLIGHT.get(key)
+        leader = None
+        if running is None:
+            leader = _INFLIGHT[key] = concurrent.futures.Future()
+    if leader is None:
+        try:  # the leader's two searches, each within its budget, plus a wait for a slot each
+            return running.result(timeout=4 * api.plan_timeout_s + 1)
+        except concurrent.futures.TimeoutError:
+            raise PlannerTimeout("the planner did not finish in time") from None
+    hit = None
+    try:
+        hit = _search_fit(spec, api, pspec, model)
+    except BaseException as exc:
+        leader.set_exception(exc)
+        raise
+    finally:
+        with _CACHE_LOCK:
+            _INFLIGHT.pop(key, None)
+            if hit is not None:
+                _CACHE[key] = hit
+                while len(_CACHE) > _CACHE_SIZE:
+                    _CACHE.popitem(last=False)
+    leader.set_result(hit)
+    return hit
 
 
 def dry_run(spec: JobSpec, api: ApiSettings, top_k: int, model: dict[str, Any] | None = None) -> PlanOut:
     """``POST /v1/plans``: the ranked plans for ``spec`` (any GPU count in min..max)."""
     try:
-        result = _plan(planner_spec(spec, api, model=model), top_k, api.dryrun_timeout_s)
+        result = _plan(planner_spec(spec, api, model=model), top_k, api.dryrun_timeout_s, _DRYRUN_SLOT_WAIT_S)
     except PlannerTimeout as exc:
         raise PlannerRefused(("max_gpus",), f"{exc}; narrow min_gpus..max_gpus or give layout_hint") from None
     d = result.to_dict()

@@ -118,7 +118,14 @@ def test_rest_to_recovery_to_success_with_two_tenants(ray_cluster, empty_db_url:
         answers: dict[str, httpx.Response] = {}
 
         def submit(client: httpx.Client, body: dict[str, Any], key: str) -> None:
-            answers[key] = client.post("/v1/jobs", json=body, headers={"Idempotency-Key": key})
+            # as the CLI does: a 503 (planner over its budget on a loaded box) is retried after
+            # Retry-After with the same Idempotency-Key; identical concurrent specs share one search
+            for _ in range(10):
+                r = client.post("/v1/jobs", json=body, headers={"Idempotency-Key": key})
+                if r.status_code != 503:
+                    break
+                time.sleep(float(r.headers["Retry-After"]))
+            answers[key] = r
 
         threads = [threading.Thread(target=submit, args=b) for b in bodies]
         for t in threads:

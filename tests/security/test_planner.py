@@ -104,3 +104,46 @@ def test_plans_and_refusals_count_toward_the_rate(client: TestClient) -> None:
     t0 = time.monotonic()
     assert client.post("/v1/jobs", json=job_body(name="calm"), headers=b).status_code == 201
     assert time.monotonic() - t0 >= 0
+
+
+def test_concurrent_identical_submissions_share_one_search_and_wait_for_a_slot(
+        client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three tenants' identical specs at once (the e2e test's start) are one search, not a 503; a
+    submission that finds both slots taken waits for one (within ``plan_timeout_s``)."""
+    from service.api.config import ApiSettings
+    from service.api.schemas import JobSpec
+
+    calls: list[int] = []
+    real = fit_check._run_plan
+
+    def slow(pspec: dict[str, Any], top_k: int) -> Any:
+        calls.append(1)
+        time.sleep(0.4)
+        return real(pspec, top_k)
+
+    monkeypatch.setattr(fit_check, "_run_plan", slow)
+    spec = JobSpec.model_validate(job_body(name="same", global_batch=88))
+    errors: list[BaseException] = []
+
+    def check() -> None:
+        try:
+            fit_check.check_fit(spec, ApiSettings())
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=check) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(calls) == 1, (errors, calls)
+
+    # both slots taken by other searches; they end 0.5 s later and the submission goes through
+    for _ in range(fit_check._WORKERS):
+        assert fit_check._SLOTS.acquire(timeout=5)
+    timer = threading.Timer(0.5, lambda: [fit_check._SLOTS.release() for _ in range(fit_check._WORKERS)])
+    timer.start()
+    _, a = make_tenant(client, "planner-wait", submit_per_minute=1000)
+    r = client.post("/v1/jobs", json=job_body(name="waits", global_batch=72), headers=a)
+    timer.join()
+    assert r.status_code == 201, r.text
