@@ -13,7 +13,8 @@ import sqlalchemy as sa
 
 from service.db.models import ApiToken, utcnow
 from service.db.session import make_engine, make_sessionmaker
-from tests.browser.conftest import Stack, shot, sign_in
+from tests.browser.conftest import shot, sign_in
+from tests.fixtures.demo_stack import DemoStack
 
 # the first test also waits for the demo (its session fixture), which takes minutes on a loaded machine
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -21,15 +22,15 @@ pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.e2e, pytest.
 LONG = 420_000  # ms: a job on a loaded 2-core machine can take minutes to start and step
 
 
-def research(demo: Stack) -> dict[str, Any]:
+def research(demo: DemoStack) -> dict[str, Any]:
     return demo.tenants["research"]
 
 
-def product(demo: Stack) -> dict[str, Any]:
+def product(demo: DemoStack) -> dict[str, Any]:
     return demo.tenants["product"]
 
 
-def test_sign_in_with_a_bad_and_a_good_token(page, demo: Stack) -> None:
+def test_sign_in_with_a_bad_and_a_good_token(page, demo: DemoStack) -> None:
     page.goto(demo.ui)
     page.get_by_test_id("token-input").fill("opx_notatoken_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx")
     page.get_by_test_id("login").click()
@@ -48,7 +49,7 @@ def test_sign_in_with_a_bad_and_a_good_token(page, demo: Stack) -> None:
     assert page.evaluate("localStorage.length") == 0
 
 
-def test_a_tenant_sees_only_its_own_jobs(page, demo: Stack) -> None:
+def test_a_tenant_sees_only_its_own_jobs(page, demo: DemoStack) -> None:
     sign_in(page, demo, product(demo)["token"])
     page.get_by_test_id("job-row").first.wait_for()
     shown = {int(r.get_attribute("data-job-id")) for r in page.get_by_test_id("job-row").all()}
@@ -64,7 +65,7 @@ def test_a_tenant_sees_only_its_own_jobs(page, demo: Stack) -> None:
     assert "admin" in page.get_by_test_id("message").inner_text()
 
 
-def test_job_page_after_a_recovery(page, demo: Stack) -> None:
+def test_job_page_after_a_recovery(page, demo: DemoStack) -> None:
     job_id = research(demo)["job_ids"][0]
     token = research(demo)["token"]
     with demo.client(token) as c:
@@ -108,7 +109,7 @@ def test_job_page_after_a_recovery(page, demo: Stack) -> None:
     shot(page, "job-after-recovery")
 
 
-def _submit(demo: Stack, token: str, **kw: Any) -> int:
+def _submit(demo: DemoStack, token: str, **kw: Any) -> int:
     body = {"name": f"b-{uuid.uuid4().hex[:6]}", "model": "tiny", "steps": 2000, "global_batch": 8,
             "min_gpus": 2, "max_gpus": 2, "lr": 3e-3, **kw}
     with demo.client(token) as c:
@@ -117,7 +118,7 @@ def _submit(demo: Stack, token: str, **kw: Any) -> int:
     return r.json()["id"]
 
 
-def test_live_update_and_cancel_of_a_running_job(page, demo: Stack) -> None:
+def test_live_update_and_cancel_of_a_running_job(page, demo: DemoStack) -> None:
     token = research(demo)["token"]
     job_id = _submit(demo, token)
     try:
@@ -150,7 +151,7 @@ def test_live_update_and_cancel_of_a_running_job(page, demo: Stack) -> None:
             c.post(f"/v1/jobs/{job_id}/cancel")
 
 
-def test_submit_with_plan_preview_and_a_field_error(page, demo: Stack) -> None:
+def test_submit_with_plan_preview_and_a_field_error(page, demo: DemoStack) -> None:
     token = product(demo)["token"]
     sign_in(page, demo, token)
     page.get_by_test_id("nav-submit").click()
@@ -183,7 +184,7 @@ def test_submit_with_plan_preview_and_a_field_error(page, demo: Stack) -> None:
             c.post(f"/v1/jobs/{job_id}/cancel")
 
 
-def test_admin_cluster_view(page, demo: Stack) -> None:
+def test_admin_cluster_view(page, demo: DemoStack) -> None:
     sign_in(page, demo, demo.admin_token)
     page.get_by_test_id("nav-cluster").click()
     page.wait_for_url("**/ui/cluster")
@@ -212,7 +213,7 @@ def test_admin_cluster_view(page, demo: Stack) -> None:
     shot(page, "cluster")
 
 
-def test_bad_input_never_breaks_the_page(page, demo: Stack) -> None:
+def test_bad_input_never_breaks_the_page(page, demo: DemoStack) -> None:
     token = research(demo)["token"]
     sign_in(page, demo, token)
     for path in ("jobs/999999999", "jobs/abc", "jobs/0"):
@@ -231,14 +232,14 @@ def test_bad_input_never_breaks_the_page(page, demo: Stack) -> None:
     page.get_by_test_id("conn-status").wait_for(state="hidden")
 
 
-def _new_token(demo: Stack, tenant: str) -> dict[str, Any]:
+def _new_token(demo: DemoStack, tenant: str) -> dict[str, Any]:
     with demo.client() as c:
         r = c.post(f"/v1/tenants/{demo.tenant_id(tenant)}/tokens", json={"name": "ui-test"})
     assert r.status_code == 201, r.text
     return r.json()
 
 
-def test_a_revoked_or_expired_token_signs_out_with_a_message(page, demo: Stack) -> None:
+def test_a_revoked_or_expired_token_signs_out_with_a_message(page, demo: DemoStack) -> None:
     tok = _new_token(demo, "product")
     sign_in(page, demo, tok["token"])
     page.get_by_test_id("job-row").first.wait_for()
@@ -263,7 +264,7 @@ def test_a_revoked_or_expired_token_signs_out_with_a_message(page, demo: Stack) 
 
 
 @pytest.mark.parametrize("width,height,name", [(1280, 800, "desktop"), (390, 844, "phone")])
-def test_usable_at_desktop_and_phone_width(browser, demo: Stack, width: int, height: int, name: str) -> None:
+def test_usable_at_desktop_and_phone_width(browser, demo: DemoStack, width: int, height: int, name: str) -> None:
     ctx = browser.new_context(viewport={"width": width, "height": height})
     page = ctx.new_page()
     try:
@@ -282,7 +283,7 @@ def test_usable_at_desktop_and_phone_width(browser, demo: Stack, width: int, hei
         ctx.close()
 
 
-def test_keyboard_only_and_labels(page, demo: Stack) -> None:
+def test_keyboard_only_and_labels(page, demo: DemoStack) -> None:
     page.goto(demo.ui)
     field = page.get_by_label("API token")
     field.wait_for()
