@@ -321,7 +321,7 @@ def test_partition_from_one_peer_is_routed_around(netns_ray: Any, tmp_path: Path
     assert resumed["cause"] == "node_lost"
     first_fail = min((e for k in FAILURES for e in job.of(k)), key=lambda e: e["seq"])
     print(f"peer partition {last} x {first}: first failure {first_fail['type']} +{first_fail['ts'] - t_fault:.1f}s "
-          f"({first_fail.get('reason', '')[:100]}); peer_unreachable +{peer[0]['ts'] - t_fault:.1f}s "
+          f"({first_fail.get('reason', '').partition('(after: ')[2][:160]}); peer_unreachable +{peer[0]['ts'] - t_fault:.1f}s "
           f"(probe {peer[0]['probe_s']}s); node_lost +{lost['ts'] - t_fault:.1f}s; re-plan "
           f"+{replan['ts'] - t_fault:.1f}s ({replan['new_short']} on {[n[:8] for n in replan['nodes']]}); "
           f"resumed +{resumed['ts'] - t_fault:.1f}s from step {resumed['from_step']}; "
