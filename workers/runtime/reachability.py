@@ -143,7 +143,7 @@ def judge(matrix: Matrix, rank_nodes: Sequence[str], seconds: float = 0.0,
 
 
 #: what the state machine calls: the gang's rank -> node list in, a verdict (or None: nothing probed) out
-PeerProbe = Callable[[Sequence[str]], "Verdict | None"]
+PeerProbe = Callable[[Sequence[str]], Verdict | None]
 
 
 class RayPeerProbe:
