@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.netns.probes import wait_until
+from workers.runtime.reachability import RayPeerProbe
 
 pytestmark = [pytest.mark.cluster]
 
@@ -301,6 +302,8 @@ def test_partition_from_one_peer_is_routed_around(netns_ray: Any, tmp_path: Path
         mapped = job.of("ranks_mapped")[-1]["rank_to_node"]
         first, last = netns_ray.node_name(mapped[0]), netns_ray.node_name(mapped[-1])
         assert first != last
+        healthy = RayPeerProbe()(mapped)  # no cut yet: every pair connects, nobody is left out
+        assert healthy is not None and not healthy.cut and not healthy.exclude and not healthy.unanswered, healthy
         t_fault = time.time()
         netns_ray.faults.partition(last, peers=[first])
         cut = last
