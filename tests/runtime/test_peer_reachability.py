@@ -15,9 +15,11 @@ from workers.runtime import events as ev
 from workers.runtime import fencing
 from workers.runtime.events import EventLog
 from workers.runtime.faults import FaultInjector, FaultPlan, parse_faults
+from workers.runtime.gang import Gang, StartFailed
 from workers.runtime.jobspec import parse_job
 from workers.runtime.lifecycle import AttemptMachine, Phase
 from workers.runtime.reachability import Matrix, Verdict, connect_all, cut_pairs, judge, to_exclude
+from workers.runtime.watchdog import Failure
 
 from .memory_cluster import MemoryCluster
 
@@ -154,3 +156,31 @@ def test_a_failure_whose_probe_finds_every_pair_connected_is_unchanged(tmp_path:
     events = [ev.event_from_dict(e) for e in m.log.since(0)]
     assert not [e for e in events if isinstance(e, ev.PeerUnreachable | ev.NodeLost)]
     assert [e for e in events if isinstance(e, ev.Hang)]
+
+
+class CutCluster(MemoryCluster):
+    """An in-memory cluster where node1 and node2 cannot reach each other: a gang on both fails its
+    rendezvous (a rank raises a store timeout; no node is dead)."""
+
+    cut = ("node1", "node2")
+
+    def start_gang(self, plan: Any, reservation: Any, *, on_created: Any) -> Gang:
+        gang = super().start_gang(plan, reservation, on_created=on_created)
+        if set(self.cut) <= set(gang.rank_nodes):
+            ranks = tuple(r for r, n in enumerate(gang.rank_nodes) if n in self.cut)
+            raise StartFailed(Failure("rank_failed", "rendezvous: rank raised: store client timeout",
+                                      tuple(sorted(set(self.cut))), ranks, 0.0))
+        return gang
+
+
+def test_a_rendezvous_that_fails_across_a_cut_pair_leaves_one_node_out_and_starts_without_it(tmp_path: Path) -> None:
+    c = CutCluster.of(4, 4, 4)
+    m = _machine(tmp_path, c, [])
+    m.peer_probe = lambda rank_nodes: judge(
+        full(sorted(set(rank_nodes)), [c.cut] if set(c.cut) <= set(rank_nodes) else []), rank_nodes)
+    assert m.run() is Phase.FINISHED, m.error
+    events = [ev.event_from_dict(e) for e in m.log.since(0)]
+    (peer,) = [e for e in events if isinstance(e, ev.PeerUnreachable)]
+    assert len(peer.nodes) == 1 and peer.nodes[0] in c.cut and peer.pairs == [list(c.cut)]
+    started = [e for e in events if isinstance(e, ev.RanksMapped)]
+    assert not set(c.cut) <= set(started[-1].rank_to_node) and sorted(m.losses) == list(range(1, 9))
