@@ -184,3 +184,16 @@ def test_a_rendezvous_that_fails_across_a_cut_pair_leaves_one_node_out_and_start
     assert len(peer.nodes) == 1 and peer.nodes[0] in c.cut and peer.pairs == [list(c.cut)]
     started = [e for e in events if isinstance(e, ev.RanksMapped)]
     assert not set(c.cut) <= set(started[-1].rank_to_node) and sorted(m.losses) == list(range(1, 9))
+
+
+def test_a_probe_that_cannot_run_leaves_the_failure_as_it_was(tmp_path: Path) -> None:
+    c = MemoryCluster.of(4, 4, 4)
+    m = _machine(tmp_path, c, [{"kind": "hang_rank", "at_step": 3, "rank": -1}])
+
+    def broken(rank_nodes: Sequence[str]) -> Verdict:
+        raise RuntimeError("no worker could start")
+
+    m.peer_probe = broken
+    assert m.run() is Phase.FINISHED, m.error
+    events = [ev.event_from_dict(e) for e in m.log.since(0)]
+    assert [e for e in events if isinstance(e, ev.Hang)] and not [e for e in events if isinstance(e, ev.NodeLost)]

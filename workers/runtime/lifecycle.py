@@ -529,7 +529,10 @@ class AttemptMachine:
             return failure
         if len(set(rank_nodes)) < 2:
             return failure
-        verdict = self.peer_probe(rank_nodes)
+        try:
+            verdict = self.peer_probe(rank_nodes)
+        except Exception:  # a probe that cannot run leaves the failure as it was (restart as before)
+            return failure
         if verdict is None or not verdict.exclude:
             return failure
         ckpt_dir = self.job.train.get("checkpoint_dir")
