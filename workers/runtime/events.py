@@ -288,6 +288,19 @@ class NodeExcluded(Event):
     step: int
 
 
+@_register
+@dataclass(frozen=True, kw_only=True)
+class PeerUnreachable(Event):
+    """Some node pairs of the gang cannot connect while every node answers the head (a partition from
+    some peers only): ``nodes`` are left out (declared lost next), ``pairs`` the cut pairs."""
+
+    type: ClassVar[str] = "peer_unreachable"
+    nodes: list[str]
+    pairs: list[list[str]]
+    probe_s: float
+    step: int
+
+
 # ---------------------------------------------------------------------------------- resize / wait
 @_register
 @dataclass(frozen=True, kw_only=True)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.runtime import events as ev
-from workers.runtime import memsnap, planner_bridge
+from workers.runtime import fencing, memsnap, planner_bridge
 from workers.runtime.cadence import CheckpointCadence
 from workers.runtime.cluster_port import ClusterPort
 from workers.runtime.gang import Gang, StartFailed
@@ -38,6 +38,7 @@ from workers.runtime.job_plans import Keep, Replanner, SwitchTo, held_gpus
 from workers.runtime.job_tracking import JobTracking
 from workers.runtime.jobspec import JobSpec
 from workers.runtime.placement import Reservation
+from workers.runtime.reachability import PeerProbe
 from workers.runtime.straggler import LinkScorer, StragglerScorer, median
 from workers.runtime.watchdog import Failure, GatherResult, NodeDeaths
 from workers.states import AttemptState
@@ -150,6 +151,10 @@ class AttemptMachine:
         self._cycle: _Cycle | None = None
         self._run: _Run | None = None
         self.tracking = JobTracking(job.tracking, job.model, job.gpu_type, job.steps)
+        # after a failure without a dead node: which node pairs cannot connect (``reachability``);
+        # set by the supervisor (Ray), None in the in-memory tests
+        self.peer_probe: PeerProbe | None = None
+        self.cut_off: set[str] = set()  # nodes left out for a peer partition
 
     # ------------------------------------------------------------------ requests (from other threads)
     def request_resize(self, gpus: int, placement: dict[str, int] | None = None) -> dict[str, Any]:
@@ -406,7 +411,9 @@ class AttemptMachine:
         it came from."""
         choice = None
         if self.settings.snapshots:
-            choice = memsnap.choose(self.port.snapshots(), not_before=self.last_ckpt_step, not_after=self.next_step)
+            # no copy held on a node left out for a peer partition (it may be cut from the new gang)
+            held = {n: v for n, v in self.port.snapshots().items() if n not in self.cut_off}
+            choice = memsnap.choose(held, not_before=self.last_ckpt_step, not_after=self.next_step)
         res = self.port.restore(gang, choice, deadline_s=self.settings.start_timeout_s)
         if not res.ok:
             raise StartFailed(self.port.classify(res, gang, "restore"))
@@ -480,6 +487,7 @@ class AttemptMachine:
 
     def _record_failure(self, failure: Failure, since: float) -> Switch:
         """Record ``failure`` (events, excluded nodes); ``since``: when the failed call was launched."""
+        failure = self._peer_partition(failure)
         detected = time.time()
         change = planner_bridge.ClusterChange(reason=failure.reason)
         if failure.kind == "node_lost":
@@ -502,6 +510,41 @@ class AttemptMachine:
                     node=suspect, deaths=self.deaths.deaths[suspect], step=self.next_step))
         self.failures.append({**failure.to_dict(), "step": self.next_step, "ts": detected})
         return Switch("failure", failure=failure, change=change, detect_s=max(0.0, detected - since))
+
+    def _peer_partition(self, failure: Failure) -> Failure:
+        """A failure with no dead node (ranks raised, or hung): probe which node pairs of the gang can
+        connect; when some cannot while all answer the head, the nodes ``reachability.to_exclude``
+        picks are fenced at once (a new epoch) and the failure becomes ``node_lost`` for them, so the
+        re-plan leaves them out instead of restarting on the same nodes."""
+        if self.peer_probe is None or failure.kind not in ("rank_failed", "hang") or failure.died:
+            return failure
+        with self.lock:
+            gang = self.gang
+        cycle = self._cycle
+        if gang is not None:
+            rank_nodes = list(gang.rank_nodes)
+        elif cycle is not None and cycle.reservation is not None:
+            rank_nodes = list(cycle.reservation.bundle_nodes)
+        else:
+            return failure
+        if len(set(rank_nodes)) < 2:
+            return failure
+        try:
+            verdict = self.peer_probe(rank_nodes)
+        except Exception:  # a probe that cannot run leaves the failure as it was (restart as before)
+            return failure
+        if verdict is None or not verdict.exclude:
+            return failure
+        ckpt_dir = self.job.train.get("checkpoint_dir")
+        if ckpt_dir:  # the left-out node's ranks can neither save nor step from now on
+            fencing.advance(ckpt_dir, owner="peer_unreachable")
+        self.log.emit(ev.PeerUnreachable(reason=verdict.reason(), nodes=list(verdict.exclude),
+                                         pairs=[list(p) for p in verdict.cut], probe_s=round(verdict.seconds, 3),
+                                         step=self.next_step))
+        self.cut_off.update(verdict.exclude)
+        ranks = tuple(r for r, n in enumerate(rank_nodes) if n in verdict.exclude)
+        return Failure("node_lost", f"{verdict.reason()} (after: {failure.reason})", tuple(verdict.exclude), ranks,
+                       failure.detected_at)
 
     def _check_failure_budget(self) -> None:
         self.cadence.observe_failure()

@@ -22,6 +22,7 @@ from workers.runtime.events import EventLog
 from workers.runtime.faults import FaultInjector, FaultPlan, parse_faults
 from workers.runtime.jobspec import JobSpec, parse_job
 from workers.runtime.lifecycle import ENDS, AttemptMachine
+from workers.runtime.reachability import RayPeerProbe
 
 
 class JobSupervisor:
@@ -36,6 +37,7 @@ class JobSupervisor:
         if faults.pending:
             port = FaultInjector(RayCluster(self.job.train, self.settings), faults, self.log)
         self.machine = AttemptMachine(self.job, port, self.log, name=f"orthoplex-{self.job_id}-a{self.attempt}")
+        self.machine.peer_probe = RayPeerProbe()  # a partition from some peers only: leave a node out
         self._run_lock = threading.Lock()
         self._summary: dict[str, Any] | None = None
         self._started_at = time.time()
