@@ -18,7 +18,7 @@ from typing import Any
 from planner.layout import Layout
 
 PHASES = ("detect", "plan", "place", "start", "load", "first_step")
-FAILURES = ("node_lost", "rank_failed", "hang", "straggler", "node_excluded")
+FAILURES = ("node_lost", "rank_failed", "hang", "straggler", "node_excluded", "peer_unreachable")
 #: event types the page's timeline shows (``step`` events are the curve, not the timeline)
 MARKER_TYPES = ("plan", "replan", "resumed", "recovery", *FAILURES)
 

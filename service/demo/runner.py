@@ -41,7 +41,7 @@ from service.api.scrub import scrub_text
 from service.demo.report import JobReport, save_loss_png, terminal_loss_chart
 from workers.states import TERMINAL, JobState
 
-SHOWN_EVENTS = {"plan", "placed", "ranks_mapped", "checkpoint", "node_lost", "rank_failed", "hang", "straggler",
+SHOWN_EVENTS = {"plan", "placed", "ranks_mapped", "checkpoint", "node_lost", "rank_failed", "hang", "straggler", "peer_unreachable",
                 "replan", "resumed", "recovery", "finished", "failed", "cancelled", "preempted", "transition",
                 "attempt_started", "decision"}
 
@@ -388,7 +388,7 @@ class Demo:
             msg = f"[green]recovered[/] in [bold]{p.get('total_s')}s[/]: {parts}"
         elif etype == "resumed":
             msg = f"[green]resumed[/] from step {p.get('from_step')} on {p.get('short')} ({p.get('world_size')} ranks)"
-        elif etype in ("node_lost", "rank_failed", "hang", "straggler", "failed"):
+        elif etype in ("node_lost", "rank_failed", "hang", "straggler", "peer_unreachable", "failed"):
             msg = f"[red]{etype}[/]: {reason}"
         elif etype in ("transition", "attempt_started"):
             msg = f"state {p.get('from')} → [bold]{p.get('to')}[/]: {reason}"
