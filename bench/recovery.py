@@ -195,6 +195,7 @@ def _replan_run(tag: str, work: Path, *, steps: int, snapshots: bool, fault: boo
                     "from_step": resumed["from_step"], "steps_redone": resumed["steps_redone"],
                     "recovery_total_s": rec["total_s"], "phases": rec["phases"],
                     "warm_ranks": started[-1].get("warm_ranks", 0),
+                    "start_detail": {k: started[-1].get(k) for k in ("actors_s", "setup_s")},
                     "layouts": [e["short"] for e in events if e["type"] == "plan"] + [resumed["short"]]})
     return row
 
