@@ -27,6 +27,7 @@ viewed in place in the fetched bytes (``torch.frombuffer``) and copied into the 
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
@@ -89,8 +90,75 @@ class Loc:
 
 
 def _state(trainer: Any) -> ModelOptimizerState:
-    extra = {**trainer._trainer_state(), "rng": capture_rng_state()}
-    return ModelOptimizerState(trainer.parts.modules, trainer.optimizer, extra=extra)
+    """The trainer's checkpoint state (``app_state``: its optimizer-name aliases too) plus RNG states."""
+    state = trainer.app_state()
+    state.extra = {**state.extra, "rng": capture_rng_state()}
+    return state
+
+
+def _extra_json(trainer: Any) -> str:
+    """What ``ModelOptimizerState.state_dict()['extra']`` is for :func:`_state`'s state."""
+    return json.dumps({**trainer._trainer_state(), "rng": capture_rng_state()}, sort_keys=True)
+
+
+_WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def _clean(fqn: str) -> str:
+    for w in _WRAPPERS:
+        fqn = fqn.replace(w, "")
+    return fqn
+
+
+class _Sources:
+    """Where each item of a planned layout lives between snapshots, so a snapshot need not rebuild
+    the state dict: the tensors' local shards (parameters and optimizer state, updated in place by
+    the optimizer) and, for the non-tensor items, the optimizer param group or the trainer state.
+    :meth:`build` returns ``None`` when some item cannot be mapped (the snapshot then takes the slow
+    path every time); the mapping is checked against the state dict it was built from."""
+
+    def __init__(self, tensors: list[torch.Tensor], getters: list[tuple[str, Callable[[], Any]]]) -> None:
+        self.tensors = tensors
+        self.getters = getters
+
+    @classmethod
+    def build(cls, layout: _Layout, planner: DefaultSavePlanner, state: ModelOptimizerState,
+              trainer: Any) -> _Sources | None:
+        tensors = [planner.resolve_data(item) for item, _, _ in layout.tensors]
+        groups: dict[str, dict[str, Any]] = {}
+        for module, opt in state._pairs:
+            by_param = {id(p): g for g in opt.param_groups for p in g["params"]}
+            for fqn, p in module.named_parameters(remove_duplicate=False):
+                if id(p) in by_param:
+                    groups[_clean(fqn)] = by_param[id(p)]
+        for here, there in state.optim_aliases.items():
+            if here in groups:
+                groups[there] = groups[here]
+        getters: list[tuple[str, Callable[[], Any]]] = []
+        for item in layout.objects:
+            fqn = item.index.fqn
+            path = planner.mappings.get(fqn, ())
+            value = planner.lookup_object(item.index)
+            get: Callable[[], Any] | None = None
+            if tuple(path) == (APP_KEY, "extra"):
+                get = functools.partial(_extra_json, trainer)
+                if json.loads(get()).get("next_step") != json.loads(value).get("next_step"):
+                    get = None
+            elif len(path) == 3 and path[1] == "optim" and str(path[2]).startswith("param_groups."):
+                name, _, key = str(path[2])[len("param_groups."):].rpartition(".")
+                group = groups.get(name)
+                if group is not None and key in group and key != "params" and group[key] == value:
+                    get = functools.partial(dict.__getitem__, group, key)
+            if get is None:
+                log.info("snapshot item %s has no cheap source: every snapshot rebuilds the state dict", fqn)
+                return None
+            getters.append((fqn, get))
+        return cls(tensors, getters)
+
+    def stage(self, layout: _Layout, buf: torch.Tensor) -> bytes:
+        for src, (_, offset, n) in zip(self.tensors, layout.tensors, strict=True):
+            buf[offset:offset + n].copy_(src.detach().reshape(-1).view(torch.uint8))
+        return pickle.dumps({fqn: get() for fqn, get in self.getters}, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _signature(flat: Mapping[str, Any]) -> tuple:
@@ -163,7 +231,8 @@ class Snapshotter:
     the default group, on the training thread between two steps (every rank snapshots the same
     step); later ones are local copies. ``timeout_s`` is unused (no process group of its own)."""
 
-    def __init__(self, trainer: Any, push: Push, *, tag: str, timeout_s: float = 120.0) -> None:
+    def __init__(self, trainer: Any, push: Push, *, tag: str, timeout_s: float = 120.0,
+                 verify_every: int = 20) -> None:
         self.trainer = trainer
         self.push = push
         self.tag = tag
@@ -171,11 +240,14 @@ class Snapshotter:
         # no staging directory any more; kept so callers checking for leftovers find none
         self._shared = tmpfs_root() / f"orthoplex-snap-{tag}-unused"
         self._layout: _Layout | None = None
+        self._sources: _Sources | None = None
         self._buf: torch.Tensor | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orthoplex-snap")
         self._pending: Future | None = None
         self.stats: dict[str, float] = {"blocked_s": 0.0, "background_s": 0.0, "snapshots": 0, "bytes": 0,
-                                        "plans": 0}
+                                        "plans": 0, "full": 0}
+        self.verify_every = verify_every
+        self._count = 0
 
     def _plan(self, planner: DefaultSavePlanner, signature: tuple) -> _Layout:
         local = planner.create_local_plan()
@@ -193,15 +265,24 @@ class Snapshotter:
         self.wait()
         t0 = time.perf_counter()
         step = int(self.trainer.next_step)
-        planner = DefaultSavePlanner(dedup_save_to_lowest_rank=True)
-        planner.set_up_planner({APP_KEY: _state(self.trainer).state_dict()}, None, self.rank == 0)
-        sig = _signature(planner.state_dict)
-        if self._layout is None or self._layout.signature != sig:
-            self._layout = self._plan(planner, sig)
-            self._buf = torch.empty(self._layout.total, dtype=torch.uint8)
-        layout, buf = self._layout, self._buf
-        assert buf is not None
-        objects = stage(layout, planner, buf)
+        self._count += 1
+        if self._sources is not None and self._layout is not None and (self._count - 1) % self.verify_every:
+            layout, buf = self._layout, self._buf
+            assert buf is not None
+            objects = self._sources.stage(layout, buf)  # the cheap path: copies from known sources
+        else:  # the first snapshot, and every verify_every-th: the state dict, checked against the plan
+            state = _state(self.trainer)
+            planner = DefaultSavePlanner(dedup_save_to_lowest_rank=True)
+            planner.set_up_planner({APP_KEY: state.state_dict()}, None, self.rank == 0)
+            sig = _signature(planner.state_dict)
+            if self._layout is None or self._layout.signature != sig:
+                self._layout = self._plan(planner, sig)
+                self._buf = torch.empty(self._layout.total, dtype=torch.uint8)
+            layout, buf = self._layout, self._buf
+            assert buf is not None
+            objects = stage(layout, planner, buf)
+            self._sources = _Sources.build(layout, planner, state, self.trainer)
+            self.stats["full"] += 1
         self.stats["blocked_s"] += time.perf_counter() - t0
 
         def finish() -> int:
@@ -343,12 +424,15 @@ def load_snapshot(trainer: Any, files: Mapping[str, Any], *, fetch: Fetch = _fet
         raise ValueError("snapshot has no .metadata")
     t0 = time.perf_counter()
     head = pickle.loads(fetch({METADATA: files[METADATA]})[METADATA])
+    t_meta = time.perf_counter()
     if not isinstance(head, dict) or head.get("format") != FORMAT:
         raise ValueError(f"snapshot .metadata is not of format {FORMAT}")
     metadata = head["metadata"]
     reader = MemoryReader(metadata, files, fetch)
     state = _state(trainer)
+    t_state = time.perf_counter()
     dcp.load({APP_KEY: state}, storage_reader=reader, no_dist=True)
+    t_load = time.perf_counter()
     saved_batch = state.extra.get("global_batch", trainer.cfg.global_batch)
     if saved_batch != trainer.cfg.global_batch:
         raise ValueError(f"snapshot was written with global_batch {saved_batch}, this run has "
@@ -357,6 +441,7 @@ def load_snapshot(trainer: Any, files: Mapping[str, Any], *, fetch: Fetch = _fet
     if state.extra.get("rng"):
         restore_rng_state(state.extra["rng"])
     timings = {"fetched": reader.fetched, "of": sum(1 for n in files if n != METADATA), **reader.stats,
+               "metadata_s": round(t_meta - t0, 4), "dcp_load_s": round(t_load - t_state, 4),
                "total_s": round(time.perf_counter() - t0, 4)}
     log.info("snapshot loaded: %s", json.dumps(timings))
     trace = os.environ.get("ORTHOPLEX_SNAPSHOT_TRACE")
