@@ -8,6 +8,9 @@ the new node is killed too before step 7: with both memory copies gone, the job 
 newest checkpoint in storage. Each node keeps 2 pre-started rank actors: the re-planned gangs take
 them. Every step's loss (including the redone ones) matches the no-failure
 run to 1e-4; nothing leaks (the fixture checks: holders are freed at the end).
+
+A second, short test checks the restore's fetch: a holder hands out handles to a snapshot's files,
+and a rank on another node that fetches one brings only that one to its node.
 """
 
 from __future__ import annotations
