@@ -186,10 +186,12 @@ def _replan_run(tag: str, work: Path, *, steps: int, snapshots: bool, fault: boo
     row: dict[str, Any] = {"run": tag, "snapshots": snapshots, "losses": losses, "final_loss": result["final_loss"],
                            "step_walls": [e["wall_s"] for e in steps_ev],
                            "all_step_losses": [(e["step"], e["loss"]) for e in steps_ev]}
+    row["resumes"] = [(e["cause"], e["source"], e["from_step"]) for e in events if e["type"] == "resumed"]
     lost = next((e for e in events if e["type"] == "node_lost"), None)
-    resumed = next((e for e in events if e["type"] == "resumed"), None)
+    # the resume and recovery *after* the node loss (a loaded host can add an earlier one, e.g. a hang)
+    resumed = next((e for e in events if e["type"] == "resumed" and lost is not None and e["seq"] > lost["seq"]), None)
     if lost is not None and resumed is not None:
-        rec = next(e for e in events if e["type"] == "recovery")
+        rec = next(e for e in events if e["type"] == "recovery" and e["seq"] > resumed["seq"])
         started = [e for e in events if e["type"] == "started"]
         row.update({"node_lost_to_resumed_s": round(resumed["ts"] - lost["ts"], 3), "source": resumed["source"],
                     "from_step": resumed["from_step"], "steps_redone": resumed["steps_redone"],
