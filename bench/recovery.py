@@ -186,15 +186,18 @@ def _replan_run(tag: str, work: Path, *, steps: int, snapshots: bool, fault: boo
     row: dict[str, Any] = {"run": tag, "snapshots": snapshots, "losses": losses, "final_loss": result["final_loss"],
                            "step_walls": [e["wall_s"] for e in steps_ev],
                            "all_step_losses": [(e["step"], e["loss"]) for e in steps_ev]}
+    row["resumes"] = [(e["cause"], e["source"], e["from_step"]) for e in events if e["type"] == "resumed"]
     lost = next((e for e in events if e["type"] == "node_lost"), None)
-    resumed = next((e for e in events if e["type"] == "resumed"), None)
+    # the resume and recovery *after* the node loss (a loaded host can add an earlier one, e.g. a hang)
+    resumed = next((e for e in events if e["type"] == "resumed" and lost is not None and e["seq"] > lost["seq"]), None)
     if lost is not None and resumed is not None:
-        rec = next(e for e in events if e["type"] == "recovery")
+        rec = next(e for e in events if e["type"] == "recovery" and e["seq"] > resumed["seq"])
         started = [e for e in events if e["type"] == "started"]
         row.update({"node_lost_to_resumed_s": round(resumed["ts"] - lost["ts"], 3), "source": resumed["source"],
                     "from_step": resumed["from_step"], "steps_redone": resumed["steps_redone"],
                     "recovery_total_s": rec["total_s"], "phases": rec["phases"],
                     "warm_ranks": started[-1].get("warm_ranks", 0),
+                    "start_detail": {k: started[-1].get(k) for k in ("actors_s", "setup_s")},
                     "layouts": [e["short"] for e in events if e["type"] == "plan"] + [resumed["short"]]})
     return row
 
@@ -205,20 +208,54 @@ def _median(xs: list[float]) -> float:
     return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2
 
 
+def _restore_trace(path: Path) -> dict[str, Any]:
+    """What the ranks' snapshot restores did (``ORTHOPLEX_SNAPSHOT_TRACE`` lines, see ``snapshot``)."""
+    if not path.exists():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    path.unlink()
+    if not rows:
+        return {}
+    return {"ranks": len(rows), "files_fetched": sorted(len(r["fetched"]) for r in rows), "files_of": rows[0]["of"],
+            "mib_fetched_per_rank_max": round(max(r["bytes"] for r in rows) / 2**20, 2),
+            "fetch_s_max": round(max(r["fetch_s"] for r in rows), 3),
+            "read_s_max": round(max(r["read_s"] for r in rows), 3),
+            "load_s_max": round(max(r["total_s"] for r in rows), 3)}
+
+
 def _replan(quick: bool) -> dict[str, Any]:
+    """The four runs on one cluster; the overhead pair (off, on) ``RECOVERY_OVERHEAD_REPS`` times
+    (default 2: off, on before the fault runs, on, off after them)."""
     from workers.runtime.local_cluster import InProcessCluster
 
     steps = 20 if quick else RE_STEPS
+    reps = int(os.environ.get("RECOVERY_OVERHEAD_REPS", "2"))
     work = Path(tempfile.mkdtemp(prefix="orthoplex-bench-replan-"))
+    trace = work / "restores.jsonl"
+    os.environ["ORTHOPLEX_SNAPSHOT_TRACE"] = str(trace)  # inherited by the cluster's workers
     cluster = InProcessCluster(nodes=RE_NODES, gpus_per_node=RE_GPUS).start()
     runs: dict[str, dict[str, Any]] = {}
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    loads: list[float] = [os.getloadavg()[0]]
     try:
         runs["off"] = _replan_run("off", work, steps=steps, snapshots=False, fault=False, drop=False, warm=0)
         runs["on"] = _replan_run("on", work, steps=steps, snapshots=True, fault=False, drop=False, warm=0)
+        pairs.append((runs["off"], runs["on"]))
+        loads.append(os.getloadavg()[0])
         runs["memory"] = _replan_run("memory", work, steps=steps, snapshots=True, fault=True, drop=False, warm=4)
+        runs["memory"]["restore"] = _restore_trace(trace)
+        loads.append(os.getloadavg()[0])
         cluster.restore()
         runs["storage"] = _replan_run("storage", work, steps=steps, snapshots=True, fault=True, drop=True, warm=4)
+        loads.append(os.getloadavg()[0])
+        for i in range(1, reps):
+            cluster.restore()
+            on = _replan_run(f"on{i + 1}", work, steps=steps, snapshots=True, fault=False, drop=False, warm=0)
+            off = _replan_run(f"off{i + 1}", work, steps=steps, snapshots=False, fault=False, drop=False, warm=0)
+            pairs.append((off, on))
+            loads.append(os.getloadavg()[0])
     finally:
+        os.environ.pop("ORTHOPLEX_SNAPSHOT_TRACE", None)
         cluster.shutdown()
         shutil.rmtree(work, ignore_errors=True)
     ref = runs["on"]["losses"]
@@ -226,10 +263,14 @@ def _replan(quick: bool) -> dict[str, Any]:
         r = runs[tag]
         r["max_rel_loss_diff_vs_no_fault"] = max(abs(loss - ref[s]) / abs(ref[s]) for s, loss in r["all_step_losses"])
     steady = slice(5, None)  # after the first gang's warm-up steps
-    off_s, on_s = _median(runs["off"]["step_walls"][steady]), _median(runs["on"]["step_walls"][steady])
+    overheads = []
+    for off, on in pairs:
+        off_s, on_s = _median(off["step_walls"][steady]), _median(on["step_walls"][steady])
+        overheads.append({"off_s": round(off_s, 4), "on_s": round(on_s, 4), "overhead": round(on_s / off_s - 1.0, 4)})
     out = {"steps": steps, "kill_step": KILL_STEP, "hint": RE_HINT, "checkpoint_every_max": CKPT_EVERY,
-           "step_s_snapshots_off": round(off_s, 4), "step_s_snapshots_on": round(on_s, 4),
-           "snapshot_overhead": round(on_s / off_s - 1.0, 4),
+           "step_s_snapshots_off": overheads[0]["off_s"], "step_s_snapshots_on": overheads[0]["on_s"],
+           "snapshot_overhead": overheads[0]["overhead"], "overhead_pairs": overheads,
+           "load_average_1min": [round(x, 1) for x in loads],
            "runs": {k: {kk: vv for kk, vv in v.items() if kk not in ("losses", "all_step_losses", "step_walls")}
                     for k, v in runs.items()}}
     return out
@@ -250,10 +291,20 @@ def _replan_markdown(r: dict[str, Any]) -> str:
                      f"{row['warm_ranks']} | {row['max_rel_loss_diff_vs_no_fault']:.1e} | {row['final_loss']:.4f} |")
     lines += ["", f"Storage / memory, node_lost -> resumed: **{sto['node_lost_to_resumed_s'] / mem['node_lost_to_resumed_s']:.2f}x**; "
               f"steps redone {sto['steps_redone']} vs {mem['steps_redone']}.", "",
-              f"Snapshot overhead (no fault, steady-state median step time, steps 6-{r['steps']}): snapshots off "
-              f"{r['step_s_snapshots_off']:.3f} s, on {r['step_s_snapshots_on']:.3f} s: "
-              f"**{100 * r['snapshot_overhead']:+.1f}%** (two runs back to back on a shared host; "
-              "baseline = the same job with snapshots off)."]
+              "Snapshot overhead (no fault, steady-state median step time, steps 6-" + str(r["steps"]) + "; "
+              "baseline = the same job with snapshots off, same cluster, same invocation): "
+              + "; ".join(f"off {p['off_s']:.3f} s, on {p['on_s']:.3f} s: **{100 * p['overhead']:+.1f}%**"
+                          for p in r.get("overhead_pairs", [{"off_s": r["step_s_snapshots_off"],
+                                                             "on_s": r["step_s_snapshots_on"],
+                                                             "overhead": r["snapshot_overhead"]}])) + "."]
+    rest = mem.get("restore") or {}
+    if rest:
+        lines += ["", f"Memory restore, per rank: files fetched {rest['files_fetched']} of {rest['files_of']} "
+                  f"(max {rest['mib_fetched_per_rank_max']} MiB), fetch <= {rest['fetch_s_max']:.2f} s, "
+                  f"read + reshard <= {rest['read_s_max']:.2f} s, whole load <= {rest['load_s_max']:.2f} s; "
+                  f"gang start: actors {mem['start_detail']['actors_s']:.2f} s, setup {mem['start_detail']['setup_s']:.2f} s."]
+    if r.get("load_average_1min"):
+        lines += ["", f"_Host load average (1 min) at the start and after each part: {r['load_average_1min']}._"]
     return "\n".join(lines)
 
 
@@ -261,7 +312,7 @@ def _goals_markdown(samples: list[dict[str, Any]]) -> str:
     """The issue's re-plan goals against the measured samples (one per ``_replan`` run), verdicts computed."""
     mem = [s["runs"]["memory"] for s in samples]
     sto = [s["runs"]["storage"] for s in samples]
-    ov = [s["snapshot_overhead"] for s in samples]
+    ov = [p["overhead"] for s in samples for p in s.get("overhead_pairs", [{"overhead": s["snapshot_overhead"]}])]
     loss = max(m["max_rel_loss_diff_vs_no_fault"] for m in mem + sto)
 
     def secs(rows: list[dict[str, Any]]) -> str:

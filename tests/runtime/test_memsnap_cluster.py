@@ -8,6 +8,9 @@ the new node is killed too before step 7: with both memory copies gone, the job 
 newest checkpoint in storage. Each node keeps 2 pre-started rank actors: the re-planned gangs take
 them. Every step's loss (including the redone ones) matches the no-failure
 run to 1e-4; nothing leaks (the fixture checks: holders are freed at the end).
+
+A second, short test checks the restore's fetch: a holder hands out handles to a snapshot's files,
+and a rank on another node that fetches one brings only that one to its node.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.controller import helpers as h
+from workers.runtime.memsnap import METADATA
 from workers.runtime.reference import reference_losses
 
 pytestmark = pytest.mark.cluster
@@ -68,3 +72,36 @@ def test_replan_from_memory_then_from_storage_when_the_memory_copies_are_gone(ra
     # the re-planned gangs took pre-started ranks from their node's pool (2 per node), the first none
     started = [e for e in events if e["type"] == "started"]
     assert [e["warm_ranks"] for e in started] == [0, 2, 2], started
+
+
+@pytest.mark.timeout(300)
+def test_a_restoring_rank_fetches_only_the_snapshot_files_it_asks_for(ray_cluster) -> None:
+    """A holder hands out handles (``refs``) to a snapshot's files; a rank on another node that
+    fetches one of them brings only that one to its node (the others stay on the holder's node)."""
+    import ray
+    from ray.experimental import get_object_locations
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from workers.runtime.memsnap import Holders
+
+    a, b = ray_cluster.worker_node_ids()[:2]
+    holders = Holders(keep=2)
+    try:
+        holder = holders.ensure([a], needed=[a])[a]
+        files = {METADATA: b"m" * 1024, "__0_0.distcp": b"0" * (2 << 20), "__1_0.distcp": b"1" * (2 << 20)}
+        ray.get(holder.put.remote(1, 4, 2, files))
+        assert ray.get(holder.get.remote(1, 4, [METADATA])) == {METADATA: files[METADATA]}
+
+        @ray.remote(num_cpus=0)
+        def fetch_one(handles: dict[str, Any], name: str) -> tuple[str, int]:
+            return ray.get_runtime_context().get_node_id(), len(ray.get(handles[name]))
+
+        handles = ray.get(holder.refs.remote(1, 4, sorted(files)))
+        assert sorted(handles) == sorted(files)
+        on_b = fetch_one.options(scheduling_strategy=NodeAffinitySchedulingStrategy(b, soft=False))
+        assert ray.get([on_b.remote(handles, "__1_0.distcp") for _ in range(2)]) == [(b, 2 << 20)] * 2
+        where = get_object_locations([handles["__0_0.distcp"], handles["__1_0.distcp"]])
+        assert b in where[handles["__1_0.distcp"]]["node_ids"]
+        assert b not in where[handles["__0_0.distcp"]]["node_ids"]  # never asked for: never moved
+    finally:
+        holders.kill()

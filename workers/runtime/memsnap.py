@@ -8,7 +8,10 @@ at the job's end; they keep the newest ``keep`` snapshots (by step).
 
 A snapshot is identified by ``(epoch, step)``: the gang's fencing epoch (a snapshot never mixes
 ranks of two gangs) and the steps completed. It is *complete* when the surviving holders have
-together every rank's shard file and DCP's ``.metadata``. :func:`choose` picks the newest complete
+together every rank's file (``__<rank>_0.distcp``) and rank 0's ``.metadata``. A restoring rank
+asks the holders for handles (:meth:`SnapshotHolder.refs`: Ray objects the holder owns) and fetches
+only the files its new layout's pieces overlap (``workers.engine.checkpoint.snapshot``); Ray moves
+each fetched object to a node once, the node's other ranks read that copy. :func:`choose` picks the newest complete
 one that is at least as new as the newest storage checkpoint; the supervisor falls back to storage
 only when no such snapshot exists (both copies of some shard gone, or snapshots off).
 
@@ -117,6 +120,21 @@ class SnapshotHolder:
         with self._lock:
             files = self.snaps[SnapshotKey(epoch, step)]["files"]
             return {n: files[n] for n in names}
+
+    def refs(self, epoch: int, step: int, names: list[str]) -> dict[str, Any]:
+        """Handles (Ray ``ObjectRef``s owned by this holder) to files of a snapshot: a restoring rank
+        takes the handles of every file and fetches (``ray.get``) only those its new layout needs;
+        Ray moves an object once per node, ranks on that node share the copy. Each file is put
+        into this node's object store on its first request (never while snapshots only arrive)."""
+        import ray
+
+        with self._lock:
+            entry = self.snaps[SnapshotKey(epoch, step)]
+            cache = entry.setdefault("refs", {})
+            for n in names:
+                if n not in cache:
+                    cache[n] = ray.put(entry["files"][n])
+            return {n: cache[n] for n in names}
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Starting a ``RankWorker`` actor means a new Python process importing torch: seconds per rank, and on a
 small host many ranks starting together take tens of seconds. :class:`WarmPool` keeps ``per_node``
-idle ``RankWorker`` actors on every node (torch imported in ``__init__``; no GPU, no CPU reserved:
+idle ``RankWorker`` actors on every node (torch imported in ``__init__``, the trainer, DCP and the
+snapshot loader by :func:`preload` right after; no GPU, no CPU reserved:
 the gang's placement group holds the GPUs). ``start_gang`` takes a ready one for a rank on that node
 instead of creating one in the rank's bundle; a warm rank is told its bundle's GPU ids (a
 zero-cost probe task in the bundle asks Ray) and sets ``CUDA_VISIBLE_DEVICES`` before CUDA starts.
@@ -15,6 +16,21 @@ import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+
+def preload(worker: Any) -> float:
+    """Run inside a warm rank (``actor.__ray_call__``): import what a gang start and a restore import
+    (the trainer, the process-group code, DCP and the snapshot loader), so a re-planned gang does
+    not pay for it; the seconds it took."""
+    import importlib
+    import time
+
+    t0 = time.perf_counter()
+    for name in ("torch.distributed.checkpoint", "workers.engine.trainer", "workers.engine.checkpoint.snapshot",
+                 "workers.runtime.rendezvous", "planner.layout"):
+        with contextlib.suppress(Exception):  # best effort: setup imports it anyway
+            importlib.import_module(name)
+    return time.perf_counter() - t0
 
 
 def bundle_gpu_ids() -> list[str]:
@@ -46,6 +62,7 @@ class WarmPool:
             while len(have) < self.per_node:
                 a = cls.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
                 have.append((a, a.info.remote()))
+                a.__ray_call__.remote(preload)  # imports in the background while the actor waits
                 started += 1
         return started
 

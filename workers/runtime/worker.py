@@ -127,8 +127,9 @@ class RankWorker:
         from workers.engine.checkpoint.snapshot import load_snapshot
 
         self._phase("restore")
-        files: dict[str, bytes] = {}
-        for part in ray.get([h.get.remote(epoch, step, names) for h, names in sources], timeout=120):
+        files: dict[str, Any] = {}  # file name -> ObjectRef (a holder's)
+        # handles, not bytes: load_snapshot fetches only the files this rank's new layout needs
+        for part in ray.get([h.refs.remote(epoch, step, names) for h, names in sources], timeout=120):
             files.update(part)
         start = load_snapshot(self._trainer, files)
         self._phase("idle", start - 1)
