@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -54,22 +55,19 @@ def _group_specs(base: ReplicaRankSpec, group: int, tp: int, **kw: Any) -> list[
 def _wait(procs: list[subprocess.Popen], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     for p in procs:
-        try:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
+        p.wait(timeout=max(1.0, deadline - time.monotonic()))
 
 
-def run_groups(work: Path, tp: int, fault: bool, timeout_s: float = 150.0) -> dict[str, Any]:
+def run_groups(work: Path, tp: int, fault: bool, timeout_s: float = 280.0,
+               heartbeat_timeout_ms: int = 1000) -> dict[str, Any]:
     """One run of ``GROUPS`` replica groups of ``tp`` ranks; with ``fault`` the last group dies in
     step ``KILL_AT`` and a replacement group (another init seed) starts once the fault is logged."""
+    os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse (in this process) logs every quorum at info
     from torchft._torchft import LighthouseServer
 
     work.mkdir(parents=True, exist_ok=True)
     log = work / "events.jsonl"
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, heartbeat_timeout_ms=1000)
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, heartbeat_timeout_ms=heartbeat_timeout_ms)
     base = ReplicaRankSpec(group=0, rank=0, tp=tp, store_port=0, lighthouse=lighthouse.address(), log=str(log),
                            out=str(work), steps=STEPS, global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH,
                            seed=SEED, start_groups=GROUPS)
@@ -89,9 +87,13 @@ def run_groups(work: Path, tp: int, fault: bool, timeout_s: float = 150.0) -> di
             procs += [_launch(s, work) for s in _group_specs(base, GROUPS, tp, init_seed=SEED + 1, start_groups=0)]
         _wait(procs, timeout_s)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        live = [p for p in procs if p.poll() is None]
+        for p in live:
+            p.send_signal(signal.SIGUSR1)  # a stuck rank's Python stacks into its .out file
+        if live:
+            time.sleep(1.0)
+        for p in live:
+            p.kill()
         lighthouse.shutdown()
     codes = [p.returncode for p in procs]
     dead = tp if fault else 0
@@ -128,8 +130,8 @@ def test_micro_batch_share_covers_every_micro_batch_once() -> None:
         assert sorted(itertools.chain(*shares)) == list(range(n_micro))
 
 
-def _check(tp: int, tmp_path: Path) -> None:
-    clean = run_groups(tmp_path / "clean", tp, fault=False)
+def _check(tp: int, tmp_path: Path, heartbeat_timeout_ms: int = 1000) -> None:
+    clean = run_groups(tmp_path / "clean", tp, fault=False, heartbeat_timeout_ms=heartbeat_timeout_ms)
     ref_cfg = tiny_cfg(steps=STEPS, global_batch=GLOBAL_BATCH, seed=SEED)
     ref = reference(ref_cfg, text_batches(ref_cfg, STEPS, SEED))["losses"]
     base = {r["step"]: r["loss"] for r in _committed(clean["rows"], 0)}
@@ -140,7 +142,7 @@ def _check(tp: int, tmp_path: Path) -> None:
         assert base[s] == pytest.approx(ref[s], rel=REL), f"no-fault step {s} vs the single-process reference"
     assert not [r for r in clean["rows"] if r["event"] == "abort"]
 
-    run = run_groups(tmp_path / "fault", tp, fault=True)
+    run = run_groups(tmp_path / "fault", tp, fault=True, heartbeat_timeout_ms=heartbeat_timeout_ms)
     rows = run["rows"]
     survivors, new = list(range(GROUPS - 1)), GROUPS
     for r in rows:
@@ -172,11 +174,14 @@ def _check(tp: int, tmp_path: Path) -> None:
 
 @pytest.mark.engine
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # two runs of 3-4 processes each; ~1-2 min on this loaded 2-core box
 def test_survivors_keep_going_group_of_one(tmp_path: Path) -> None:
     _check(1, tmp_path)
 
 
 @pytest.mark.engine
-@pytest.mark.slow
+@pytest.mark.soak
+@pytest.mark.timeout(900)
 def test_survivors_keep_going_tp2_groups(tmp_path: Path) -> None:
-    _check(2, tmp_path)
+    # 8 ranks on 2 loaded cores: a 1 s heartbeat timeout dropped live groups (spurious re-quorums)
+    _check(2, tmp_path, heartbeat_timeout_ms=2000)

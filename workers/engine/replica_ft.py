@@ -145,6 +145,7 @@ class ReplicaGroupTrainer:
             rank=spec.rank, world_size=spec.tp, store_addr="127.0.0.1", store_port=spec.store_port,
             lighthouse_addr=spec.lighthouse, replica_id=f"rg{spec.group}",
             checkpoint_transport=PGTransport(self.pg, timeout=timeout, device=torch.device("cpu")),
+            quorum_retries=3,  # a group dropped by a late heartbeat asks again instead of exiting
         )
         self.healed_from: int | None = None
         self._healed_now = False
@@ -281,13 +282,26 @@ class ReplicaGroupTrainer:
 
 
 def main(argv: list[str]) -> None:
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1)  # stacks of a stuck rank: kill -USR1 <pid>
     torch.set_num_threads(1)
     spec = ReplicaRankSpec(**json.loads(argv[0]))
     t = ReplicaGroupTrainer(spec)
     try:
         t.run()
-    finally:
         t.close()
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    # torchft's manager / process-group threads can keep the interpreter's exit (final garbage
+    # collection) waiting for seconds to minutes on a loaded machine: the rank's work is done
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spec_json(spec: ReplicaRankSpec) -> str:
