@@ -67,7 +67,11 @@ def run_groups(work: Path, tp: int, fault: bool, timeout_s: float = 280.0,
 
     work.mkdir(parents=True, exist_ok=True)
     log = work / "events.jsonl"
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, heartbeat_timeout_ms=heartbeat_timeout_ms)
+    # join_timeout: a quorum waits (up to 10 s) for every group that still heartbeats, so a live but slow
+    # group is not left out (left out, it falls a step behind and heals, and the 2-of-3 pattern can
+    # go on for many steps); a dead group drops out after heartbeat_timeout_ms
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, heartbeat_timeout_ms=heartbeat_timeout_ms,
+                                  join_timeout_ms=10_000)
     base = ReplicaRankSpec(group=0, rank=0, tp=tp, store_port=0, lighthouse=lighthouse.address(), log=str(log),
                            out=str(work), steps=STEPS, global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH,
                            seed=SEED, start_groups=GROUPS)
