@@ -23,7 +23,7 @@ mean over all rows of the global batch whatever the number of groups. Clipping, 
 AdamW are the engine's (``RankTrainer.optimizer_step``), after the reduction.
 
 Run a rank with ``python -m workers.engine.replica_ft '<json ReplicaRankSpec>'``; the test
-(``tests/engine/test_replica_ft.py``) and ``bench/`` drive it. Each rank appends one JSON line per
+(``tests/engine/test_replica_ft.py``) drives it. Each rank appends one JSON line per
 event to ``spec.log`` (``up``, ``step``, ``abort``, ``fault``, ``healed``, ``done``).
 """
 
