@@ -1,0 +1,312 @@
+"""Replica groups that keep going (issue #14), engine level: the cross-replica (``dp_replicate``)
+gradient reduction of the engine done through torchft.
+
+One *replica group* is ``tp`` processes holding one copy of the model, laid out by the engine
+(``RankTrainer`` with ``Layout(tp=tp)`` on the group's own default process group). Between groups,
+torchft does the fault tolerance:
+
+- a torchft ``Manager`` per rank (group rank 0 hosts the group's ``ManagerServer``, which heartbeats
+  to a torchft ``LighthouseServer``), a per-step quorum of the live groups (synchronous quorum, so a
+  joining group heals before the step's forward pass and takes part in that step);
+- a fault-tolerant ``ProcessGroupGloo`` per group rank across the groups (TP rank ``r`` of every
+  group reduces with TP rank ``r`` of the others), reconfigured by the manager on every new quorum;
+- ``should_commit``: a step whose cross-group all-reduce failed (a group died in it) is voted down
+  and the survivors redo it with the next quorum;
+- healing: a group that joins behind receives the user state (parameters, AdamW state, RNG, data
+  position) from a healthy group over that process group (``PGTransport``); no storage is read.
+
+What is ours, not torchft's: the global batch is kept. The step's micro-batches (rows of the
+engine's ``GlobalBatchSampler`` batch) are divided among the groups of the step's quorum
+(:func:`micro_batch_share`); each group back-propagates ``loss_m * rows_m / global_batch`` for its
+micro-batches and the groups SUM (not torchft's average over participants), so the gradient is the
+mean over all rows of the global batch whatever the number of groups. Clipping, the lr schedule and
+AdamW are the engine's (``RankTrainer.optimizer_step``), after the reduction.
+
+Run a rank with ``python -m workers.engine.replica_ft '<json ReplicaRankSpec>'``; the test
+(``tests/engine/test_replica_ft.py``) drives it. Each rank appends one JSON line per
+event to ``spec.log`` (``up``, ``step``, ``abort``, ``fault``, ``healed``, ``done``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from workers.engine.parallel.data import fix_partial_grads, flatten, local, unflatten_into
+
+
+@dataclass(frozen=True)
+class ReplicaRankSpec:
+    """One rank of one replica group."""
+
+    group: int  # replica group index (the torchft replica id is ``rg{group}``)
+    rank: int  # rank inside the group (= TP rank)
+    tp: int  # ranks per group (tensor parallel inside the group)
+    store_port: int  # the group's TCPStore (hosted by group rank 0)
+    lighthouse: str  # torchft lighthouse address
+    log: str  # JSON-lines event log shared by all ranks of the run
+    out: str  # directory for the final parameter dump of each rank
+    steps: int = 12
+    global_batch: int = 12
+    micro_batch: int = 2
+    seed: int = 1234
+    init_seed: int | None = None  # model init seed (a replacement gets another: only healing can match)
+    min_replicas: int = 2
+    timeout_s: float = 20.0
+    start_groups: int = 0  # wait until this many groups logged ``up`` before the first quorum
+    kill_at: int = -1  # this group dies in the middle of step kill_at (after backward, before the reduction)
+    gate_at: int = -1  # before step gate_at, wait until group ``gate_group`` logged ``up`` (choreography)
+    gate_group: int = -1
+    min_step_s: float = 0.0  # pad each step (a stand-in for a real step time)
+
+
+def micro_batch_share(n_micro: int, participants: int, index: int) -> list[int]:
+    """The micro-batches (0-based) that participant ``index`` of ``participants`` runs: contiguous,
+    as even as possible, the first ``n_micro % participants`` participants take one more."""
+    if participants < 1 or not 0 <= index < participants:
+        raise ValueError(f"participant {index} of {participants}")
+    base, extra = divmod(n_micro, participants)
+    start = index * base + min(index, extra)
+    return list(range(start, start + base + (1 if index < extra else 0)))
+
+
+class _Log:
+    def __init__(self, path: str, group: int, rank: int) -> None:
+        self.path = Path(path)
+        self.group, self.rank = group, rank
+
+    def __call__(self, event: str, **kw: Any) -> None:
+        line = json.dumps({"ts": time.time(), "event": event, "group": self.group, "rank": self.rank,
+                           "pid": os.getpid(), **kw}) + "\n"
+        with self.path.open("a") as f:  # one short O_APPEND write per line
+            f.write(line)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return read_log(self.path)
+
+
+def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The event rows of a run's log (a torn last line of a killed rank is skipped)."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+class ReplicaGroupTrainer:
+    """One rank of one replica group: the engine's model parts and optimizer, torchft between groups."""
+
+    def __init__(self, spec: ReplicaRankSpec) -> None:
+        from torchft import Manager, ProcessGroupGloo
+        from torchft.checkpointing.pg_transport import PGTransport
+
+        from planner.layout import Layout
+        from workers.engine.config import ModelConfig, TrainConfig
+        from workers.engine.data import GlobalBatchSampler, builtin_dataset
+        from workers.engine.trainer import RankTrainer
+
+        self.spec = spec
+        self.log = _Log(spec.log, spec.group, spec.rank)
+        # the group's store: hosts the group's default process group and torchft's manager address
+        self.store = dist.TCPStore("127.0.0.1", spec.store_port, spec.tp, is_master=spec.rank == 0,
+                                   timeout=timedelta(seconds=spec.timeout_s * 3), wait_for_workers=False)
+        dist.init_process_group("gloo", store=dist.PrefixStore("engine", self.store), rank=spec.rank,
+                                world_size=spec.tp)
+        model = ModelConfig.preset("tiny")
+        self.cfg = TrainConfig(model=model, steps=spec.steps, global_batch=spec.global_batch,
+                               seed=spec.init_seed if spec.init_seed is not None else spec.seed,
+                               lr=3e-3, min_lr=3e-4, warmup_steps=2, weight_decay=0.1, grad_clip=1.0)
+        layout = Layout(tp=spec.tp, micro_batch=spec.micro_batch).with_global_batch(spec.global_batch)
+        self.trainer = RankTrainer(self.cfg, layout, spec.rank, spec.tp, collective_timeout_s=spec.timeout_s)
+        self.model = self.trainer.parts.modules[0]
+        self.n_micro = spec.global_batch // spec.micro_batch
+        # the data position is the step; the sampler is keyed by the run's seed, not the init seed
+        self.sampler = GlobalBatchSampler(builtin_dataset(model.seq_len, max_bytes=256 * 1024),
+                                          spec.global_batch, spec.seed)
+        timeout = timedelta(seconds=spec.timeout_s)
+        self.pg = ProcessGroupGloo(timeout=timeout)
+        self.manager = Manager(
+            pg=self.pg, min_replica_size=spec.min_replicas, load_state_dict=self.load_state_dict,
+            state_dict=self.state_dict, use_async_quorum=False, init_sync=False,
+            timeout=timeout, quorum_timeout=timeout * 3, connect_timeout=timeout,
+            rank=spec.rank, world_size=spec.tp, store_addr="127.0.0.1", store_port=spec.store_port,
+            lighthouse_addr=spec.lighthouse, replica_id=f"rg{spec.group}",
+            checkpoint_transport=PGTransport(self.pg, timeout=timeout, device=torch.device("cpu")),
+            quorum_retries=3,  # a group dropped by a late heartbeat asks again instead of exiting
+        )
+        self.healed_from: int | None = None
+        self._healed_now = False
+
+    # ------------------------------------------------------------------ state over the network
+    def state_dict(self) -> dict[str, Any]:
+        """What a joining group needs: parameters and AdamW state (this rank's local shards, plain
+        tensors), the RNG and the data position."""
+        opt = self.trainer.optimizer
+        optim = []
+        for p in self.trainer.params:
+            st = opt.state.get(p, {})
+            optim.append({k: (local(v).detach().clone() if isinstance(v, torch.Tensor) else v)
+                          for k, v in st.items()})
+        step = self.manager.current_step()
+        return {"params": [local(p).detach().clone() for p in self.trainer.params], "optim": optim,
+                "rng": torch.get_rng_state(), "next_step": step,
+                "consumed_samples": step * self.spec.global_batch, "from_group": self.spec.group}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        opt = self.trainer.optimizer
+        for p, src, st in zip(self.trainer.params, state["params"], state["optim"], strict=True):
+            local(p).copy_(src)
+            new: dict[str, Any] = {}
+            for k, v in st.items():
+                if k == "step" or not isinstance(v, torch.Tensor):
+                    new[k] = v.clone() if isinstance(v, torch.Tensor) else v
+                else:
+                    t = torch.zeros_like(p)  # a DTensor for a TP-sharded parameter
+                    local(t).copy_(v)
+                    new[k] = t
+            opt.state[p] = new
+        torch.set_rng_state(state["rng"])
+        if state["consumed_samples"] != state["next_step"] * self.spec.global_batch:
+            raise ValueError("healed state: the data position does not match the step")
+        self.healed_from = int(state["from_group"])
+        self._healed_now = True
+        self.log("healed", step=int(state["next_step"]), from_group=self.healed_from)
+
+    # ------------------------------------------------------------------ one step
+    def _forward_backward(self, step: int, micro: list[int]) -> float:
+        """Gradients of ``sum_m loss_m * rows_m / global_batch`` over this group's micro-batches in
+        ``.grad`` (zeros if none); returns that partial loss."""
+        for p in self.trainer.params:
+            p.grad = None
+        batch = self.sampler.batch(step)
+        mb = self.spec.micro_batch
+        part = 0.0
+        for m in micro:
+            rows = batch[m * mb:(m + 1) * mb]
+            x, y = self.trainer.local_inputs(rows, already_dp_local=True)
+            loss = self.trainer._loss_fn(self.model(x), y)
+            (loss * (rows.shape[0] / self.spec.global_batch)).backward()
+            part += float(loss.detach()) * rows.shape[0] / self.spec.global_batch
+        fix_partial_grads(self.trainer.params)
+        for p in self.trainer.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        return part
+
+    def _pace(self, t0: float) -> None:
+        left = self.spec.min_step_s - (time.perf_counter() - t0)
+        if left > 0:
+            time.sleep(left)
+
+    def _gate(self, step: int) -> None:
+        """Test choreography: hold at ``gate_at`` until the replacement group is up (logged)."""
+        s = self.spec
+        if step != s.gate_at or s.gate_group < 0:
+            return
+        t0 = time.time()
+        deadline = time.monotonic() + s.timeout_s * 6
+        while time.monotonic() < deadline:
+            if any(r["event"] == "up" and r["group"] == s.gate_group for r in self.log.rows()):
+                break
+            time.sleep(0.05)
+        self.log("gate", step=step, waited_s=round(time.time() - t0, 3))
+
+    def _wait_start(self) -> None:
+        s = self.spec
+        deadline = time.monotonic() + s.timeout_s * 6
+        while s.start_groups and time.monotonic() < deadline:
+            if len({r["group"] for r in self.log.rows() if r["event"] == "up"}) >= s.start_groups:
+                return
+            time.sleep(0.05)
+
+    def run(self) -> None:
+        from torch.distributed import ReduceOp
+
+        s, mgr = self.spec, self.manager
+        self.log("up", step=mgr.current_step())
+        self._wait_start()
+        rng = torch.get_rng_state()
+        while mgr.current_step() < s.steps:
+            step = mgr.current_step()
+            self._gate(step)
+            t0 = time.perf_counter()
+            mgr.start_quorum()  # synchronous: a joining group heals here (state, RNG, step)
+            step = mgr.current_step()
+            if self._healed_now:  # the peer's RNG came with its state
+                rng, self._healed_now = torch.get_rng_state(), False
+            torch.set_rng_state(rng)  # a redone step sees the RNG of its first attempt
+            n, idx = mgr.num_participants(), mgr.participating_rank()
+            micro = micro_batch_share(self.n_micro, n, idx) if idx is not None else []
+            part = self._forward_backward(step, micro)
+            if step == s.kill_at:
+                dist.barrier()  # both TP ranks of the group reach the fault together
+                self.log("fault", step=step)
+                os.kill(os.getpid(), signal.SIGKILL)
+            grads = [local(p.grad) for p in self.trainer.params]
+            flat = flatten(grads)
+            loss_t = torch.tensor([part], dtype=torch.float64)
+            mgr.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
+            mgr.allreduce(loss_t, reduce_op=ReduceOp.SUM).wait()
+            if mgr.should_commit():
+                unflatten_into(flat, grads)
+                norm, lr = self.trainer.optimizer_step(step)
+                rng = torch.get_rng_state()
+                self.log("step", step=step, loss=float(loss_t.item()), grad_norm=norm, lr=lr,
+                         participants=n, micro=micro, healed_from=self.healed_from)
+                self.healed_from = None
+            else:
+                self.log("abort", step=step, participants=n)
+            self._pace(t0)
+        self.log("done", step=mgr.current_step())
+        torch.save([local(p).detach().clone() for p in self.trainer.params],
+                   Path(s.out) / f"final-g{s.group}-r{s.rank}.pt")
+
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)
+        self.trainer.close()
+        dist.destroy_process_group()
+
+
+def main(argv: list[str]) -> None:
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1)  # stacks of a stuck rank: kill -USR1 <pid>
+    torch.set_num_threads(1)
+    spec = ReplicaRankSpec(**json.loads(argv[0]))
+    t = ReplicaGroupTrainer(spec)
+    try:
+        t.run()
+        t.close()
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    # torchft's manager / process-group threads can keep the interpreter's exit (final garbage
+    # collection) waiting for seconds to minutes on a loaded machine: the rank's work is done
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def spec_json(spec: ReplicaRankSpec) -> str:
+    return json.dumps(asdict(spec))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
