@@ -9,11 +9,12 @@ one IP. Bundles are restricted to the nodes the plan chose with a label selector
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from workers.runtime.watchdog import tcp_refused
 
 NODE_ID_LABEL = "ray.io/node-id"
 HEAD_RESOURCE = "node:__internal_head__"
@@ -75,11 +76,7 @@ def raylet_unreachable(node_id: str, timeout_s: float = 1.0) -> bool:
     addr, port = node.get("NodeManagerAddress"), node.get("NodeManagerPort")
     if not addr or not port:
         return False  # nothing to probe: trust the GCS
-    try:
-        with socket.create_connection((str(addr), int(port)), timeout=timeout_s):
-            return False
-    except OSError:
-        return True
+    return tcp_refused((str(addr), int(port)), timeout_s) is not False  # refused or silent
 
 
 def raylet_addresses(node_ids: Iterable[str]) -> dict[str, tuple[str, int]]:

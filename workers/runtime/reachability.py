@@ -22,12 +22,13 @@ part is :class:`RayPeerProbe`.
 from __future__ import annotations
 
 import itertools
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from workers.runtime.watchdog import tcp_refused
 
 #: ``reach[src][dst]``: ``True`` connected, ``False`` refused or no answer, ``None`` not probed
 Matrix = dict[str, dict[str, bool | None]]
@@ -36,22 +37,13 @@ Matrix = dict[str, dict[str, bool | None]]
 EXACT_UP_TO = 16
 
 
-def connects(address: tuple[str, int], timeout_s: float) -> bool:
-    """Whether a TCP connection to ``address`` opens within ``timeout_s``."""
-    try:
-        with socket.create_connection(address, timeout=timeout_s):
-            return True
-    except OSError:  # refused, unreachable, timed out
-        return False
-
-
 def connect_all(targets: Mapping[str, tuple[str, int]], timeout_s: float) -> dict[str, bool]:
     """Run on a node: try every target at once; node -> connected. Takes at most about ``timeout_s``."""
     out: dict[str, bool] = {}
     lock = threading.Lock()
 
     def one(node: str, addr: tuple[str, int]) -> None:
-        ok = connects(addr, timeout_s)
+        ok = tcp_refused(addr, timeout_s) is False  # refused, unreachable or silent: not connected
         with lock:
             out[node] = ok
 
