@@ -341,19 +341,28 @@ class RankTrainer:
         whatever draws random numbers after a resume sees what the uninterrupted run would have."""
         if not self.cfg.checkpoint_dir:
             return 0
-        from workers.engine.checkpoint import load_latest, restore_rng_state
+        from workers.engine.checkpoint import load_latest
 
         state = self.app_state()
         res = load_latest(self.cfg.checkpoint_dir, state)
         if res is None:
             return 0
-        saved_batch = state.extra.get("global_batch", self.cfg.global_batch)
+        return self.resume_position(state.extra, res.manifest.rng, f"checkpoint {res.path}", default_step=res.step)
+
+    def resume_position(self, extra: dict[str, Any], rng: dict[str, Any] | None, source: str,
+                        default_step: int | None = None) -> int:
+        """After ``source`` (a checkpoint or a snapshot) was loaded into :meth:`app_state`: refuse another
+        global batch (the sample order would differ), set the data position (``next_step``; from
+        ``default_step`` when the saved state has none) and restore the RNG states; the next step."""
+        from workers.engine.checkpoint import restore_rng_state
+
+        saved_batch = extra.get("global_batch", self.cfg.global_batch)
         if saved_batch != self.cfg.global_batch:
-            raise ValueError(f"checkpoint {res.path} was written with global_batch {saved_batch}, "
+            raise ValueError(f"{source} was written with global_batch {saved_batch}, "
                              f"this run has {self.cfg.global_batch}; the sample order would differ")
-        self.next_step = int(state.extra.get("next_step", res.step))
-        if res.manifest.rng:
-            restore_rng_state(res.manifest.rng)
+        self.next_step = int(extra["next_step"] if default_step is None else extra.get("next_step", default_step))
+        if rng:
+            restore_rng_state(rng)
         return self.next_step
 
     def export_hf(self, out: str, base_config: dict[str, Any] | None = None) -> str:

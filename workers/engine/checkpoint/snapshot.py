@@ -55,7 +55,7 @@ from torch.futures import Future as TorchFuture
 
 from workers.engine.checkpoint import _dist
 from workers.engine.checkpoint.dcp_io import APP_KEY
-from workers.engine.checkpoint.rng import capture_rng_state, restore_rng_state
+from workers.engine.checkpoint.rng import capture_rng_state
 from workers.engine.checkpoint.state import ModelOptimizerState
 
 log = logging.getLogger("orthoplex.snapshot")
@@ -433,13 +433,7 @@ def load_snapshot(trainer: Any, files: Mapping[str, Any], *, fetch: Fetch = _fet
     t_state = time.perf_counter()
     dcp.load({APP_KEY: state}, storage_reader=reader, no_dist=True)
     t_load = time.perf_counter()
-    saved_batch = state.extra.get("global_batch", trainer.cfg.global_batch)
-    if saved_batch != trainer.cfg.global_batch:
-        raise ValueError(f"snapshot was written with global_batch {saved_batch}, this run has "
-                         f"{trainer.cfg.global_batch}; the sample order would differ")
-    trainer.next_step = int(state.extra["next_step"])
-    if state.extra.get("rng"):
-        restore_rng_state(state.extra["rng"])
+    next_step = trainer.resume_position(state.extra, state.extra.get("rng"), "snapshot")
     timings = {"fetched": reader.fetched, "of": sum(1 for n in files if n != METADATA), **reader.stats,
                "metadata_s": round(t_meta - t0, 4), "dcp_load_s": round(t_load - t_state, 4),
                "total_s": round(time.perf_counter() - t0, 4)}
@@ -448,4 +442,4 @@ def load_snapshot(trainer: Any, files: Mapping[str, Any], *, fetch: Fetch = _fet
     if trace:  # benchmarks: one JSON line per rank restore
         with open(trace, "a") as f:
             f.write(json.dumps({"pid": os.getpid(), **timings}) + "\n")
-    return trainer.next_step
+    return next_step
