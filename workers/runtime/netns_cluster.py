@@ -308,6 +308,8 @@ class NetnsCluster:
     def connect_driver(self) -> None:
         import ray
 
+        if ray.is_initialized():  # a driver of another cluster (one process has one driver connection)
+            ray.shutdown()
         ray.init(address=self.address, _node_ip_address=self.bridge_ip, namespace="orthoplex",
                  log_to_driver=False, logging_level=logging.WARNING)
 
