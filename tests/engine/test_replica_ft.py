@@ -5,7 +5,8 @@ group dies in the middle of a step and a replacement joins later and heals from 
 Checked: the no-fault curve is the single-process reference's (plain torch on the whole global
 batch); in the fault run every committed step of every group has the no-fault loss (the survivors
 take the lost group's micro-batches, the gradient is the mean over all rows), the survivors redo
-only the interrupted step, the replacement (initialised from another seed, no checkpoint directory)
+only the interrupted step (a survivor whose commit vote failed while another's passed heals that one
+step from it instead), the replacement (initialised from another seed, no checkpoint directory)
 healed from a peer, and every group ends with the no-fault parameters. The survivors' longest stall
 between two committed steps is printed (a measurement, not an assertion)."""
 
@@ -152,13 +153,24 @@ def _check(tp: int, tmp_path: Path, heartbeat_timeout_ms: int = 1000) -> None:
     for r in rows:
         if r["event"] == "step":
             assert r["loss"] == pytest.approx(base[r["step"]], rel=REL), r
+    redone_by = []
     for g in survivors:
         mine = _committed(rows, g)
-        assert [r["step"] for r in mine] == list(range(STEPS)), f"group {g} committed {[r['step'] for r in mine]}"
+        steps = [r["step"] for r in mine]
         aborts = [r["step"] for r in rows if r["event"] == "abort" and r["group"] == g and r["rank"] == 0]
         assert set(aborts) <= {KILL_AT} and len(aborts) <= 1, f"group {g} redid {aborts}"
-        # the survivors ran the lost group's micro-batches: 2 participants right after the fault
-        assert next(r for r in mine if r["step"] == KILL_AT)["participants"] == GROUPS - 1
+        if steps == list(range(STEPS)):
+            redone_by.append(g)
+            # the survivors ran the lost group's micro-batches: 2 participants right after the fault
+            assert next(r for r in mine if r["step"] == KILL_AT)["participants"] == GROUPS - 1
+        else:
+            # torchft votes commits per group: a survivor whose own vote on the interrupted step failed
+            # while another survivor's passed is one step behind at the next quorum and heals from that
+            # peer (state over the network), so the interrupted step is still done once, by the quorum
+            assert steps == [s for s in range(STEPS) if s != KILL_AT], f"group {g} committed {steps}"
+            heals = [r for r in rows if r["event"] == "healed" and r["group"] == g and r["rank"] == 0]
+            assert [(r["step"], r["from_group"] in survivors) for r in heals] == [(KILL_AT + 1, True)], heals
+    assert redone_by, "no survivor redid the interrupted step"
     healed = [r for r in rows if r["event"] == "healed" and r["group"] == new]
     assert len(healed) == tp and {r["from_group"] for r in healed} <= set(survivors)
     joined = healed[0]["step"]
