@@ -30,6 +30,22 @@ def _windows(n: int) -> torch.Tensor:
     return torch.stack([data[i * SEQ:i * SEQ + SEQ + 1] for i in range(n)])
 
 
+def _check_reads_only_its_slices(trainer: object, path: str, spec: str) -> None:
+    """The elements this rank fetched from the checkpoint are exactly its local shards' (a loader that
+    read whole tensors and cut them in memory would count more), fewer than the checkpoint holds
+    wherever the layout splits parameters."""
+    from torch.distributed.tensor import DTensor
+
+    ckpt = HFCheckpoint(path)
+    total = sum(ckpt.read(name, ()).numel() for name in ckpt.where)
+    local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in trainer.parts.parameters())
+    read = trainer.parts.hf_elements_read
+    assert read == local, (spec, read, local)
+    layout = Layout.parse(spec)
+    splits = layout.tp > 1 or layout.pp > 1 or layout.zero == 3
+    assert (read < total) if splits else (read == total), (spec, read, total)
+
+
 def _oracle_body(rank: int, world: int, cases: list[tuple[str, dict]], specs: list[str],
                  batch: torch.Tensor, export: dict[str, str]) -> list[tuple[str, str, float]]:
     """Every (checkpoint, layout): import, loss of ``batch``; for the layouts in ``export`` also an
@@ -45,6 +61,7 @@ def _oracle_body(rank: int, world: int, cases: list[tuple[str, dict]], specs: li
         for spec in specs:
             trainer = RankTrainer(cfg, Layout.parse(spec).with_global_batch(cfg.global_batch), rank, world)
             try:
+                _check_reads_only_its_slices(trainer, path, spec)
                 loss, evaluated = train_then_eval_loss(trainer, batch)
                 assert abs(evaluated - loss) <= 1e-6 * loss, (spec, evaluated, loss)
                 out.append((path, spec, loss))

@@ -155,3 +155,23 @@ def test_ui_is_served_with_deep_links_and_no_foreign_origins(client) -> None:
         assert "http://" not in text and "https://" not in text and "//cdn" not in text, asset
     assert client.get("/ui", follow_redirects=False).status_code == 308
     assert client.get("/ui/static/nope.js").status_code == 404
+
+
+def test_val_loss_reaches_the_metrics_route_and_the_curve(client, world, pg_sessions: sessionmaker[Session]) -> None:
+    """A job that evaluates every 2nd step (``eval_every``): the REST metrics carry ``val_loss`` on
+    those steps only, and the dashboard's curve lists them; a job that never evaluated has none."""
+    job, own, other = world["b"]["jobs"][0], world["b"]["h"], world["a"]["h"]
+    with pg_sessions() as s:
+        assert tr.start_attempt(s, job, expected={"PENDING"}, new="ADMITTED", expected_epoch=0, reason="t", gpus=1) == 1
+        for step in range(1, 7):
+            assert tr.record_metric(s, job, epoch=1, step=step, loss=5.0 - step * 0.1, tokens_per_s=50.0,
+                                    val_loss=(6.0 - step * 0.1) if step % 2 == 0 else None) is tr.Recorded.WRITTEN
+    rows = client.get(f"/v1/jobs/{job}/metrics", headers=own).json()
+    assert [(m["step"], m["val_loss"]) for m in rows] == [
+        (1, None), (2, pytest.approx(5.8)), (3, None), (4, pytest.approx(5.6)), (5, None), (6, pytest.approx(5.4))]
+    curve = client.get(f"/v1/dashboard/jobs/{job}/curve", headers=own).json()
+    assert [(p["step"], p["loss"]) for p in curve["val_loss"]] == [
+        (2, pytest.approx(5.8)), (4, pytest.approx(5.6)), (6, pytest.approx(5.4))]
+    assert client.get(f"/v1/dashboard/jobs/{job}/curve", headers=other).status_code == 404
+    never = client.get(f"/v1/dashboard/jobs/{world['a']['jobs'][0]}/curve", headers=world["a"]["h"]).json()
+    assert never["val_loss"] is None

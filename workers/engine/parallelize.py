@@ -32,12 +32,15 @@ from workers.engine.parallel.tensor import apply_tp
 
 
 class ModelParts:
-    """The stage modules this rank holds (one, or ``vpp`` with interleaving) and their stage ids."""
+    """The stage modules this rank holds (one, or ``vpp`` with interleaving) and their stage ids;
+    ``hf_elements_read``: how many elements this rank fetched from an HF checkpoint (0 without one)."""
 
-    def __init__(self, modules: list[Transformer], stages: list[int], ring: RingContext | None) -> None:
+    def __init__(self, modules: list[Transformer], stages: list[int], ring: RingContext | None,
+                 hf_elements_read: int = 0) -> None:
         self.modules = modules
         self.stages = stages
         self.ring = ring
+        self.hf_elements_read = hf_elements_read
 
     def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         out: list[tuple[str, torch.nn.Parameter]] = []
@@ -89,10 +92,11 @@ def build_parts(cfg: ModelConfig, seed: int, layout: Layout, groups: ParallelGro
         if cfg.tie_embeddings and m.tok_embeddings is not None and m.output is not None:
             assert m.output.weight is m.tok_embeddings.weight, "tied embeddings came apart"
         m.rope.reset((positions if positions is not None else torch.arange(cfg.seq_len)).to(device))
+    read = 0
     if init_hf:
         from workers.engine.hf import load_hf_shards
 
-        load_hf_shards(modules, cfg, init_hf)
+        read = load_hf_shards(modules, cfg, init_hf)
     else:
         init_local_shards(modules, cfg, seed)
-    return ModelParts(modules, ids, ring)
+    return ModelParts(modules, ids, ring, hf_elements_read=read)

@@ -147,7 +147,8 @@ def dashboard_curve(
     max_points: Annotated[int, Query(ge=10, le=10_000, description="most points returned")] = 1500,
 ) -> dict[str, Any]:
     """Every metric row when there are at most ``max_points``; otherwise buckets of ``width`` steps
-    per epoch with the mean loss (and its min and max) and the mean tokens/s, at most ``max_points``."""
+    per epoch with the mean loss (and its min and max) and the mean tokens/s, at most ``max_points``;
+    ``val_loss``: the steps that evaluated on held-out data, with their loss."""
     job = _job(db, principal, job_id)
     total = db.scalar(sa.select(sa.func.count()).select_from(Metric).where(Metric.job_id == job.id)) or 0
     if total <= max_points:
@@ -162,7 +163,20 @@ def dashboard_curve(
         while len(points) > max_points:  # bucket edges of several epochs: widen until it fits
             width *= 2
             points = _buckets(db, job.id, width)
-    return {"total_points": total, "width": width, "points": points, "val_loss": None}
+    return {"total_points": total, "width": width, "points": points, "val_loss": _val_loss(db, job.id, max_points)}
+
+
+def _val_loss(db: Db, job_id: int, max_points: int) -> list[dict[str, Any]] | None:
+    """The job's evaluations (steps that measured ``val_loss``), at most ``max_points`` of them evenly
+    spaced (the last one kept); ``None`` when the job never evaluated."""
+    rows = db.execute(sa.select(Metric.step, Metric.epoch, Metric.val_loss)
+                      .where(Metric.job_id == job_id, Metric.val_loss.is_not(None))
+                      .order_by(Metric.step, Metric.epoch)).all()
+    if not rows:
+        return None
+    every = math.ceil(len(rows) / max_points)
+    kept = rows[::every] if rows[-1] in rows[::every] else [*rows[::every][: max_points - 1], rows[-1]]
+    return [{"step": s, "epoch": e, "loss": v} for s, e, v in kept]
 
 
 @router.get("/jobs/{job_id}/explain", operation_id="dashboard_explain",

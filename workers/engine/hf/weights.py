@@ -199,7 +199,8 @@ def local_ranges(p: torch.Tensor) -> list[tuple[int, int]]:
 @torch.no_grad()
 def load_hf_shards(modules: list[nn.Module], cfg: ModelConfig, path: str | Path) -> int:
     """Fill the parameters of ``modules`` (this rank's parts, any layout) from the HF checkpoint at
-    ``path``, reading only the slices this rank holds; returns the number of elements read."""
+    ``path``, reading only the slices this rank holds; returns the number of elements fetched from
+    the files (a q/k slice is fetched whole heads at a time, for the rotary permutation)."""
     from torch.distributed.tensor import DTensor
 
     from workers.engine.hf.config import read_hf_config
@@ -220,8 +221,9 @@ def load_hf_shards(modules: list[nn.Module], cfg: ModelConfig, path: str | Path)
                 perm = rope_rows_hf_to_engine(hd)
                 block = block.view(h1 - h0, hd, -1)[:, perm].reshape(-1, block.shape[-1])
                 value = block[r0 - h0 * hd:r1 - h0 * hd]
+                read += block.numel()
             else:
                 value = ckpt.read(src, tuple(slice(a, b) for a, b in ranges))
-            read += value.numel()
+                read += value.numel()
             dst.copy_(value.to(dst.dtype))
     return read
