@@ -55,3 +55,20 @@ def test_attempt_spec_carries_the_profile_and_the_first_plan_is_priced_on_it() -
     # priced on the H100 profile (the tiny model is launch-bound, so "only" ~10x the CPU stand-in)
     assert plans["H100"].estimate.tokens_per_s > 5 * plans["CPU"].estimate.tokens_per_s
     assert plans["H100"].estimate.tokens_per_s == pytest.approx(h100.estimate.tokens_per_s, rel=0.5)
+
+
+def test_the_service_mlflow_uri_reaches_every_attempt_unless_the_job_names_its_own(monkeypatch, tmp_path) -> None:
+    """``ORTHOPLEX_MLFLOW_TRACKING_URI`` (a service setting) -> the controller's config -> the attempt's
+    tracking, beside the job's TensorBoard directory; a job spec's ``tracking.mlflow_uri`` wins."""
+    from service.controller.runner import config_from_env
+    from service.settings import Settings
+
+    monkeypatch.setenv("ORTHOPLEX_MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    cfg = config_from_env(Settings(database_url="sqlite://", storage_path=str(tmp_path)))
+    ctx = types.SimpleNamespace(gpu_type="CPU", config=cfg, job_storage=lambda job_id: tmp_path / "jobs" / str(job_id))
+    tracking = supervisor_spec(ctx, _job(), gpus=4)["tracking"]
+    assert tracking["mlflow_uri"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert tracking["tensorboard_dir"].startswith(str(tmp_path / "jobs" / "7"))
+    own = _job()
+    own.spec["tracking"] = {"mlflow_uri": "file:///elsewhere"}
+    assert supervisor_spec(ctx, own, gpus=4)["tracking"]["mlflow_uri"] == "file:///elsewhere"
