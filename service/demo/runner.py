@@ -183,6 +183,10 @@ class Demo:
         c.print(f"Ray address:  {self.cluster.address}")
         c.print("try: ORTHOPLEX_API_URL=... ORTHOPLEX_API_TOKEN=... orthoplex status")
         c.print("[bold]Ctrl-C stops everything.")
+        # Ctrl-C and a plain `kill` both stop everything, also when the demo was started from a script
+        # in the background, which leaves SIGINT ignored in its children (POSIX shells do)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _interrupt)
         try:
             while self.service is not None and self.service.poll() is None:
                 time.sleep(1.0)
@@ -466,3 +470,7 @@ class Demo:
 def _payload(ev: dict[str, Any]) -> dict[str, Any]:
     p = ev.get("payload")
     return p if isinstance(p, dict) else ev
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
