@@ -423,11 +423,19 @@ def register(app: typer.Typer) -> None:
     app.command("events")(events)
     app.command("cancel")(cancel)
     app.command("artifacts")(artifacts)
-    app.add_typer(data_app, name="data")
+    data_group(app)
 
 
-data_app = typer.Typer(help="Your data area: upload files for jobs' data.paths, list, download, remove.",
-                       no_args_is_help=True)
+data_app = typer.Typer(help="Data: your data area on the service (upload files for jobs' data.paths, list, "
+                            "download, remove) and local tokenization (prepare).", no_args_is_help=True)
+
+
+def data_group(app: typer.Typer) -> typer.Typer:
+    """The one ``orthoplex data`` group, added to ``app`` once: the client's data-area commands and
+    ``data prepare`` (``service.cli.data``) both live in it (two groups of one name hide each other)."""
+    if not any(g.name == "data" for g in app.registered_groups):
+        app.add_typer(data_app, name="data")
+    return data_app
 
 
 @data_app.command("upload")

@@ -11,10 +11,7 @@ import typer
 
 from service.cli.train import EXIT_BAD_INPUT
 
-data_app = typer.Typer(help="Data preparation.", no_args_is_help=True)
 
-
-@data_app.command("prepare")
 def prepare_cmd(
     tokenizer: Annotated[Path, typer.Option("--tokenizer", help="tokenizer.json or an HF tokenizer dir")],
     inputs: Annotated[list[str], typer.Option("--input", help="text/jsonl/parquet file, directory or glob "
@@ -64,5 +61,9 @@ def prepare_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``data prepare`` to the ``orthoplex`` app."""
-    app.add_typer(data_app, name="data")
+    """Add ``data prepare`` to the ``orthoplex data`` group."""
+    from service.cli.client import data_group
+
+    group = data_group(app)
+    if not any(c.name == "prepare" for c in group.registered_commands):
+        group.command("prepare")(prepare_cmd)

@@ -99,11 +99,11 @@ def test_train_refuses_bad_tokenizer_inputs_before_starting(files: dict[str, Pat
 
 @pytest.mark.engine
 def test_data_prepare_writes_token_files_with_a_validation_split(files: dict[str, Path], tmp_path: Path) -> None:
-    from service.cli.data import register as register_data
+    from service.cli.main import app  # the real command line: one `data` group holds prepare and upload
     from workers.engine.data import open_token_file
 
-    app = typer.Typer()
-    register_data(app)
+    listed = CliRunner().invoke(app, ["data", "--help"]).output
+    assert "prepare" in listed and "upload" in listed, listed
     out = tmp_path / "prepared"
     r = CliRunner().invoke(app, ["data", "prepare", "--tokenizer", str(files["tok"]), "--input",
                                  str(files["parquet"]), "--out", str(out), "--val-fraction", "0.25"])
