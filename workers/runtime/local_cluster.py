@@ -67,7 +67,6 @@ class InProcessCluster:
 
     def start(self) -> InProcessCluster:
         local_env()
-        import ray
         from ray.cluster_utils import Cluster
 
         self.cluster = Cluster(
@@ -78,10 +77,20 @@ class InProcessCluster:
         for _ in range(self.nodes):
             self.add_node()
         if self.connect:
-            ray.init(address=self.cluster.address, namespace="orthoplex", log_to_driver=False,
-                     logging_level=logging.WARNING)
+            self.connect_driver()
         self.cluster.wait_for_nodes()
         return self
+
+    def connect_driver(self) -> None:
+        """Make this process the cluster's driver, unless it already is (a driver of another cluster is
+        shut down first: one process has one driver connection)."""
+        import ray
+
+        if ray.is_initialized():
+            if ray.get_runtime_context().gcs_address == self.address:
+                return
+            ray.shutdown()
+        ray.init(address=self.address, namespace="orthoplex", log_to_driver=False, logging_level=logging.WARNING)
 
     @property
     def address(self) -> str:

@@ -174,8 +174,9 @@ def _val_loss(db: Db, job_id: int, max_points: int) -> list[dict[str, Any]] | No
                       .order_by(Metric.step, Metric.epoch)).all()
     if not rows:
         return None
-    every = math.ceil(len(rows) / max_points)
-    kept = rows[::every] if rows[-1] in rows[::every] else [*rows[::every][: max_points - 1], rows[-1]]
+    kept = rows[::math.ceil(len(rows) / max_points)]
+    if kept[-1] is not rows[-1]:
+        kept = [*kept[: max_points - 1], rows[-1]]
     return [{"step": s, "epoch": e, "loss": v} for s, e, v in kept]
 
 
