@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from planner.layout import Layout, LayoutError
+from planner.layout import RECOMPUTE_MODES, Layout, LayoutError, recompute_error
 
 Refusal = tuple[str, str]
 
@@ -27,6 +27,19 @@ class ModelShape(Protocol):
     ffn: int
     vocab: int
     seq_len: int
+
+
+#: the recompute modes the engine runs (``workers/engine/recompute.py``): every mode the planner
+#: models, ``layer:N`` for any N >= 2 (``planner.layout.RECOMPUTE_MODES``)
+ENGINE_RECOMPUTE: tuple[str, ...] = RECOMPUTE_MODES
+
+
+def recompute_rule(recompute: object) -> Refusal | None:
+    """The engine runs every mode of :data:`ENGINE_RECOMPUTE`; anything else is refused with that list."""
+    if recompute_error(recompute):
+        return "recompute", (f"the engine runs recompute {', '.join(ENGINE_RECOMPUTE)} (N an integer >= 2), "
+                             f"not {recompute!r}")
+    return None
 
 
 def tp_rule(m: ModelShape, tp: int) -> Refusal | None:
@@ -111,7 +124,8 @@ def refusals(m: ModelShape, layout: Layout, global_batch: int, world_size: int |
     n_mb, bad = micro_batches(layout, global_batch)
     if bad:
         out.append(bad)
-    for r in (tp_rule(m, layout.tp), cp_rule(m, layout), pp_rule(m, layout, n_mb) if n_mb else None):
+    for r in (recompute_rule(layout.recompute), tp_rule(m, layout.tp), cp_rule(m, layout),
+              pp_rule(m, layout, n_mb) if n_mb else None):
         if r:
             out.append(r)
     return out

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner import constraints as C
+from planner.engine_rules import recompute_rule
 from planner.flops import layer_matmul_params, model_flops_per_token, recompute_flops_per_token
 from planner.grid import block_fits, gpu_histogram, rank_grid
 from planner.layout import Layout
@@ -59,7 +60,8 @@ from planner.timing import (
 MAX_LISTED_REJECTIONS = 200
 MAX_MICRO_BATCH = 64
 RECOMPUTE_ORDER = ("none", "selective", "op", "layer:4", "layer:3", "layer:2", "full")  # tried cheapest first
-ENGINE_RECOMPUTE = ("none", "selective", "full")  # what workers/engine runs
+# the candidates the engine runs (the rule's one home: planner.engine_rules.recompute_rule)
+ENGINE_RECOMPUTE = tuple(rc for rc in RECOMPUTE_ORDER if recompute_rule(rc) is None)
 
 
 def divisors(n: int) -> list[int]:
@@ -260,9 +262,9 @@ class Searcher:
     # ------------------------------------------------------------------ the search
     def run_world(self, world: World) -> None:
         spec = self.spec
-        if spec.engine_only and spec.fixed.get("recompute", "none") not in ENGINE_RECOMPUTE:
-            self.reject({"recompute": spec.fixed["recompute"]}, "recompute",
-                        f"the engine runs recompute {', '.join(ENGINE_RECOMPUTE)}, not {spec.fixed['recompute']!r}")
+        refused = recompute_rule(spec.fixed.get("recompute", "none")) if spec.engine_only else None
+        if refused:
+            self.reject({"recompute": spec.fixed["recompute"]}, *refused)
             return
         hw = hardware_for(spec, world.speed)
         gb = spec.global_batch

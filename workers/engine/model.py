@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workers.engine.config import ModelConfig
+from workers.engine.recompute import op_checkpoint
 
 AttnCore = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -160,6 +161,7 @@ class TransformerBlock(nn.Module):
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
+        self.recompute_ops = False  # recompute="op": op-level selective checkpointing (engine.recompute)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
@@ -179,7 +181,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.layers)})
         self.norm: RMSNorm | None = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.output: nn.Linear | None = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
-        self.checkpoint_layers = False  # recompute="full": activation checkpointing per block
+        # recompute="full" / "layer:N": the names of the blocks run under activation checkpointing
+        self.checkpointed: set[str] = set()
         self.tie()
 
     def tie(self) -> None:
@@ -191,9 +194,12 @@ class Transformer(nn.Module):
     def forward(self, tokens_or_h: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens_or_h) if self.tok_embeddings is not None else tokens_or_h
         cos, sin = self.rope()
-        for layer in self.layers.values():
-            if self.checkpoint_layers and torch.is_grad_enabled():
+        grad = torch.is_grad_enabled()
+        for name, layer in self.layers.items():
+            if grad and name in self.checkpointed:
                 h = torch.utils.checkpoint.checkpoint(layer, h, cos, sin, use_reentrant=False)
+            elif grad and layer.recompute_ops:
+                h = op_checkpoint(layer, h, cos, sin)
             else:
                 h = layer(h, cos, sin)
         if self.norm is not None:

@@ -29,6 +29,7 @@ from workers.engine.parallel.context import (
 from workers.engine.parallel.data import apply_fsdp
 from workers.engine.parallel.pipeline import split_stage, stage_ids
 from workers.engine.parallel.tensor import apply_tp
+from workers.engine.recompute import apply_recompute
 
 
 class ModelParts:
@@ -76,14 +77,13 @@ def build_parts(cfg: ModelConfig, seed: int, layout: Layout, groups: ParallelGro
             core = partial(ulysses_attention, uc=uc)
     positions = zigzag_positions(cfg.seq_len, c.cp, layout.cp) if layout.cp > 1 else None
 
+    apply_recompute(modules, layout.recompute)  # counts this rank's blocks across its chunks (layer:N)
     for m in modules:
         for block in m.layers.values():
             if core is not None:
                 block.attention.core = core
-            block.attention.recompute_core = layout.recompute == "selective"
         apply_tp(m, groups.tp_mesh, sp=layout.sp)
         m.tie()  # TP distributed the embedding's and the head's weights separately: one again
-        m.checkpoint_layers = layout.recompute == "full"
         if layout.zero == 3:
             apply_fsdp(m, groups, pp_enabled=layout.pp > 1)
         m.to_empty(device=device)
