@@ -30,6 +30,12 @@ SPECS = [
     "dp=2,recompute=full",  # activation checkpointing per block
     "tp=2,recompute=selective",  # the attention core run again in the backward
     "cp=2,recompute=selective",  # ... the ring's p2p included
+    # TorchTitan's modes (workers/engine/recompute.py)
+    "tp=2,recompute=op",  # op-level SAC on DTensors under SP: reduce-scatters kept, all-gathers run again
+    "cp=2,recompute=op",  # ... around the ring (recomputed with its p2p)
+    "pp=2,vpp=2,recompute=op",  # ... inside interleaved 1F1B
+    "pp=2,recompute=layer:2",  # each rank's 2nd block checkpointed, in 1F1B
+    "dp=2,zero=3,recompute=layer:3",  # FSDP2 around a checkpointed block; N=3 does not divide 4 layers
 ]
 
 

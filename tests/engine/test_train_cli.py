@@ -40,6 +40,9 @@ def _run(*args: str):
     (["--layout", "dp=2,dp_replicate=2"], "'dp_replicate' > 1 needs zero=1 or zero=3"),
     (["--layout", "cp=4,cp_method=ulysses", "--model-json", "MODEL"], "ulysses"),
     (["--resume"], "need --checkpoint-dir"),
+    (["--layout", "recompute=sometimes"],
+     "layout field 'recompute' must be one of none, selective, op, layer:N, full (N an integer >= 2)"),
+    (["--layout", "recompute=layer:1"], "layout field 'recompute' must be one of"),
 ])
 def test_bad_layouts_are_refused_before_any_process_starts(args: list[str], reason: str, tmp_path: Path) -> None:
     if "MODEL" in args:

@@ -48,7 +48,9 @@ def small_specs(draw: st.DrawFn) -> dict[str, Any]:
     gb = draw(st.integers(1, 16))
     fixed = draw(st.sampled_from([{}, {"schedule": "interleaved"}, {"pp": 2}, {"pp": 4}, {"vpp": 2},
                                   {"sp": True}, {"cp_method": "ulysses"}, {"tp": 2}, {"cp": 2},
-                                  {"micro_batch": 1}, {"dp_replicate": 2}, {"dp_replicate": 2, "zero": 1}]))
+                                  {"micro_batch": 1}, {"dp_replicate": 2}, {"dp_replicate": 2, "zero": 1},
+                                  {"recompute": "op"}, {"recompute": "layer:3"}, {"recompute": "selective_layer"},
+                                  {"recompute": "op", "pp": 2}]))
     return _raw(model, nodes, gb, fixed)
 
 
@@ -92,3 +94,30 @@ def test_engine_validation_words_the_same_rules() -> None:
     lay = Layout.parse("tp=8")
     assert layout_problems(cfg, lay, 8) == [r for _, r in engine_rules.refusals(cfg, lay, 8)]
     assert engine_rules.first_refusal(cfg, lay, 8) == ("vocab", "vocab 100 not divisible by tp=8")
+
+
+@pytest.mark.parametrize("mode", ["op", "layer:4", "selective_op", "layer", "full", "selective", "none"])
+def test_engine_only_plans_with_a_fixed_recompute_mode_are_run_by_the_engine(mode: str) -> None:
+    """TorchTitan's op-level and layer-level modes are planned for the engine and pass its validation."""
+    model = {"layers": 8, "hidden": 64, "heads": 8, "kv_heads": 4, "ffn": 172, "vocab": 256, "seq_len": 64}
+    result = plan(_raw(model, [4], 8, {"recompute": mode}), top_k=3)
+    assert result.plans, result.rejected_counts
+    cfg = ModelConfig(name="m", **model)
+    for p in result.plans:
+        assert p.layout.recompute == {"selective_op": "op", "layer": "layer:2"}.get(mode, mode)
+        assert layout_problems(cfg, p.layout, 8, world_size=p.num_gpus) == []
+
+
+def test_unknown_recompute_is_refused_with_the_engines_modes() -> None:
+    assert engine_rules.ENGINE_RECOMPUTE == ("none", "selective", "op", "layer:N", "full")
+    assert all(engine_rules.recompute_rule(m) is None for m in ("none", "selective", "op", "layer:2", "layer:9",
+                                                                "full"))
+    assert engine_rules.recompute_rule("sometimes") == (
+        "recompute", "the engine runs recompute none, selective, op, layer:N, full (N an integer >= 2), "
+                     "not 'sometimes'")
+    assert engine_rules.recompute_rule("layer:1")[0] == "recompute"
+    # a Layout cannot hold an unknown mode; one that does anyway is refused by the engine's validation
+    cfg = ModelConfig(name="m", layers=4, hidden=64, heads=8, kv_heads=4, ffn=64, vocab=128, seq_len=64)
+    lay = Layout.parse("dp=2")
+    object.__setattr__(lay, "recompute", "layer:1")  # frozen: past Layout's own check
+    assert any("the engine runs recompute" in r for r in layout_problems(cfg, lay, 8))
