@@ -51,7 +51,7 @@ MEANINGS: dict[str, str] = {
     "layout_hint.micro_batch": "sequences per micro-batch",
     "layout_hint.sp": "sequence parallelism with TP",
     "layout_hint.zero": "ZeRO stage: 0 replicate, 1 shard the optimizer, 3 shard everything (FSDP)",
-    "layout_hint.recompute": "activation recomputation: none, selective, op, layer:N (N >= 2), full (aliases layer, selective_op, selective_layer); the engine runs none, selective, full",
+    "layout_hint.recompute": "activation recomputation: none, selective, op, layer:N (N >= 2), full (aliases layer, selective_op, selective_layer); the engine runs them all",
     "layout_hint.schedule": "pipeline schedule",
     "layout_hint.cp_method": "context-parallel attention: `ring` or `ulysses` (all-to-all)",
     "model.name": "a label for the shape",
