@@ -235,3 +235,24 @@ def assert_sp_memory_drops(results: list[dict[str, Any]], tp: int) -> None:
         full_region, full_saved = r["sp"]["no_sp"]
         assert sp_region * tp == full_region, (sp_region, full_region)
         assert sp_saved < full_saved
+
+
+def assert_recompute_changes_nothing(results: list[list[dict[str, Any]]]) -> list[str]:
+    """Every layout run with ``recompute=...`` trains exactly as the same layout without it (when the
+    list holds that one too): the 16-step loss curve (clipped text steps included) to 1e-6 relative
+    on every rank, the first gradients as close to the reference as without recompute. Returns the
+    specs compared."""
+    compared = []
+    for rows in results:
+        by_spec = {r["spec"]: r for r in rows}
+        for spec, r in by_spec.items():
+            parts = spec.split(",")
+            base = ",".join(p for p in parts if not p.startswith("recompute="))
+            if base == spec or base not in by_spec:
+                continue
+            ref = by_spec[base]
+            worst = max(abs(a - b) / abs(b) for a, b in zip(r["curve"], ref["curve"], strict=True))
+            assert worst < 1e-6, (spec, worst)
+            assert r["grad_err"] <= max(2 * ref["grad_err"], 1e-6), (spec, r["grad_err"], ref["grad_err"])
+            compared.append(spec)
+    return sorted(set(compared))

@@ -3,6 +3,7 @@
 import pytest
 from engine_harness import (
     assert_equivalent,
+    assert_recompute_changes_nothing,
     assert_sp_memory_drops,
     equivalence_and_sp_body,
     equivalence_inputs,
@@ -53,6 +54,15 @@ def test_sequence_parallel_divides_norm_region_activations_by_tp(results: list[d
 @pytest.mark.engine
 def test_every_two_rank_layout_matches_single_process(results: list[dict]) -> None:
     assert_equivalent([r["eq"] for r in results])
+
+
+@pytest.mark.engine
+def test_recompute_modes_train_exactly_as_without(results: list[dict]) -> None:
+    """op and layer:N (TorchTitan's modes) against the same layout without recompute."""
+    compared = assert_recompute_changes_nothing([r["eq"] for r in results])
+    assert {s for s in compared if "recompute=op" in s or "recompute=layer:" in s} == {
+        "cp=2,recompute=op", "dp=2,zero=3,recompute=layer:3", "pp=2,recompute=layer:2",
+        "pp=2,vpp=2,recompute=op", "tp=2,recompute=op"}
 
 
 @pytest.mark.engine

@@ -4,6 +4,7 @@ single process: loss 1e-5 relative, every gradient 1e-4, 10 AdamW steps 1e-4 rel
 import pytest
 from engine_harness import (
     assert_equivalent,
+    assert_recompute_changes_nothing,
     assert_sp_memory_drops,
     equivalence_and_sp_body,
     equivalence_inputs,
@@ -55,6 +56,14 @@ def test_sequence_parallel_divides_norm_region_activations_by_tp(results: list[d
 @pytest.mark.engine
 def test_every_four_rank_layout_matches_single_process(results: list[dict]) -> None:
     assert_equivalent([r["eq"] for r in results])
+
+
+@pytest.mark.engine
+def test_recompute_modes_train_exactly_as_without(results: list[dict]) -> None:
+    """op and layer:N (TorchTitan's modes) against the same layout without recompute."""
+    compared = assert_recompute_changes_nothing([r["eq"] for r in results])
+    assert {s for s in compared if "recompute=op" in s or "recompute=layer:" in s} == {
+        "tp=2,dp=2,zero=3,recompute=op"}
 
 
 @pytest.mark.engine
