@@ -34,7 +34,8 @@ SPECS = [
     "cp=4,cp_method=ulysses",
     "pp=4,micro_batch=1",  # 8 micro-batches through a 4-stage 1F1B
     "cp=2,pp=2,recompute=selective",  # ring attention recomputed inside 1F1B's backward
-    "tp=2,dp=2,zero=3,recompute=op",  # op-level SAC on TP DTensors inside FSDP2
+    "tp=2,dp=2,zero=3,recompute=op",  # op-level SAC on TP DTensors (SP: reduce-scatters kept, all-gathers
+    # run again) inside FSDP2
     # replica groups (HSDP): ZeRO shards inside a group, gradients all-reduced across groups
     "dp=4,dp_replicate=2,zero=3",  # FSDP2 on a 2-D (replicate, shard) mesh
     "tp=2,dp=2,dp_replicate=2,zero=3",  # TP x HSDP (shard group of one: pure replication of TP shards)

@@ -55,7 +55,7 @@ def test_every_mode_changes_nothing_and_checkpoints_every_nth_block() -> None:
 
 
 # a model whose activations dwarf everything else; bf16, as the planner counts (its LSE is fp32)
-MEM = {"layers": 6, "hidden": 128, "heads": 8, "kv_heads": 4, "ffn": 344, "vocab": 256, "seq_len": 128}
+MEM = {"layers": 4, "hidden": 128, "heads": 8, "kv_heads": 4, "ffn": 344, "vocab": 256, "seq_len": 128}
 BATCH = 2
 
 
@@ -74,20 +74,22 @@ def _planned(mode: str) -> float:
 
 def test_saved_activations_match_the_planners_memory_model() -> None:
     """op and full keep exactly what ``planner/memory.py`` counts (to 1%); layer:N keeps the share of
-    none the planner predicts (to 3%). The planner's ``none`` follows Korthikanti's fused-kernel
-    count; this eager engine keeps more (fp32 rotary, unfused norms), so layer:N is compared as a
-    fraction of each side's own ``none``."""
+    none the planner predicts (to 3%) when N divides the layers. The planner's ``none`` follows
+    Korthikanti's fused-kernel count; this eager engine keeps more (fp32 rotary, unfused norms), so
+    layer:N is compared as a fraction of each side's own ``none``. Measured (bytes, engine vs
+    planner): none 6,594,560 vs 4,243,456; op 1,654,784 vs 1,654,784; full 262,144 vs 262,144;
+    layer:2 0.525 of none vs 0.531; layer:3 (1 of 4 blocks) 0.763 vs the planner's 4/3-block 0.687."""
     torch.set_num_threads(1)
-    kept = {mode: _kept(mode) for mode in (*MODES, "layer:4")}
+    kept = {mode: _kept(mode) for mode in MODES}
     planned = {mode: _planned(mode) for mode in kept}
     print({m: (kept[m], round(planned[m])) for m in kept})
     assert kept["none"] > kept["selective"] > kept["op"] > kept["full"], kept
     assert kept["none"] > kept["layer:3"] > kept["layer:2"] > kept["full"], kept
     for mode in ("op", "full"):
         assert abs(kept[mode] / planned[mode] - 1) < 0.01, (mode, kept[mode], planned[mode])
-    for mode in ("layer:2", "layer:3"):  # N divides the 6 layers: the planner's average is exact
-        share, planned_share = kept[mode] / kept["none"], planned[mode] / planned["none"]
-        assert abs(share / planned_share - 1) < 0.03, (mode, share, planned_share)
-    # N = 4 does not divide 6: one block checkpointed (the planner's average counts 6/4 = 1.5)
-    one = (kept["full"] + 5 * kept["none"]) / 6
-    assert abs(kept["layer:4"] / one - 1) < 0.01, (kept["layer:4"], one)
+    # N = 2 divides the 4 layers: the planner's average is exact
+    share, planned_share = kept["layer:2"] / kept["none"], planned["layer:2"] / planned["none"]
+    assert abs(share / planned_share - 1) < 0.03, (share, planned_share)
+    # N = 3 does not divide 4: one block checkpointed (the planner's average counts 4/3)
+    one = (kept["full"] + 3 * kept["none"]) / 4
+    assert abs(kept["layer:3"] / one - 1) < 0.01, (kept["layer:3"], one)
