@@ -15,7 +15,10 @@ The modes are the planner's (``planner.layout.RECOMPUTE_MODES``; the list the en
   the backward never reads its output, so the recompute (which stops once it has rebuilt what the
   backward needs) never runs it either. TorchTitan's "save every other mm" also saves ``w2``'s
   output; the planner's ``op`` (``planner/memory.py``, ``planner/flops.py``) counts it as not kept,
-  and so does this engine;
+  and so does this engine. Where the engine's ``op`` costs more than ``planner/timing.py`` counts:
+  SP's all-gathers (without SP, TP's all-reduces) run again in the backward, as in TorchTitan; and
+  under CP the ring / Ulysses attention is no single kernel, so it runs again (p2p / all-to-all
+  included) and its output and LSE are not kept (less memory than the planner counts);
 - ``layer:N``: every N-th block this rank holds is fully checkpointed, counting the rank's blocks
   1, 2, ... in order across its pipeline chunks (TorchTitan's ``selective_ac_option=N``: a
   per-process counter, block ``c`` checkpointed when ``c % N == 0``). The planner's
@@ -56,8 +59,9 @@ SAVE_LIST = _save_list()
 
 
 def op_policy() -> Callable[..., CheckpointPolicy]:
-    """A fresh policy for one checkpointed block (its matmul counters start at 0, one for the
-    forward and one for the recompute, so both number the same matmuls the same way)."""
+    """A fresh policy for one checkpointed block (its matmul counters start at 0; one for the forward
+    and one for the recompute: torch releases that call the policy again in the recompute number the
+    same matmuls the same way, later ones replay the forward's decisions)."""
     mm_count = {False: 0, True: 0}
 
     def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
