@@ -138,8 +138,9 @@ def links_for(hw: Hardware, tp: int, cp: int, dp: int, pp: int, gpus: tuple[tupl
         dp=group_link(hw, block_fits(tp * cp * dp, world, gpus), per_node // tp),
         pp=group_link(hw, block_fits(world, world, gpus), 1),
     )
+    block = tp * cp * (dp // dp_replicate)
+    links = dataclasses.replace(links, zero3=group_link(hw, block_fits(block, world, gpus), 1))
     if dp_replicate > 1:
-        block = tp * cp * (dp // dp_replicate)
         links = dataclasses.replace(
             links, dp_shard=group_link(hw, block_fits(block, world, gpus), per_node // tp),
             dp_replicate=group_link(hw, block_fits(tp * cp * dp, world, gpus), per_node // block))
@@ -390,7 +391,7 @@ class Searcher:
                 for r, lk in links_by_rep.items():
                     shard = shape["dp"] // r * cp
                     params = stage_param_count(m, min(first, last), tp)
-                    ag, rs = zero3_traffic_s(self.spec.precision, params, shard, lk.dp_shard or lk.dp) \
+                    ag, rs = zero3_traffic_s(self.spec.precision, params, shard, lk.zero3 or lk.dp_shard or lk.dp) \
                         if shard > 1 else (0.0, 0.0)
                     rs += replica_allreduce_s(self.spec.precision, params, shard, r, lk.dp_replicate or lk.dp)
                     floor = min(floor, 2 * ag + rs)
