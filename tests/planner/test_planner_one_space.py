@@ -59,10 +59,13 @@ def test_audit_8b_finds_layer_n_beyond_4() -> None:
     old_best = min(_step(AUDIT_8B, recompute=rc) for rc in OLD_RECOMPUTE_SPACE)
     assert free.estimate.step_time_s < old_best * 0.97
     # layer:N past a stage's layers checkpoints no layer: refused with the reason, not priced
-    refused = plan({**AUDIT_8B, "parallel": {"recompute": "layer:33", "pp": 1}}, top_k=1)
+    refused = plan({**AUDIT_8B, "parallel": {"recompute": "layer:17", "pp": 2, "vpp": 1}}, top_k=1)
     assert not refused.plans
-    assert {r.kind for r in refused.rejected} == {"recompute"}
-    assert "N must be 2..32" in refused.rejected[0].reason
+    assert set(refused.rejected_counts) == {"recompute"}
+    assert all("N must be 2..16" in r.reason for r in refused.rejected)
+    with pytest.raises(SpecError) as err:  # past the model's layers: a spec error naming the field
+        parse_spec({**AUDIT_8B, "parallel": {"recompute": "layer:33"}})
+    assert err.value.field == "parallel.recompute"
 
 
 def _layer_n_spec(layers: int, seq: int, gpus: int, pp: int, n: int) -> dict[str, Any]:
