@@ -119,7 +119,7 @@ def test_left_out_median_on_the_heldout_sources_is_within_10_percent() -> None:
     """The claim README and `orthoplex bench planner` make, checked: each held-out source predicted with
     kernel efficiencies fitted on the other sources only (the bench's leave-one-source-out, 3 rounds)
     has a median |error| <= 10%, and every held-out run is scored (none refused, none skipped). Takes
-    a few CPU minutes (about 3 on an idle core)."""
+    about 3.5 CPU minutes (236 s wall on the shared 2-core box, 202 s CPU)."""
     cases = load_cases() + load_cases(HELDOUT_CASES)
     heldout = {source_of(c) for c in load_cases(HELDOUT_CASES)}
     left = leave_one_source_out(cases, rounds=3)
