@@ -556,8 +556,15 @@ class Searcher:
                 if rep > 1 and zero in floor and (cost < floor[zero][0] or (cost == floor[zero][0]
                                                                              and floor[zero][1])):
                     continue
-                # the structural checks passed for the lean layout and do not depend on the ZeRO stage,
-                # the replica groups or the recompute mode (every mode here is within the layer:N cap)
+                # the general structural checks passed for the lean layout and do not depend on the ZeRO
+                # stage, the replica groups or the recompute mode (every mode here is within the layer:N
+                # cap); the engine's own rules are checked per mode (they may name a recompute mode)
+                if spec.engine_only:
+                    lay = dataclasses.replace(base, recompute=rc)
+                    bad = C.check_schedule(spec, lay, nmb) or C.check_knobs(spec, lay)
+                    if bad:
+                        self.reject(lay, bad[0], bad[1])
+                        return True
                 mem = self.memory_gb(base, rc)
                 if mem > self.limit_gb:
                     self.reject({**shape, "vpp": v, "micro_batch": b, "zero": zero, "dp_replicate": rep,
