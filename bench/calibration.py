@@ -74,9 +74,11 @@ def system_fixed(case: dict[str, Any]) -> dict[str, Any]:
 
     Context parallelism (Megatron-Core CP, DeepSpeed-Ulysses, ring attention) appeared in 2023, after
     FlashAttention: a system of the materialised-attention era (see :func:`attention_of`) ran cp = 1
-    because it had nothing else, so cp = 1 is not a layout choice its authors made.
+    because it had nothing else, so cp = 1 is not a layout choice its authors made. The same holds for
+    ZeRO replica groups (``dp_replicate``: PyTorch FSDP's HYBRID_SHARD and DeepSpeed ZeRO++'s hpZ,
+    both 2023): ZeRO of that era sharded over the whole DP group.
     """
-    return {"cp": 1} if attention_of(case) == "materialized" else {}
+    return {"cp": 1, "dp_replicate": 1} if attention_of(case) == "materialized" else {}
 
 
 # Sources whose own text publishes the TP/PP split although the dataset's copy (an image showing only
@@ -105,11 +107,15 @@ def source_of(case: dict[str, Any]) -> str:
 
 
 def case_spec(case: dict[str, Any]) -> dict[str, Any]:
-    """The planner spec for a case: the record itself plus the attention implementation and whether its
-    software overlapped TP communication (:func:`tp_overlap_of`)."""
+    """The planner spec for a case: the record itself plus the attention implementation, the layout
+    fields its software could not vary (:func:`system_fixed`) and whether its software overlapped TP
+    communication (:func:`tp_overlap_of`)."""
     spec = {k: case[k] for k in ("model", "cluster", "parallel", "precision") if case.get(k) is not None}
     spec["model"] = {**case["model"], "attention": attention_of(case)}
     spec["parallel"] = dict(case.get("parallel") or {})
+    for key, value in system_fixed(case).items():  # what the case's software could not vary
+        if spec["parallel"].get(key) is None:
+            spec["parallel"][key] = value
     if tp_overlap_of(case):
         spec["parallel"]["tp_overlap"] = True
     return spec

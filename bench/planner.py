@@ -3,7 +3,8 @@
 ``run()`` times the whole ``planner.plan`` for Llama-3 405B on 16,384 H100 GPUs with every knob
 free (target: under 1 s) and, in the same run, a naive exhaustive search over the same space
 (every TP/CP/PP/DP factorization x micro-batch (up to 64) x vpp (every count the cost model accepts,
-uneven chunks included) x schedule x SP x ZeRO x replica groups x recompute x CP method, each costed,
+uneven chunks included) x schedule x SP x ZeRO x replica groups x recompute (every ``layer:N`` the
+cost model accepts, N = 2 .. the busiest stage's layers, each costed) x CP method, each costed,
 no dominance or bound pruning). Its limits, stated next to its numbers: micro-batches above 64 are not
 tried (the planner does not try them either unless the spec fixes one), and replica groups
 (``dp_replicate``) are tried only in the planner's own candidate set (``replica_options``: none, or
@@ -25,6 +26,7 @@ from planner.api import plan
 from planner.layout import Layout
 from planner.memory import memory_limit_gb, memory_total_gb
 from planner.search import (
+    LAYER_FAMILY,
     MAX_MICRO_BATCH,
     RECOMPUTE_ORDER,
     candidate_worlds,
@@ -65,11 +67,14 @@ def naive_search(spec: PlanSpec, budget_s: float = math.inf) -> dict[str, Any]:
             for v in range(1, layers // pp + 1) if pp > 1 else [1]:
                 if C.check_pp(spec, pp, v):
                     continue
+                cap = C.layer_checkpoint_cap(spec, pp, v)
+                modes = [m for r in RECOMPUTE_ORDER
+                         for m in ([f"layer:{n}" for n in range(2, cap + 1)] if r == LAYER_FAMILY else [r])]
                 scheds = ["interleaved"] if v > 1 else (["1f1b", "gpipe"] if pp > 1 else ["1f1b"])
                 for sched in scheds:
                     for sp in (False, True) if tp > 1 else (False,):
                         for zero, r in [(z, r) for z in (0, 1, 3) for r in (reps if z else [1])]:
-                            for rc in RECOMPUTE_ORDER:
+                            for rc in modes:
                                 for cpm in ("ring", "ulysses") if cp > 1 else ("ring",):
                                     lay = Layout(tp=tp, pp=pp, cp=cp, dp=dp, vpp=v, micro_batch=b,
                                                  num_micro_batches=nmb, sp=sp, zero=zero, recompute=rc,

@@ -10,7 +10,8 @@ assumes of other engines (Megatron-style interleaving, uneven stages).
 from __future__ import annotations
 
 from planner import engine_rules as E
-from planner.layout import Layout
+from planner.layout import Layout, checkpoint_interval
+from planner.memory import head_layer_equivalents, stage_layers
 from planner.spec import PlanSpec
 
 
@@ -64,8 +65,30 @@ def check_schedule(spec: PlanSpec, lay: Layout, num_micro_batches: int) -> tuple
     return None
 
 
+def layer_checkpoint_cap(spec: PlanSpec, pp: int, vpp: int) -> int:
+    """The largest N of ``layer:N`` that means something for this stage split: the layers of the
+    busiest pipeline stage (every N-th layer of a stage is checkpointed, so a larger N checkpoints
+    none, which is ``none``; 1 would be ``full``)."""
+    return max(stage_layers(spec.model.layers, pp, vpp, head_layer_equivalents(spec.model)))
+
+
+def check_recompute(spec: PlanSpec, lay: Layout) -> tuple[str, str] | None:
+    every = checkpoint_interval(lay.recompute)
+    if every > 1:
+        cap = layer_checkpoint_cap(spec, lay.pp, lay.vpp)
+        if every > cap:
+            allowed = f"N must be 2..{cap}" if cap >= 2 else "layer:N does not apply (use full or none)"
+            return "recompute", (f"recompute {lay.recompute} checkpoints every {every}-th layer of a pipeline "
+                                 f"stage, but the busiest stage has {cap} layer(s): {allowed} "
+                                 "(a larger N checkpoints no layer: that is recompute none)")
+    return None
+
+
 def check_knobs(spec: PlanSpec, lay: Layout) -> tuple[str, str] | None:
     m = spec.model
+    bad = check_recompute(spec, lay)
+    if bad:
+        return bad
     if spec.engine_only:
         bad = E.cp_rule(m, lay)
         if bad:

@@ -132,8 +132,9 @@ def inflight_factor(lay: Layout, m: int) -> float:
     return held
 
 
-def _stages(spec: PlanSpec, lay: Layout) -> tuple[dict[str, float], dict[str, float]]:
+def _stages(spec: PlanSpec, lay: Layout, recompute: str | None = None) -> tuple[dict[str, float], dict[str, float]]:
     m = spec.model
+    rc = recompute or lay.recompute
     p, t = lay.pp, lay.tp
     mb = lay.num_micro_batches or max(1, spec.global_batch // (lay.dp * lay.micro_batch))
     first_layers, last_layers = stage_layers(m.layers, p, lay.vpp, head_layer_equivalents(m))
@@ -146,9 +147,9 @@ def _stages(spec: PlanSpec, lay: Layout) -> tuple[dict[str, float], dict[str, fl
 
     tok = lay.micro_batch * m.seq_len / lay.cp
     sp_div = t if lay.sp else 1
-    act_layer = activation_bytes_per_layer(spec, lay)
+    act_layer = activation_bytes_per_layer(spec, lay, rc)
     # a fully recomputed layer rebuilds all its activations during its backward
-    working = activation_bytes_per_layer(spec, lay, "none") if checkpoint_interval(lay.recompute) else 0.0
+    working = activation_bytes_per_layer(spec, lay, "none") if checkpoint_interval(rc) else 0.0
     zero3_buf = 2.0 * lp * 2.0 + lp * 4.0 if lay.zero >= 3 else 0.0
     emb_act = 3.0 * tok * m.hidden / sp_div
     logits = 4.0 * tok * (m.hidden + m.vocab) / t
@@ -201,10 +202,43 @@ def estimate_memory(spec: PlanSpec, lay: Layout) -> MemoryEstimate:
     return MemoryEstimate(components=comps, total_gb=max(ft, lt), first_stage_gb=ft, last_stage_gb=lt)
 
 
-def memory_total_gb(spec: PlanSpec, lay: Layout) -> float:
-    """Same as ``estimate_memory(...).total_gb`` (the search's fast path)."""
-    first, last = _stages(spec, lay)
+def memory_total_gb(spec: PlanSpec, lay: Layout, recompute: str | None = None) -> float:
+    """Same as ``estimate_memory(...).total_gb`` (the search's fast path), for ``lay`` with
+    ``recompute`` instead of its own mode when given."""
+    first, last = _stages(spec, lay, recompute)
     return max(sum(first.values()), sum(last.values())) / GiB
+
+
+def largest_checkpoint_interval(spec: PlanSpec, lay: Layout, limit_gb: float, cap: int) -> int:
+    """The largest N in ``2..cap`` for which ``lay`` with ``recompute=layer:N`` needs at most
+    ``limit_gb``; 0 when none does.
+
+    Closed form: only the activations depend on N, one layer's being ``none - (none - full)/N``
+    (see :func:`activation_bytes_per_layer`), so a stage holding ``w`` layer-micro-batches needs
+    ``P - Q/N`` bytes with ``Q = w·(none - full)``: it fits for ``N <= Q / (P - limit)``. Memory
+    grows with N and recompute time falls with it, so this is the fastest ``layer:N`` that fits.
+    """
+    if cap < 2:
+        return 0
+    first, last = _stages(spec, lay, "layer:2")
+    m = spec.model
+    mb = lay.num_micro_batches or max(1, spec.global_batch // (lay.dp * lay.micro_batch))
+    first_layers, last_layers = stage_layers(m.layers, lay.pp, lay.vpp, head_layer_equivalents(m))
+    gap = activation_bytes_per_layer(spec, lay, "none") - activation_bytes_per_layer(spec, lay, "full")
+    stages = [(sum(first.values()), first_layers * inflight_factor(lay, mb))]
+    if lay.pp > 1:
+        stages.append((sum(last.values()), float(last_layers)))
+    limit = limit_gb * GiB
+    best = cap
+    for at_two, weight in stages:
+        q = weight * gap
+        p = at_two + q / 2.0
+        if p > limit:
+            best = min(best, math.floor(q / (p - limit)) if q > 0 else 0)
+    # the closed form's rounding, checked exactly
+    while best >= 2 and memory_total_gb(spec, lay, f"layer:{best}") > limit_gb:
+        best -= 1
+    return best if best >= 2 else 0
 
 
 def memory_limit_gb(spec: PlanSpec) -> float:

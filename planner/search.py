@@ -9,6 +9,10 @@ Exact with respect to the cost model, but it skips what provably cannot win:
 - *bounds*: factorizations (and micro-batch/vpp choices) are visited in order of a lower bound on
   their step time (compute at the GEMM efficiency ceiling, no communication, the smallest bubble
   any knob allows) and dropped once the bound exceeds the k-th best step time found.
+- *layer:N by bisection*: every ``layer:N`` the cost model accepts (N from 2 to the busiest stage's
+  layers, :func:`planner.constraints.layer_checkpoint_cap`) is in the space. For one layout, memory
+  grows with N and recompute time falls with it, so the fastest that fits is the largest N that
+  fits: found in closed form (:meth:`Searcher.largest_layer_n`) instead of costing each N.
 
 Replica groups (``dp_replicate``, HSDP) are tried for ZeRO layouts in the form that can pay off
 (shard groups inside a node, see :func:`replica_options`), each with its own recompute sweep.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -35,6 +40,7 @@ from planner.layout import Layout
 from planner.memory import (
     estimate_memory,
     head_layer_equivalents,
+    largest_checkpoint_interval,
     memory_limit_gb,
     memory_total_gb,
     stage_layers,
@@ -59,9 +65,12 @@ from planner.timing import (
 
 MAX_LISTED_REJECTIONS = 200
 MAX_MICRO_BATCH = 64
-RECOMPUTE_ORDER = ("none", "selective", "op", "layer:4", "layer:3", "layer:2", "full")  # tried cheapest first
-# the candidates the engine runs (the rule's one home: planner.engine_rules.recompute_rule)
-ENGINE_RECOMPUTE = tuple(rc for rc in RECOMPUTE_ORDER if recompute_rule(rc) is None)
+LAYER_FAMILY = "layer:N"  # every layer:N, N = 2 .. the busiest stage's layers (resolved per layout)
+RECOMPUTE_ORDER = ("none", "selective", "op", LAYER_FAMILY, "full")  # the free search's recompute space
+# the candidates the engine runs (the rule's one home: planner.engine_rules.recompute_rule); the
+# layer:N family stands for its members, asked of the rule as layer:2
+ENGINE_RECOMPUTE = tuple(rc for rc in RECOMPUTE_ORDER
+                         if recompute_rule("layer:2" if rc == LAYER_FAMILY else rc) is None)
 
 
 def divisors(n: int) -> list[int]:
@@ -133,8 +142,9 @@ def links_for(hw: Hardware, tp: int, cp: int, dp: int, pp: int, gpus: tuple[tupl
         dp=group_link(hw, block_fits(tp * cp * dp, world, gpus), per_node // tp),
         pp=group_link(hw, block_fits(world, world, gpus), 1),
     )
+    block = tp * cp * (dp // dp_replicate)
+    links = dataclasses.replace(links, zero3=group_link(hw, block_fits(block, world, gpus), 1))
     if dp_replicate > 1:
-        block = tp * cp * (dp // dp_replicate)
         links = dataclasses.replace(
             links, dp_shard=group_link(hw, block_fits(block, world, gpus), per_node // tp),
             dp_replicate=group_link(hw, block_fits(tp * cp * dp, world, gpus), per_node // block))
@@ -211,7 +221,9 @@ class Searcher:
         self.evaluated = 0
         self.limit_gb = memory_limit_gb(spec)
         self._threshold = math.inf
-        self._rc_order: dict[tuple[Any, ...], list[str]] = {}
+        self._rc_costs: dict[tuple[Any, ...], dict[str, float]] = {}
+        self._mem_cache: dict[tuple[Any, ...], float] = {}
+        self._layer_n_cache: dict[tuple[Any, ...], int] = {}
 
     # ------------------------------------------------------------------ bookkeeping
     def reject(self, layout: dict[str, Any] | Layout, kind: str, reason: str, count: int = 1) -> None:
@@ -298,11 +310,52 @@ class Searcher:
             entries.append((lb, tp, cp, pp, dp, mbs, vpps))
         entries.sort(key=lambda e: e[0])
         for lb, tp, cp, pp, dp, mbs, vpps in entries:
-            n_knobs = len(mbs) * len(vpps) * 2 * 3 * 3
             if lb > self._threshold:
-                self.searched += n_knobs
+                self.searched += len(mbs) * self._space(tp, cp, dp, pp, vpps)
                 continue
             self._search_shape(world, hw, tp, cp, pp, dp, mbs, vpps)
+
+    def _recompute_options(self) -> list[str]:
+        return self._options("recompute", ENGINE_RECOMPUTE if self.spec.engine_only else RECOMPUTE_ORDER)
+
+    def _n_modes(self, recs: Sequence[str], pp: int, v: int) -> int:
+        """Recompute modes in ``recs`` for a stage split, the layer:N family counted as its members."""
+        if LAYER_FAMILY not in recs:
+            return len(recs)
+        return len(recs) - 1 + max(0, C.layer_checkpoint_cap(self.spec, pp, v) - 1)
+
+    def _space(self, tp: int, cp: int, dp: int, pp: int, vpps: Sequence[int]) -> int:
+        """Candidates per micro-batch of a shape (for ``searched``): SP x ZeRO x CP method x
+        recompute, summed over the vpp choices."""
+        knobs = (len(self._options("sp", [True] if tp > 1 else [False]))
+                 * len(self._options("zero", [1, 3] if dp * cp > 1 else [0]))
+                 * len(self._options("cp_method", ["ring", "ulysses"] if cp > 1 else ["ring"])))
+        recs = self._recompute_options()
+        return knobs * sum(self._n_modes(recs, pp, v) for v in vpps)
+
+    def largest_layer_n(self, lay: Layout) -> int:
+        """The largest N in 2 .. :func:`planner.constraints.layer_checkpoint_cap` for which ``lay`` with
+        ``recompute=layer:N`` fits in memory (0 when none does): the fastest layer:N that fits, in
+        closed form (:func:`planner.memory.largest_checkpoint_interval`) instead of one costing per N."""
+        key = (lay.tp, lay.pp, lay.cp, lay.dp, lay.vpp, lay.micro_batch, lay.num_micro_batches, lay.sp, lay.zero,
+               lay.schedule, lay.dp_replicate)  # all memory depends on but the recompute and CP methods
+        n = self._layer_n_cache.get(key)
+        if n is None:
+            n = self._layer_n_cache[key] = largest_checkpoint_interval(
+                self.spec, lay, self.limit_gb, C.layer_checkpoint_cap(self.spec, lay.pp, lay.vpp))
+        return n
+
+    def memory_gb(self, lay: Layout, recompute: str | None = None) -> float:
+        """:func:`planner.memory.memory_total_gb` of ``lay`` (with ``recompute`` instead of its own),
+        remembered: the CP method does not change memory, so ring and Ulysses candidates share one
+        evaluation."""
+        rc = recompute or lay.recompute
+        key = (lay.tp, lay.pp, lay.cp, lay.dp, lay.vpp, lay.micro_batch, lay.num_micro_batches, lay.sp, lay.zero,
+               rc, lay.schedule, lay.dp_replicate)
+        mem = self._mem_cache.get(key)
+        if mem is None:
+            mem = self._mem_cache[key] = memory_total_gb(self.spec, lay, rc)
+        return mem
 
     def _vpp_options(self, pp: int) -> list[int]:
         """Virtual stages per rank: every count the cost model accepts, uneven chunks included.
@@ -342,7 +395,7 @@ class Searcher:
                 for r, lk in links_by_rep.items():
                     shard = shape["dp"] // r * cp
                     params = stage_param_count(m, min(first, last), tp)
-                    ag, rs = zero3_traffic_s(self.spec.precision, params, shard, lk.dp_shard or lk.dp) \
+                    ag, rs = zero3_traffic_s(self.spec.precision, params, shard, lk.zero3 or lk.dp_shard or lk.dp) \
                         if shard > 1 else (0.0, 0.0)
                     rs += replica_allreduce_s(self.spec.precision, params, shard, r, lk.dp_replicate or lk.dp)
                     floor = min(floor, 2 * ag + rs)
@@ -363,18 +416,18 @@ class Searcher:
         shape = {"tp": tp, "pp": pp, "cp": cp, "dp": dp}
         sps = self._options("sp", [True] if tp > 1 else [False])
         zeros = self._options("zero", [1, 3] if dp * cp > 1 else [0])
-        recs = self._options("recompute", ENGINE_RECOMPUTE if spec.engine_only else RECOMPUTE_ORDER)
+        recs = self._recompute_options()
         cpms = self._options("cp_method", ["ring", "ulysses"] if cp > 1 else ["ring"])
         reps = replica_options(spec, tp, cp, dp, pp, world.gpus) if dp > 1 else [1]
         links_by_rep = {r: links_for(hw, tp, cp, dp, pp, world.gpus, r) for r in reps}
-        per_v = len(sps) * len(zeros) * len(recs) * len(cpms)
         key = (world.size, tp, pp, cp, dp)
         fitting = [z for z in zeros if states_floor_gb(spec, tp, pp, dp * cp, z) <= self.limit_gb]
         if not fitting:
             least = states_floor_gb(spec, tp, pp, dp * cp, max(zeros))
+            n = self._space(tp, cp, dp, pp, vpps) * len(mbs)
             self.reject(shape, "memory", f"needs at least {least:.1f} GiB per GPU for the model states alone > "
-                        f"{self.limit_gb:.1f} GiB usable", per_v * len(mbs) * len(vpps))
-            self.searched += per_v * len(mbs) * len(vpps)
+                        f"{self.limit_gb:.1f} GiB usable", n)
+            self.searched += n
             return
         zeros = fitting
         zero3_only = min(zeros) >= 3
@@ -383,14 +436,15 @@ class Searcher:
             bad = C.check_pp(spec, pp, v)
             if bad:
                 self.reject({**shape, "vpp": v}, bad[0], bad[1], len(mbs))
-                self.searched += per_v * len(mbs)
+                self.searched += self._space(tp, cp, dp, pp, [v]) * len(mbs)
             else:
                 splittable.append(v)
+        per_mb = self._space(tp, cp, dp, pp, splittable)
         probe = Layout(tp=tp, pp=pp, cp=cp, dp=dp, vpp=2, schedule="interleaved") if pp > 1 else None
         for i, b in enumerate(mbs):
             nmb = spec.global_batch // (dp * b)
             any_fit = False
-            self.searched += per_v * len(splittable)
+            self.searched += per_mb
             vs = []
             for v in splittable:
                 bad = C.check_schedule(spec, probe, nmb) if v > 1 and probe is not None else None
@@ -412,7 +466,7 @@ class Searcher:
                                 any_fit = True
             if not any_fit and "micro_batch" not in spec.fixed:
                 # memory only grows with the micro-batch: larger ones cannot fit either
-                self.searched += (len(mbs) - i - 1) * len(splittable) * per_v
+                self.searched += (len(mbs) - i - 1) * per_mb
                 break
 
     def _try_knobs(self, world: World, hw: Hardware, links_by_rep: dict[int, Links], shape: dict[str, int], b: int,
@@ -420,27 +474,37 @@ class Searcher:
         """ZeRO x replica groups x recompute for one (b, v, schedule, sp, cp_method); True unless only
         memory failed.
 
-        Recompute modes are tried cheapest first and stop at the first that fits; ZeRO-1 (or 0)
-        first: once it fits with mode r, ZeRO-3 (more communication) only needs modes cheaper than r
-        (per replica-group count: the same argument holds for each).
+        Recompute modes are tried cheapest (recompute time) first and stop at the first that fits; the
+        layer:N family enters that order at its cheapest member and is resolved, when reached, to the
+        largest N that fits (:meth:`largest_layer_n`). ZeRO-1 (or 0) first: once it fits with a mode
+        of recompute time r, ZeRO-3 (more communication) only needs modes cheaper than r (per
+        replica-group count: the same argument holds for each).
         """
         spec = self.spec
         links = links_by_rep[min(links_by_rep)]
-        # cheapest recompute first (the order depends on the shapes), the leanest one is "full"
-        if len(recs) > 1:
-            order_key = (hw, b, shape["tp"], shape["cp"], sp, cpm, links.tp, links.cp)
-            order = self._rc_order.get(order_key)
-            if order is None:
-                order = sorted(recs, key=lambda r: layer_times(spec.model, spec.precision, hw, b, shape["tp"],
-                                                               shape["cp"], sp, r, cpm, links.tp, links.cp).rc)
-                self._rc_order[order_key] = order
-            recs = order
-        lean_rc = "full" if "full" in recs else recs[-1]
-        cutoff = {r: len(recs) for r in links_by_rep}
-        rc_fit: dict[int, int] = {}
-        fitted_any = False
+
+        costs = self._rc_costs.setdefault((hw, b, shape["tp"], shape["cp"], sp, cpm, links.tp, links.cp), {})
+
+        def rc_cost(mode: str) -> float:
+            cost = costs.get(mode)
+            if cost is None:
+                cost = costs[mode] = layer_times(spec.model, spec.precision, hw, b, shape["tp"], shape["cp"], sp,
+                                                 mode, cpm, links.tp, links.cp).rc
+            return cost
+
+        cap = C.layer_checkpoint_cap(spec, shape["pp"], v)
+        concrete = [r for r in recs if r != LAYER_FAMILY]
+        family = LAYER_FAMILY in recs and cap >= 2
         # the leanest combination first (memory falls with the ZeRO stage; full recompute keeps least):
         # when even it does not fit, no combination does
+        if "full" in concrete:
+            lean_rc = "full"
+        elif concrete or family:
+            lean_rc = max(concrete + (["layer:2"] if family else []), key=rc_cost)
+        else:  # only the layer:N family, and no layer:N applies to this stage split
+            self.reject({**shape, "vpp": v, "schedule": sched}, "recompute",
+                        f"layer:N needs N <= the busiest stage's {cap} layer(s)")
+            return True
         try:
             lean = Layout(tp=shape["tp"], pp=shape["pp"], cp=shape["cp"], dp=shape["dp"], vpp=v, micro_batch=b,
                           num_micro_batches=nmb, sp=sp, zero=max(zeros), recompute=lean_rc, schedule=sched,
@@ -452,51 +516,75 @@ class Searcher:
         if bad:
             self.reject(lean, bad[0], bad[1])
             return True
-        mem = memory_total_gb(spec, lean)
+        n_modes = len(concrete) + (cap - 1 if family else 0)
+        mem = self.memory_gb(lean)
         if mem > self.limit_gb:
             self.reject(lean, "memory", f"needs {mem:.1f} GiB per GPU > {self.limit_gb:.1f} GiB usable "
-                        "(with the least memory any ZeRO stage and recompute mode allow)", len(zeros) * len(recs))
+                        "(with the least memory any ZeRO stage and recompute mode allow)", len(zeros) * n_modes)
             return False
+        tie = itertools.count()
+        order = sorted((rc_cost(r), next(tie), r) for r in concrete)
+        if family:  # the family's cheapest member stands for it until it is reached
+            order.append((rc_cost(f"layer:{cap}"), next(tie), LAYER_FAMILY))
+            order.sort()
+        cutoff = {r: math.inf for r in links_by_rep}  # recompute time a ZeRO-3 mode must beat, per replica count
+        # per ZeRO stage, what plain ZeRO (dp_replicate=1) learnt: modes up to this recompute time did not
+        # fit (strict) or the first that fit had it; more replica groups hold more state, so modes
+        # below it cannot fit with them either
+        floor: dict[int, tuple[float, bool]] = {}
+        fitted_any = False
         for zero, rep in [(z, r) for z in zeros for r in (sorted(links_by_rep) if z else [1])]:
-            if (zero, rep) != (lean.zero, 1):
-                mem = memory_total_gb(spec, dataclasses.replace(lean, zero=zero, dp_replicate=rep))
+            base = lean if (zero, rep) == (lean.zero, 1) else dataclasses.replace(lean, zero=zero, dp_replicate=rep)
+            if base is not lean:
+                mem = self.memory_gb(base)
                 if mem > self.limit_gb:  # not even the leanest recompute mode fits at this stage
                     self.reject({**shape, "vpp": v, "micro_batch": b, "zero": zero, "dp_replicate": rep}, "memory",
                                 f"needs {mem:.1f} GiB per GPU > {self.limit_gb:.1f} GiB usable with recompute "
-                                f"{lean_rc}", len(recs))
+                                f"{lean_rc}", n_modes)
                     continue
-            # replica groups hold more state than plain ZeRO: a mode that did not fit with dp_replicate=1
-            # cannot fit with more replica groups (rc_fit: the modes before it failed plainly)
-            start = rc_fit.get(zero, 0) if rep > 1 else 0
-            for k, rc in enumerate(recs):
-                if k >= cutoff[rep]:
+            queue = list(order)
+            while queue:
+                cost, _, rc = heapq.heappop(queue)
+                if cost >= cutoff[rep]:
                     break
-                if k < start:
+                if rc == LAYER_FAMILY:
+                    n = self.largest_layer_n(base)
+                    if n:
+                        heapq.heappush(queue, (rc_cost(f"layer:{n}"), next(tie), f"layer:{n}"))
+                    else:
+                        mem = self.memory_gb(base, "layer:2")
+                        self.reject(dataclasses.replace(base, recompute="layer:2"), "memory",
+                                    f"needs {mem:.1f} GiB per GPU > {self.limit_gb:.1f} GiB usable with every "
+                                    f"layer:N (N = 2..{cap})", cap - 1)
                     continue
-                try:
-                    lay = Layout(tp=shape["tp"], pp=shape["pp"], cp=shape["cp"], dp=shape["dp"], vpp=v,
-                                 micro_batch=b, num_micro_batches=nmb, sp=sp, zero=zero, recompute=rc,
-                                 schedule=sched, cp_method=cpm, dp_replicate=rep)
-                except ValueError as exc:
-                    self.reject({**shape, "vpp": v, "schedule": sched}, "layout", str(exc))
-                    return True
-                bad = C.check_schedule(spec, lay, nmb) or C.check_knobs(spec, lay)
-                if bad:
-                    self.reject(lay, bad[0], bad[1])
-                    return True
-                mem = memory_total_gb(spec, lay)
+                if rep > 1 and zero in floor and (cost < floor[zero][0] or (cost == floor[zero][0]
+                                                                             and floor[zero][1])):
+                    continue
+                # the general structural checks passed for the lean layout and do not depend on the ZeRO
+                # stage, the replica groups or the recompute mode (every mode here is within the layer:N
+                # cap); the engine's own rules are checked per mode (they may name a recompute mode)
+                if spec.engine_only:
+                    lay = dataclasses.replace(base, recompute=rc)
+                    bad = C.check_schedule(spec, lay, nmb) or C.check_knobs(spec, lay)
+                    if bad:
+                        self.reject(lay, bad[0], bad[1])
+                        return True
+                mem = self.memory_gb(base, rc)
                 if mem > self.limit_gb:
-                    self.reject(lay, "memory", f"needs {mem:.1f} GiB per GPU > {self.limit_gb:.1f} GiB usable")
+                    self.reject({**shape, "vpp": v, "micro_batch": b, "zero": zero, "dp_replicate": rep,
+                                 "recompute": rc}, "memory",
+                                f"needs {mem:.1f} GiB per GPU > {self.limit_gb:.1f} GiB usable")
                     if rep == 1:
-                        rc_fit[zero] = k + 1
+                        floor[zero] = (cost, True)
                     continue
                 fitted_any = True
                 if rep == 1:
-                    rc_fit[zero] = k
+                    floor[zero] = (cost, False)
+                lay = dataclasses.replace(base, recompute=rc)
                 self.evaluated += 1
                 self.found(estimate_time(spec, hw, lay, links_by_rep[rep], detail=False).step_time_s, lay, world)
                 if zero < 3:
-                    cutoff[rep] = k
+                    cutoff[rep] = cost
                 break
         return fitted_any
 

@@ -11,7 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from planner.layout import CP_METHODS, SCHEDULES, ZERO_STAGES, normalise_recompute, recompute_error
+from planner.layout import (
+    CP_METHODS,
+    SCHEDULES,
+    ZERO_STAGES,
+    checkpoint_interval,
+    normalise_recompute,
+    recompute_error,
+)
 from planner.profiles import lookup_gpu, lookup_model
 
 
@@ -413,6 +420,10 @@ def parse_spec(spec: Mapping[str, Any] | PlanSpec, *, engine_only: bool | None =
     global_batch = _int(gb, gb_field)
     if "micro_batch" in fixed and global_batch % fixed["micro_batch"]:
         raise SpecError("parallel.micro_batch", f"does not divide global_batch {global_batch}")
+    every = checkpoint_interval(fixed.get("recompute", "none"))
+    if every > max(2, model.layers):  # layer:N checkpoints every N-th layer of a stage: N <= the layers
+        raise SpecError("parallel.recompute", f"layer:N needs N <= the model's {model.layers} layers (a larger N "
+                                              f"checkpoints no layer: that is none), got {fixed['recompute']!r}")
     eo = spec.get("engine_only", False) if engine_only is None else engine_only
     tp_overlap = _bool(parallel_raw.get("tp_overlap", False), "parallel.tp_overlap")
     if tp_overlap and _bool(eo, "engine_only"):

@@ -297,6 +297,9 @@ class Links:
     # (None without replica groups: the shard group is the whole DP x CP group, link ``dp``)
     dp_shard: tuple[float, float] | None = None
     dp_replicate: tuple[float, float] | None = None
+    # ZeRO-3's per-layer parameter gathers and gradient reduce-scatters over the shard group: one NIC
+    # per GPU once the group leaves a node (see :func:`zero3_traffic_s`; None: the shard group's link)
+    zero3: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,11 +359,17 @@ def stage_param_count(m: ModelSpec, n_layers: float, tp: int) -> float:
 def zero3_traffic_s(precision: str, stage_params: float, shard: int, link: tuple[float, float]) -> tuple[float, float]:
     """ZeRO-3 per micro-batch: (parameter all-gather, gradient reduce-scatter) seconds.
 
+    Every GPU receives the whole stage's parameters (2 B each, twice: forward and backward) and
+    sends its whole gradient, reduce-scattered in the dtype of the gradient shards it keeps: fp32
+    for every precision (:func:`planner.memory.state_bytes_per_param`, FSDP2's ``reduce_dtype``).
+    ``link`` is :attr:`Links.zero3`: once the shard group leaves a node, one NIC per GPU (the
+    per-GPU volume is the whole model whatever the group size, and the measured ZeRO-3 / FSDP runs
+    move it at about one NIC's bandwidth, not at the node-aggregated rate of a bucketed all-reduce).
     Forward and backward each gather once, so a micro-batch's stage time is at least
     ``2·ag + rs`` however well they overlap (the search's bound uses this)."""
-    grad_bytes = 2.0 if precision == "fp16" else 4.0
+    del precision  # the gradient shards are fp32 for every precision
     return (half_collective_time(2.0 * stage_params, shard, link[0], link[1]),
-            half_collective_time(grad_bytes * stage_params, shard, link[0], link[1]))
+            half_collective_time(4.0 * stage_params, shard, link[0], link[1]))
 
 
 def replica_allreduce_s(precision: str, stage_params: float, shard: int, replicas: int,
@@ -403,7 +412,8 @@ def estimate_time(spec: PlanSpec, hw: Hardware, lay: Layout, links: Links, detai
     fwd_mb = n_layers * lt.fwd
     bwd_mb = n_layers * (lt.bwd + lt.rc)
     if lay.zero >= 3 and shard * rep > 1:
-        ag, rs = zero3_traffic_s(spec.precision, stage_params, shard, shard_link) if shard > 1 else (0.0, 0.0)
+        ag, rs = zero3_traffic_s(spec.precision, stage_params, shard, links.zero3 or shard_link) \
+            if shard > 1 else (0.0, 0.0)
         rs += rep_ar
         # FSDP2 prefetches the next layer's gather under this layer's compute: the first gather of
         # each pass and the last reduce-scatter are never hidden

@@ -86,6 +86,8 @@ def test_nothing_fits_exits_1_with_reasons(tmp_path: Path) -> None:
           "parallel": {"recompute": "layer:1"}, "training": {"global_batch": 8}}, "parallel.recompute"),
         ({"model": {"name": "llama3-8b"}, "cluster": {"gpu_type": "A100", "num_gpus": 8},
           "parallel": {"recompute": "sometimes"}, "training": {"global_batch": 8}}, "parallel.recompute"),
+        ({"model": {"name": "llama3-8b"}, "cluster": {"gpu_type": "A100", "num_gpus": 8},
+          "parallel": {"recompute": "layer:33"}, "training": {"global_batch": 8}}, "parallel.recompute"),
     ],
 )
 def test_bad_input_exits_2_naming_the_field(tmp_path: Path, spec: Any, field: str) -> None:
@@ -126,3 +128,18 @@ def test_tp_overlap_must_be_a_boolean(tmp_path: Path) -> None:
             "parallel": {"tp_overlap": "sometimes"}, "training": {"global_batch": 8}}
     res = _run(tmp_path, spec, "--json")
     assert res.exit_code == 2 and "parallel.tp_overlap" in res.output
+
+
+def test_layer_n_beyond_a_stage_is_refused_with_its_reason(tmp_path: Path) -> None:
+    """layer:N is accepted up to the busiest stage's layers (the free search explores all of them);
+    past them the layout is refused for that reason (exit 1, nothing fits), not priced."""
+    base = {"model": {"name": "llama3-8b"}, "cluster": {"gpu_type": "H100", "num_gpus": 8},
+            "training": {"global_batch": 8}}
+    ok = _run(tmp_path, {**base, "parallel": {"recompute": "layer:16", "pp": 2, "vpp": 1}}, "--json")
+    assert ok.exit_code == 0 and all(p["recompute"] == "layer:16" for p in json.loads(ok.output)["plans"])
+    res = _run(tmp_path, {**base, "parallel": {"recompute": "layer:17", "pp": 2, "vpp": 1}}, "--json")
+    assert res.exit_code == 1
+    data = json.loads(res.stdout)
+    assert data["plans"] == [] and data["rejected"]
+    assert all(r["reason"].startswith("recompute layer:17 checkpoints every 17-th layer")
+               and "busiest stage has 16 layer(s): N must be 2..16" in r["reason"] for r in data["rejected"])
