@@ -115,12 +115,14 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def leave_one_source_out(cases: list[dict[str, Any]], start: dict[str, float] | None = None, rounds: int = 2,
-                         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                         progress: Callable[[str], None] | None = None,
+                         only: Iterable[str] | None = None) -> dict[str, Any]:
     """Left-out rows (each predicted with parameters fitted without its source) and the fitted
-    parameters per left-out source."""
+    parameters per left-out source; ``only`` leaves out just those sources, one at a time (each
+    still fitted on every other source)."""
     from bench.calibration import run_calibration, source_of
 
-    sources = sorted({source_of(c) for c in cases})
+    sources = sorted({source_of(c) for c in cases} if only is None else set(only))
     rows: list[dict[str, Any]] = []
     fitted: dict[str, dict[str, float]] = {}
     for src in sources:
