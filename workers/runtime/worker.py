@@ -38,6 +38,10 @@ class RankWorker:
         self._snap: Any = None  # Snapshotter: this rank's shard to two nodes' memory after every step
         self.snapshot_push_errors = 0
         self._rng = random.Random(os.getpid())
+        self._rdzv: dict[str, Any] | None = None
+        self._replica: Any = None  # ReplicaStepper: this rank's replica group under torchft (replica_groups)
+        self._replica_lock = threading.Lock()  # one step attempt at a time (an abandoned one finishes first)
+        self._kill_mid_step = False  # fault hook: kill this node in the middle of the next replica step
 
     # ---------------------------------------------------------------- bookkeeping
     def _phase(self, phase: str, step: int | None = None) -> None:
@@ -86,6 +90,7 @@ class RankWorker:
         from workers.runtime.rendezvous import Rendezvous, join
 
         self._rank = rank
+        self._rdzv = dict(rdzv)
         self._fence = (cfg.get("checkpoint_dir"), fence_epoch) if fence_epoch is not None else None
         self._phase("setup")
         t0 = time.perf_counter()
@@ -112,6 +117,41 @@ class RankWorker:
                     self.snapshot_push_errors += 1
 
         return push
+
+    # ---------------------------------------------------------------- replica groups (torchft)
+    def setup_replica(self, group: int, lighthouse: str, min_replicas: int, timeout_s: float) -> dict[str, Any]:
+        """Make this rank (its gang is one replica group: ``setup`` built the group's TP world) a rank
+        of replica group ``group`` under torchft (``workers.engine.replica_ft.ReplicaStepper``): the
+        manager uses the group's rendezvous store; the step counter starts at 0 (a replacement heals
+        from a peer at its first quorum)."""
+        from workers.engine.replica_ft import ReplicaStepper
+
+        assert self._trainer is not None and self._rdzv is not None, "setup first"
+        cfg = self._trainer.cfg
+        self._replica = ReplicaStepper(
+            self._trainer, self._trainer._data(), group=group, rank=self._rank, tp=self._trainer.layout.tp,
+            global_batch=cfg.global_batch, micro_batch=self._trainer.layout.micro_batch,
+            store_addr=str(self._rdzv["host"]), store_port=int(self._rdzv["port"]), lighthouse=lighthouse,
+            min_replicas=min_replicas, timeout_s=timeout_s)
+        return {"group": group, "step": self._replica.current_step()}
+
+    def replica_step(self) -> dict[str, Any]:
+        """One step attempt of this rank's replica group (``ReplicaStepper.step_once``): committed
+        (``event: step``) or voted down (``abort``: the next call redoes it). Calls queue behind an
+        attempt still running (one the supervisor stopped waiting for when a peer group died)."""
+        with self._replica_lock:
+            self._phase("step", self._replica.current_step())
+            w0, c0 = time.perf_counter(), time.thread_time()
+            row = self._replica.step_once(self._mid_step_fault)
+            row.update(rank=self._rank, busy_s=time.thread_time() - c0, wall_s=time.perf_counter() - w0,
+                       ts=time.time(), tokens=self._trainer.cfg.global_batch * self._trainer.cfg.model.seq_len,
+                       pid=os.getpid())
+            self._phase("idle", row["step"])
+            return row
+
+    def _mid_step_fault(self, step: int) -> None:
+        if self._kill_mid_step:  # after the backward pass, before the cross-group reduction
+            _kill_own_node()
 
     def restore(self) -> int:
         self._phase("restore")
@@ -199,6 +239,9 @@ class RankWorker:
         from workers.runtime.rendezvous import leave
 
         self._phase("close")
+        if self._replica is not None:
+            self._replica.close()
+            self._replica = None
         if self._snap is not None:
             self._snap.close()
             self._snap = None
@@ -219,6 +262,8 @@ class RankWorker:
             self._hang = True
         elif kind == "exit":
             threading.Timer(0.05, os._exit, args=(1,)).start()
+        elif kind == "kill_node" and self._replica is not None:
+            self._kill_mid_step = True  # a replica group: in the middle of its next step (the one redone)
         elif kind == "kill_node":
             threading.Timer(0.05, _kill_own_node).start()
         else:
