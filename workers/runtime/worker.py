@@ -41,6 +41,8 @@ class RankWorker:
         self._rdzv: dict[str, Any] | None = None
         self._replica: Any = None  # ReplicaStepper: this rank's replica group under torchft (replica_groups)
         self._replica_lock = threading.Lock()  # one step attempt at a time (an abandoned one finishes first)
+        self._replica_commits: list[dict[str, Any]] = []
+        self._replica_aborts: list[int] = []
         self._kill_mid_step = False  # fault hook: kill this node in the middle of the next replica step
 
     # ---------------------------------------------------------------- bookkeeping
@@ -146,6 +148,12 @@ class RankWorker:
             row.update(rank=self._rank, busy_s=time.thread_time() - c0, wall_s=time.perf_counter() - w0,
                        ts=time.time(), tokens=self._trainer.cfg.global_batch * self._trainer.cfg.model.seq_len,
                        pid=os.getpid())
+            if row["event"] == "step":
+                self._replica_commits = [*self._replica_commits[-7:], dict(row)]
+            else:
+                self._replica_aborts.append(int(row["step"]))
+            # the last commits (a supervisor that stopped waiting for one sees it here) and every abort
+            row.update(recent=list(self._replica_commits), aborted_steps=list(self._replica_aborts))
             self._phase("idle", row["step"])
             return row
 
