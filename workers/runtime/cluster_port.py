@@ -21,7 +21,7 @@ from workers.runtime.warm_pool import WarmPool
 from workers.runtime.watchdog import Failure, GatherResult, NodeWatch, classify, gather
 
 #: the per-rank calls a supervisor gathers (``RankWorker`` methods)
-RankCall = Literal["restore", "step", "save", "replica_step"]
+RankCall = Literal["restore", "step", "save"]
 
 
 class ClusterPort(Protocol):

@@ -689,7 +689,7 @@ class AttemptMachine:
         view, owners = reps.view()
         t_launch = time.time()
         self.step_attempts[step] = self.step_attempts.get(step, 0) + 1
-        res = self.port.gather(view, "replica_step", deadline_s=self._deadline_s(run.walls, first=not run.walls),
+        res = self.port.gather(view, "step", deadline_s=self._deadline_s(run.walls, first=not run.walls),
                                step=step)
         rows = {owners[r]: row for r, row in res.results.items()}
         if not res.ok:

@@ -206,7 +206,7 @@ class ReplicaSet:
                 # its first step at once: it waits in the quorum, the live groups' next step takes it
                 # in, it heals from one of them and steps with them (so it never holds their quorum up)
                 job.stepping = True
-                first = port.gather(job.gang, "replica_step", deadline_s=self.first_step_s)
+                first = port.gather(job.gang, "step", deadline_s=self.first_step_s)
                 if not first.ok or any(r["event"] != "step" for r in first.results.values()):
                     job.error = f"first step failed: {first.errors or first.pending or first.results}"
                 else:

@@ -192,6 +192,8 @@ class RankWorker:
         """One optimizer step; the slow/jitter hooks add busy time after the step's collectives."""
         from workers.runtime.faults import burn_cpu
 
+        if self._replica is not None:  # a rank of a replica group: one torchft step attempt
+            return self.replica_step()
         self._check_fence("run a step")
         self._phase("step", self._trainer.next_step)
         w0, c0 = time.perf_counter(), time.thread_time()
