@@ -800,6 +800,8 @@ class AttemptMachine:
         reps = self.replicas
         if reps is None:
             return
+        if reps.at_end is None:
+            reps.at_end = sorted(reps.groups)
         for j in reps.wait_joining(self.settings.start_timeout_s):
             if j.gang is not None:
                 self.port.teardown(j.gang)

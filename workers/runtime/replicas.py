@@ -103,6 +103,7 @@ class ReplicaSet:
     last_try: float = 0.0
     first_step_s: float = 120.0  # a replacement's first step (its quorum wait and the healing) must end by then
     dropped: list[dict[str, Any]] = field(default_factory=list)
+    at_end: list[int] | None = None  # the live groups when the job ended (before the tear-down)
     history: dict[int, dict[str, Any]] = field(default_factory=dict)  # group -> what it did (summary)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -255,5 +256,6 @@ class ReplicaSet:
 
     def summary(self) -> dict[str, Any]:
         with self.lock:
-            return {"want": self.want, "live": sorted(self.groups), "dropped": list(self.dropped),
+            live = self.at_end if self.at_end is not None else sorted(self.groups)
+            return {"want": self.want, "live": live, "dropped": list(self.dropped),
                     "groups": {str(g): dict(h) for g, h in sorted(self.history.items())}}
