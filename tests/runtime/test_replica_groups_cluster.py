@@ -94,7 +94,9 @@ def test_survivors_keep_stepping_and_a_replacement_heals_from_a_peer(ray_cluster
     for e in steps:
         want = ref[e["step"] - 1]
         assert abs(e["loss"] - want) <= 1e-4 * abs(want), (e["step"], e["loss"], want)
-    assert steps[KILL_AT]["world_size"] == 2  # the redo ran on the two survivors
+    # the redo ran on the two survivors (3 micro-batches each), or with the replacement already in when
+    # it healed within the dead group's heartbeat timeout (a warm actor); either way 12 rows
+    assert steps[KILL_AT]["world_size"] in (2, 3)
     assert steps[-1]["world_size"] == 3
 
     # measured, not asserted: the survivors' longest gap between two committed steps, and the time
@@ -105,4 +107,5 @@ def test_survivors_keep_stepping_and_a_replacement_heals_from_a_peer(ray_cluster
                       "gap_at_kill_s": round(ts[KILL_AT + 1] - ts[KILL_AT], 3),
                       "drop_to_joined_s": round(joined[0]["ts"] - dropped[0]["ts"], 3),
                       "replica_joined_seconds": joined[0]["seconds"], "joined_at_step": joined[0]["step"],
-                      "warm_ranks": groups[new].get("warm_ranks")}))
+                      "warm_ranks": groups[new].get("warm_ranks"),
+                      "world_sizes": [e["world_size"] for e in steps]}))
