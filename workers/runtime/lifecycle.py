@@ -714,6 +714,8 @@ class AttemptMachine:
             if r == 0:
                 reps.history[g]["committed"] = sorted(set(reps.history[g]["committed"]) |
                                                       {int(x["step"]) for x in row["recent"]})
+                # the group's own commit times (0-based step -> time.time()): the survivors' stalls
+                reps.history[g].setdefault("commit_ts", {}).update({str(x["step"]): x["ts"] for x in row["recent"]})
         for st in sorted(k for k in recent if k >= step):
             self._replica_step_done(run, recent[st], committed, reps)
         run.step = max(recent) + 1
@@ -782,6 +784,7 @@ class AttemptMachine:
             assert gang is not None
             row = j.first[0]
             reps.history[j.group].update(healed_from=row["healed_from"], committed=[int(row["step"])],
+                                         commit_ts={str(row["step"]): row["ts"]},
                                          pids=sorted({int(r["pid"]) for r in j.first.values()}),
                                          warm_ranks=int(gang.timings.get("warm_ranks", 0)))
             self.log.emit(ev.Started(reason=f"replacement replica group {j.group} on node {j.node[:8]}",
