@@ -12,6 +12,7 @@ injection was enabled explicitly (see ``faults``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -159,7 +160,7 @@ class RankWorker:
 
     def _mid_step_fault(self, step: int) -> None:
         if self._kill_mid_step:  # after the backward pass, before the cross-group reduction
-            _kill_own_node()
+            _kill_own_node(whole_node=True)
 
     def restore(self) -> int:
         self._phase("restore")
@@ -281,8 +282,11 @@ class RankWorker:
         return True
 
 
-def _kill_own_node() -> None:
-    """SIGKILL this node's raylet (our parent process), then ourselves: a hard node failure."""
+def _kill_own_node(whole_node: bool = False) -> None:
+    """SIGKILL this node's raylet (our parent process), then ourselves: a hard node failure.
+    ``whole_node``: every other worker process of the raylet first, as a crashed host loses them all
+    at once (otherwise they notice the raylet's death on their own, seconds later on a loaded host:
+    a replica group's other rank would keep its torchft manager heartbeating meanwhile)."""
     raylet = os.getppid()
     try:
         with open(f"/proc/{raylet}/comm") as f:
@@ -290,5 +294,24 @@ def _kill_own_node() -> None:
     except OSError:
         is_raylet = False
     if is_raylet:
+        if whole_node:
+            for pid in _children(raylet) - {os.getpid()}:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         os.kill(raylet, signal.SIGKILL)
     os._exit(1)
+
+
+def _children(parent: int) -> set[int]:
+    out = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:  # the field after the state is the parent pid
+            out.add(int(entry))
+    return out
