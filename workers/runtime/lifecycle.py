@@ -754,9 +754,11 @@ class AttemptMachine:
     def _drop_replicas(self, reps: ReplicaSet, view: Gang, owners: list[tuple[int, int]], res: GatherResult,
                        since: float, step: int) -> None:
         failure = self.port.classify(res, view, "step")
-        lost = reps.hit(failure, owners) or sorted({owners[r][0] for r in [*res.pending, *res.unresponsive]})
+        lost = reps.hit(failure, owners, res.unresponsive)
         self._record_failure(failure, since)  # node_lost / rank_failed / hang, as for any gang
         self._check_failure_budget()
+        if not lost and failure.kind == "hang":
+            raise JobFailed(f"replica groups: a step hung with every group alive ({failure.reason})")
         for g in lost:
             gang = reps.drop(g)
             if gang is None:

@@ -154,11 +154,16 @@ class ReplicaSet:
                     timings=dict(first.timings), watch=_AnyDown([gang.watch for _, gang in items]))
         return view, owners
 
-    def hit(self, failure: Failure, owners: list[tuple[int, int]]) -> list[int]:
-        """The groups ``failure`` took: a failed rank's group, or a group on a lost node."""
-        with self.lock:
-            on_lost = {g for g, gang in self.groups.items() if set(gang.rank_nodes) & set(failure.nodes)}
-        return sorted(on_lost | {owners[r][0] for r in failure.ranks if r < len(owners)})
+    def hit(self, failure: Failure, owners: list[tuple[int, int]], unresponsive: list[int]) -> list[int]:
+        """The groups ``failure`` took: the groups on a lost node, the groups of rank processes that
+        died, or (a hang) of ranks that stopped answering heartbeats. A rank that only *raised* (a
+        torchft quorum or collective error: a peer group died, or the box is slow) is alive: its
+        group stays and redoes the step."""
+        if failure.kind == "node_lost":
+            with self.lock:
+                return sorted(g for g, gang in self.groups.items() if set(gang.rank_nodes) & set(failure.nodes))
+        ranks = failure.ranks if failure.kind == "rank_failed" and failure.died else unresponsive
+        return sorted({owners[r][0] for r in ranks if r < len(owners)})
 
     def drop(self, group: int) -> Gang | None:
         with self.lock:
