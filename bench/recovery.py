@@ -359,7 +359,8 @@ def _replica_run(tag: str, work: Path, *, fault: bool) -> dict[str, Any]:
     events = ray.get(handle.events.remote(0))
     stop_supervisor(job, 1)
     if result["state"] != "SUCCEEDED":
-        raise RuntimeError(f"replica run {tag} did not finish: {result['state']} {result['error']}")
+        story = [(e["type"], e.get("step"), e.get("reason", "")[:160]) for e in events if e["type"] != "step"]
+        raise RuntimeError(f"replica run {tag} did not finish: {result['state']} {result['error']}; events {story}")
     groups = result["replicas"]["groups"]
     dropped = [e for e in events if e["type"] == "replica_dropped"]
     joined = [e for e in events if e["type"] == "replica_joined"]

@@ -700,6 +700,8 @@ class AttemptMachine:
                 reps.history[g].update(aborted=list(row["aborted_steps"]), pids=sorted(
                     {int(x["pid"]) for (gg, _), x in rows.items() if gg == g}))
         committed = {k: row for k, row in rows.items() if row["event"] == "step" and k[0] in live}
+        for g, _ in committed:
+            reps.raised.pop(g, None)
         if not committed:
             return None  # voted down (a group died in it): the survivors redo this step
         if max(int(r["participants"]) for r in committed.values()) > len(live):
@@ -755,6 +757,13 @@ class AttemptMachine:
                        since: float, step: int) -> None:
         failure = self.port.classify(res, view, "step")
         lost = reps.hit(failure, owners, res.unresponsive)
+        if not lost and failure.kind == "rank_failed":
+            # a group whose ranks raised in two attempts in a row is dropped (and replaced) rather than
+            # redoing the step with it for ever
+            raised = {owners[r][0] for r in res.errors if r < len(owners)}
+            for g in raised:
+                reps.raised[g] = reps.raised.get(g, 0) + 1
+            lost = sorted(g for g in raised if reps.raised[g] >= 2)
         self._record_failure(failure, since)  # node_lost / rank_failed / hang, as for any gang
         self._check_failure_budget()
         if not lost and failure.kind == "hang":

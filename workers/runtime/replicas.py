@@ -104,6 +104,7 @@ class ReplicaSet:
     first_step_s: float = 120.0  # a replacement's first step (its quorum wait and the healing) must end by then
     dropped: list[dict[str, Any]] = field(default_factory=list)
     at_end: list[int] | None = None  # the live groups when the job ended (before the tear-down)
+    raised: dict[int, int] = field(default_factory=dict)  # group -> attempts in a row in which a rank raised
     history: dict[int, dict[str, Any]] = field(default_factory=dict)  # group -> what it did (summary)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
