@@ -61,6 +61,11 @@ class ReplicaGroupPlan:
         return self.layout.world_size
 
     @property
+    def shares_epoch(self) -> bool:
+        """Every group but the first joins the fence epoch group 0 started (``gang.start_gang``)."""
+        return self.replica_group != 0
+
+    @property
     def nodes_used(self) -> tuple[str, ...]:
         return (self.node,)
 
