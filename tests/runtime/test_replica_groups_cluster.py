@@ -123,9 +123,10 @@ def test_no_spare_gpus_the_job_goes_on_with_fewer_groups_and_grows_back(ray_clus
 
     from workers.runtime.launch import start_supervisor, stop_supervisor
 
-    steps, kill_at = 40, 6
+    # enough steps after the GPUs come back for a replacement to start (a warm actor: ~2-4 s here)
+    steps, kill_at = 80, 6
     spec = _spec(tmp_path) | {"steps": steps, "faults": [{"kind": "kill_node", "at_step": kill_at, "rank": -1}]}
-    spec["runtime"] = {**spec["runtime"], "warm_ranks_per_node": 0, "replica_retry_s": 1.0}
+    spec["runtime"] = {**spec["runtime"], "warm_ranks_per_node": 1, "replica_retry_s": 1.0}
     sup = start_supervisor("t-replicas-short", 1, spec, enable_fault_injection=True)
     block = None
     try:
