@@ -34,6 +34,7 @@ def build_spec(
     max_gpus: int | None = None,
     snapshots: bool = False,
     warm_ranks: int = 0,
+    replica_groups: int = 0,
 ) -> dict[str, Any]:
     """The job spec ``orthoplex run`` submits (faults only when a fault option is given)."""
     if max_gpus is not None and max_gpus < min_gpus:
@@ -55,6 +56,8 @@ def build_spec(
     }
     if max_gpus is not None:
         spec["max_gpus"] = max_gpus
+    if replica_groups:
+        spec["runtime"]["replica_groups"] = replica_groups
     if layout_hint:
         spec["layout_hint"] = layout_hint
     if events_out:
@@ -91,6 +94,10 @@ def summarize(result: dict[str, Any]) -> str:
     for r in result["recoveries"]:
         ph = ", ".join(f"{k} {v:.2f}s" for k, v in r["phases"].items())
         lines.append(f"recovery ({r['cause']}): {r['total_s']:.2f}s = {ph}")
+    reps = result.get("replicas")
+    if reps:
+        lines.append(f"replica groups: {len(reps['live'])} of {reps['want']} at the end; dropped "
+                     + (", ".join(f"group {d['group']} at step {d['step']}" for d in reps["dropped"]) or "none"))
     if result.get("error"):
         lines.append(f"error: {result['error']}")
     return "\n".join(lines)
@@ -153,6 +160,9 @@ def register(app: typer.Typer) -> None:
         warm_ranks: int = typer.Option(0, "--warm-ranks", min=0,
                                        help="Pre-started rank actors kept idle per node (a re-plan's ranks start warm)."),
         layout_hint: str | None = typer.Option(None, "--layout-hint", help="Fix fields of the first plan, e.g. tp=2,pp=2."),
+        replica_groups: int = typer.Option(0, "--replica-groups", min=0,
+                                           help="Run this many replica groups of the hint's tp (one node each); a lost "
+                                           "group is replaced from a live one while the others keep stepping."),
         kill_node_at_step: int | None = typer.Option(None, "--kill-node-at-step", help="Test hook: crash a node."),
         slow_node_at_step: int | None = typer.Option(None, "--slow-node-at-step", help="Test hook: slow a node."),
         slow_factor: float = typer.Option(2.0, "--slow-factor", help="With --slow-node-at-step."),
@@ -175,7 +185,7 @@ def register(app: typer.Typer) -> None:
                           slow_node_at_step=slow_node_at_step, slow_factor=slow_factor, events_out=events_out,
                           metrics_out=metrics_out, max_checkpoint_every=max_checkpoint_every,
                           hang_timeout_s=hang_timeout_s, max_gpus=max_gpus, snapshots=snapshots,
-                          warm_ranks=warm_ranks)
+                          warm_ranks=warm_ranks, replica_groups=replica_groups)
         result = run_job(spec, address=address, nodes=nodes, gpus_per_node=gpus_per_node,
                          job_id=job_id or f"run-{int(time.time())}")
         typer.echo(json.dumps(result, default=str) if as_json else summarize(result))

@@ -415,3 +415,21 @@ def test_snapshot_holder_keeps_the_newest_snapshots_by_step() -> None:
     assert sorted(e["step"] for e in inv) == [2, 3]
     assert h.get(1, 3, ["__0_0.distcp"]) == {"__0_0.distcp": b"xxx"}
     assert choose({"n": inv}).key.step == 3  # step 2 has no metadata on this holder
+
+
+def test_replica_groups_refuse_layouts_a_replica_group_cannot_run() -> None:
+    """``runtime.replica_groups``: TP (and the micro-batch) inside a group only; PP, CP, DP/ZeRO and
+    snapshots are refused when the spec is parsed, naming the option."""
+    from workers.runtime.jobspec import parse_job
+
+    base = {"model": "tiny", "steps": 2, "global_batch": 12, "checkpoint_dir": "/nonexistent/ckpt",
+            "runtime": {"replica_groups": 3}}
+    assert parse_job({**base, "layout_hint": "tp=2,micro_batch=2"}).runtime.replica_groups == 3
+    for hint in ("pp=2", "tp=2,cp=2", "dp=2,zero=1"):
+        with pytest.raises(ValueError, match="replica_groups"):
+            parse_job({**base, "layout_hint": hint})
+    with pytest.raises(ValueError, match="snapshots"):
+        parse_job({**base, "runtime": {"replica_groups": 3, "snapshots": True}})
+    with pytest.raises(ValueError, match="micro_batch"):
+        parse_job({**base, "layout_hint": "micro_batch=5"})
+    assert parse_job({**base, "layout_hint": "pp=2", "runtime": {}}).runtime.replica_groups == 0

@@ -106,13 +106,158 @@ def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
+def make_manager(*, group: int, rank: int, tp: int, store_addr: str, store_port: int, lighthouse: str,
+                 min_replicas: int, timeout_s: float, state_dict: Any, load_state_dict: Any) -> Any:
+    """The torchft ``Manager`` of one rank of replica group ``group`` (replica id ``rg{group}``) over a
+    fault-tolerant ``ProcessGroupGloo`` across the groups, healing over that group (``PGTransport``).
+    ``store_addr:store_port`` is the group's ``TCPStore`` (hosted by group rank 0; the manager is a
+    client of it)."""
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.checkpointing.pg_transport import PGTransport
+
+    timeout = timedelta(seconds=timeout_s)
+    pg = ProcessGroupGloo(timeout=timeout)
+    return Manager(
+        pg=pg, min_replica_size=min_replicas, load_state_dict=load_state_dict,
+        state_dict=state_dict, use_async_quorum=False, init_sync=False,
+        timeout=timeout, quorum_timeout=timeout * 3, connect_timeout=timeout,
+        rank=rank, world_size=tp, store_addr=store_addr, store_port=store_port,
+        lighthouse_addr=lighthouse, replica_id=f"rg{group}",
+        checkpoint_transport=PGTransport(pg, timeout=timeout, device=torch.device("cpu")),
+        quorum_retries=3,  # a group dropped by a late heartbeat asks again instead of exiting
+    )
+
+
+class ReplicaStepper:
+    """One rank of one replica group: the engine's ``RankTrainer`` (its group's TP layout, on the
+    group's default process group) and a torchft manager between groups. Shared by the OS-process
+    path (:class:`ReplicaGroupTrainer`) and the Ray runtime (``RankWorker.setup_replica``).
+
+    ``sampler.batch(step)`` is the step's whole global batch (``GlobalBatchSampler``); ``log`` gets
+    ``("healed", step=, from_group=)`` when this rank healed from a peer."""
+
+    def __init__(self, trainer: Any, sampler: Any, *, group: int, rank: int, tp: int, global_batch: int,
+                 micro_batch: int, store_addr: str, store_port: int, lighthouse: str, min_replicas: int,
+                 timeout_s: float, log: Any = None) -> None:
+        self.trainer = trainer
+        self.model = trainer.parts.modules[0]
+        self.sampler = sampler
+        self.group, self.rank = group, rank
+        self.global_batch, self.micro_batch = global_batch, micro_batch
+        if global_batch % micro_batch:
+            raise ValueError(f"global batch {global_batch} is not a multiple of the micro-batch {micro_batch}")
+        self.n_micro = global_batch // micro_batch
+        self.log = log or (lambda *a, **k: None)
+        self.manager = make_manager(group=group, rank=rank, tp=tp, store_addr=store_addr, store_port=store_port,
+                                    lighthouse=lighthouse, min_replicas=min_replicas, timeout_s=timeout_s,
+                                    state_dict=self.state_dict, load_state_dict=self.load_state_dict)
+        self.healed_from: int | None = None
+        self._healed_now = False
+        self._rng = torch.get_rng_state()
+
+    def current_step(self) -> int:
+        return int(self.manager.current_step())
+
+    # ------------------------------------------------------------------ state over the network
+    def state_dict(self) -> dict[str, Any]:
+        """What a joining group needs: parameters and AdamW state (this rank's local shards, plain
+        tensors), the RNG and the data position."""
+        opt = self.trainer.optimizer
+        optim = []
+        for p in self.trainer.params:
+            st = opt.state.get(p, {})
+            optim.append({k: (local(v).detach().clone() if isinstance(v, torch.Tensor) else v)
+                          for k, v in st.items()})
+        step = self.manager.current_step()
+        return {"params": [local(p).detach().clone() for p in self.trainer.params], "optim": optim,
+                "rng": torch.get_rng_state(), "next_step": step,
+                "consumed_samples": step * self.global_batch, "from_group": self.group}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        opt = self.trainer.optimizer
+        for p, src, st in zip(self.trainer.params, state["params"], state["optim"], strict=True):
+            local(p).copy_(src)
+            new: dict[str, Any] = {}
+            for k, v in st.items():
+                if k == "step" or not isinstance(v, torch.Tensor):
+                    new[k] = v.clone() if isinstance(v, torch.Tensor) else v
+                else:
+                    t = torch.zeros_like(p)  # a DTensor for a TP-sharded parameter
+                    local(t).copy_(v)
+                    new[k] = t
+            opt.state[p] = new
+        torch.set_rng_state(state["rng"])
+        if state["consumed_samples"] != state["next_step"] * self.global_batch:
+            raise ValueError("healed state: the data position does not match the step")
+        self.healed_from = int(state["from_group"])
+        self._healed_now = True
+        self.log("healed", step=int(state["next_step"]), from_group=self.healed_from)
+
+    # ------------------------------------------------------------------ one step
+    def _forward_backward(self, step: int, micro: list[int]) -> float:
+        """Gradients of ``sum_m loss_m * rows_m / global_batch`` over this group's micro-batches in
+        ``.grad`` (zeros if none); returns that partial loss."""
+        for p in self.trainer.params:
+            p.grad = None
+        batch = self.sampler.batch(step)
+        mb = self.micro_batch
+        part = 0.0
+        for m in micro:
+            rows = batch[m * mb:(m + 1) * mb]
+            x, y = self.trainer.local_inputs(rows, already_dp_local=True)
+            loss = self.trainer._loss_fn(self.model(x), y)
+            (loss * (rows.shape[0] / self.global_batch)).backward()
+            part += float(loss.detach()) * rows.shape[0] / self.global_batch
+        fix_partial_grads(self.trainer.params)
+        for p in self.trainer.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        return part
+
+    def step_once(self, fault: Any = None) -> dict[str, Any]:
+        """One attempt at the next step: quorum (a joining group heals here), this group's share of
+        the micro-batches, the cross-group SUM, the commit vote. ``fault(step)`` (a test hook) runs
+        after the backward pass, before the reduction. Returns ``{"event": "step" | "abort", "step",
+        "participants", ...}``; an aborted step is redone by the next call."""
+        from torch.distributed import ReduceOp
+
+        mgr = self.manager
+        mgr.start_quorum()  # synchronous: a joining group heals here (state, RNG, step)
+        step = mgr.current_step()
+        if self._healed_now:  # the peer's RNG came with its state
+            self._rng, self._healed_now = torch.get_rng_state(), False
+        torch.set_rng_state(self._rng)  # a redone step sees the RNG of its first attempt
+        n, idx = mgr.num_participants(), mgr.participating_rank()
+        micro = micro_batch_share(self.n_micro, n, idx) if idx is not None else []
+        part = self._forward_backward(step, micro)
+        if fault is not None:
+            fault(step)
+        grads = [local(p.grad) for p in self.trainer.params]
+        flat = flatten(grads)
+        loss_t = torch.tensor([part], dtype=torch.float64)
+        mgr.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
+        mgr.allreduce(loss_t, reduce_op=ReduceOp.SUM).wait()
+        if not mgr.should_commit():
+            return {"event": "abort", "step": step, "participants": n}
+        unflatten_into(flat, grads)
+        norm, lr = self.trainer.optimizer_step(step)
+        self.trainer.next_step = step + 1
+        self._rng = torch.get_rng_state()
+        row = {"event": "step", "step": step, "loss": float(loss_t.item()), "grad_norm": norm, "lr": lr,
+               "participants": n, "micro": micro, "healed_from": self.healed_from}
+        self.healed_from = None
+        return row
+
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)
+
+
 class ReplicaGroupTrainer:
-    """One rank of one replica group: the engine's model parts and optimizer, torchft between groups."""
+    """One rank of one replica group as its own OS process (the engine-level test): its own
+    ``TCPStore`` and gloo world, the tiny preset, and :class:`ReplicaStepper` for the steps."""
 
     def __init__(self, spec: ReplicaRankSpec) -> None:
-        from torchft import Manager, ProcessGroupGloo
-        from torchft.checkpointing.pg_transport import PGTransport
-
         from planner.layout import Layout
         from workers.engine.config import ModelConfig, TrainConfig
         from workers.engine.data import GlobalBatchSampler, builtin_dataset
@@ -131,81 +276,15 @@ class ReplicaGroupTrainer:
                                lr=3e-3, min_lr=3e-4, warmup_steps=2, weight_decay=0.1, grad_clip=1.0)
         layout = Layout(tp=spec.tp, micro_batch=spec.micro_batch).with_global_batch(spec.global_batch)
         self.trainer = RankTrainer(self.cfg, layout, spec.rank, spec.tp, collective_timeout_s=spec.timeout_s)
-        self.model = self.trainer.parts.modules[0]
-        self.n_micro = spec.global_batch // spec.micro_batch
         # the data position is the step; the sampler is keyed by the run's seed, not the init seed
-        self.sampler = GlobalBatchSampler(builtin_dataset(model.seq_len, max_bytes=256 * 1024),
-                                          spec.global_batch, spec.seed)
-        timeout = timedelta(seconds=spec.timeout_s)
-        self.pg = ProcessGroupGloo(timeout=timeout)
-        self.manager = Manager(
-            pg=self.pg, min_replica_size=spec.min_replicas, load_state_dict=self.load_state_dict,
-            state_dict=self.state_dict, use_async_quorum=False, init_sync=False,
-            timeout=timeout, quorum_timeout=timeout * 3, connect_timeout=timeout,
-            rank=spec.rank, world_size=spec.tp, store_addr="127.0.0.1", store_port=spec.store_port,
-            lighthouse_addr=spec.lighthouse, replica_id=f"rg{spec.group}",
-            checkpoint_transport=PGTransport(self.pg, timeout=timeout, device=torch.device("cpu")),
-            quorum_retries=3,  # a group dropped by a late heartbeat asks again instead of exiting
-        )
-        self.healed_from: int | None = None
-        self._healed_now = False
-
-    # ------------------------------------------------------------------ state over the network
-    def state_dict(self) -> dict[str, Any]:
-        """What a joining group needs: parameters and AdamW state (this rank's local shards, plain
-        tensors), the RNG and the data position."""
-        opt = self.trainer.optimizer
-        optim = []
-        for p in self.trainer.params:
-            st = opt.state.get(p, {})
-            optim.append({k: (local(v).detach().clone() if isinstance(v, torch.Tensor) else v)
-                          for k, v in st.items()})
-        step = self.manager.current_step()
-        return {"params": [local(p).detach().clone() for p in self.trainer.params], "optim": optim,
-                "rng": torch.get_rng_state(), "next_step": step,
-                "consumed_samples": step * self.spec.global_batch, "from_group": self.spec.group}
-
-    @torch.no_grad()
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        opt = self.trainer.optimizer
-        for p, src, st in zip(self.trainer.params, state["params"], state["optim"], strict=True):
-            local(p).copy_(src)
-            new: dict[str, Any] = {}
-            for k, v in st.items():
-                if k == "step" or not isinstance(v, torch.Tensor):
-                    new[k] = v.clone() if isinstance(v, torch.Tensor) else v
-                else:
-                    t = torch.zeros_like(p)  # a DTensor for a TP-sharded parameter
-                    local(t).copy_(v)
-                    new[k] = t
-            opt.state[p] = new
-        torch.set_rng_state(state["rng"])
-        if state["consumed_samples"] != state["next_step"] * self.spec.global_batch:
-            raise ValueError("healed state: the data position does not match the step")
-        self.healed_from = int(state["from_group"])
-        self._healed_now = True
-        self.log("healed", step=int(state["next_step"]), from_group=self.healed_from)
-
-    # ------------------------------------------------------------------ one step
-    def _forward_backward(self, step: int, micro: list[int]) -> float:
-        """Gradients of ``sum_m loss_m * rows_m / global_batch`` over this group's micro-batches in
-        ``.grad`` (zeros if none); returns that partial loss."""
-        for p in self.trainer.params:
-            p.grad = None
-        batch = self.sampler.batch(step)
-        mb = self.spec.micro_batch
-        part = 0.0
-        for m in micro:
-            rows = batch[m * mb:(m + 1) * mb]
-            x, y = self.trainer.local_inputs(rows, already_dp_local=True)
-            loss = self.trainer._loss_fn(self.model(x), y)
-            (loss * (rows.shape[0] / self.spec.global_batch)).backward()
-            part += float(loss.detach()) * rows.shape[0] / self.spec.global_batch
-        fix_partial_grads(self.trainer.params)
-        for p in self.trainer.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        return part
+        sampler = GlobalBatchSampler(builtin_dataset(model.seq_len, max_bytes=256 * 1024),
+                                     spec.global_batch, spec.seed)
+        self.stepper = ReplicaStepper(self.trainer, sampler, group=spec.group, rank=spec.rank, tp=spec.tp,
+                                      global_batch=spec.global_batch, micro_batch=spec.micro_batch,
+                                      store_addr="127.0.0.1", store_port=spec.store_port,
+                                      lighthouse=spec.lighthouse, min_replicas=spec.min_replicas,
+                                      timeout_s=spec.timeout_s, log=self.log)
+        self.manager = self.stepper.manager
 
     def _pace(self, t0: float) -> None:
         left = self.spec.min_step_s - (time.perf_counter() - t0)
@@ -233,50 +312,29 @@ class ReplicaGroupTrainer:
                 return
             time.sleep(0.05)
 
-    def run(self) -> None:
-        from torch.distributed import ReduceOp
+    def _fault(self, step: int) -> None:
+        if step == self.spec.kill_at:
+            dist.barrier()  # both TP ranks of the group reach the fault together
+            self.log("fault", step=step)
+            os.kill(os.getpid(), signal.SIGKILL)
 
-        s, mgr = self.spec, self.manager
-        self.log("up", step=mgr.current_step())
+    def run(self) -> None:
+        s, stepper = self.spec, self.stepper
+        self.log("up", step=stepper.current_step())
         self._wait_start()
-        rng = torch.get_rng_state()
-        while mgr.current_step() < s.steps:
-            step = mgr.current_step()
-            self._gate(step)
+        while stepper.current_step() < s.steps:
+            self._gate(stepper.current_step())
             t0 = time.perf_counter()
-            mgr.start_quorum()  # synchronous: a joining group heals here (state, RNG, step)
-            step = mgr.current_step()
-            if self._healed_now:  # the peer's RNG came with its state
-                rng, self._healed_now = torch.get_rng_state(), False
-            torch.set_rng_state(rng)  # a redone step sees the RNG of its first attempt
-            n, idx = mgr.num_participants(), mgr.participating_rank()
-            micro = micro_batch_share(self.n_micro, n, idx) if idx is not None else []
-            part = self._forward_backward(step, micro)
-            if step == s.kill_at:
-                dist.barrier()  # both TP ranks of the group reach the fault together
-                self.log("fault", step=step)
-                os.kill(os.getpid(), signal.SIGKILL)
-            grads = [local(p.grad) for p in self.trainer.params]
-            flat = flatten(grads)
-            loss_t = torch.tensor([part], dtype=torch.float64)
-            mgr.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
-            mgr.allreduce(loss_t, reduce_op=ReduceOp.SUM).wait()
-            if mgr.should_commit():
-                unflatten_into(flat, grads)
-                norm, lr = self.trainer.optimizer_step(step)
-                rng = torch.get_rng_state()
-                self.log("step", step=step, loss=float(loss_t.item()), grad_norm=norm, lr=lr,
-                         participants=n, micro=micro, healed_from=self.healed_from)
-                self.healed_from = None
-            else:
-                self.log("abort", step=step, participants=n)
+            row = stepper.step_once(self._fault)
+            event = row.pop("event")
+            self.log(event, **row)
             self._pace(t0)
-        self.log("done", step=mgr.current_step())
+        self.log("done", step=stepper.current_step())
         torch.save([local(p).detach().clone() for p in self.trainer.params],
                    Path(s.out) / f"final-g{s.group}-r{s.rank}.pt")
 
     def close(self) -> None:
-        self.manager.shutdown(wait=False)
+        self.stepper.close()
         self.trainer.close()
         dist.destroy_process_group()
 

@@ -82,6 +82,7 @@ class RayCluster:
         self.holders = Holders(keep=settings.snapshot_keep) if settings.snapshots else None
         self.pool = WarmPool(settings.warm_ranks_per_node) if settings.warm_ranks_per_node > 0 else None
         self.down: set[str] = set()  # nodes a gang's node heartbeat found down (the GCS may still list them)
+        self._lighthouse: Any = None  # torchft LighthouseServer (replica groups), in this (the supervisor's) process
 
     def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[placement.NodeCapacity]:
         return placement.cluster_nodes(exclude=exclude, held=held)
@@ -114,10 +115,41 @@ class RayCluster:
                           take_warm=self.pool.take if self.pool is not None else None)
         if self.pool is not None:  # refill in the background for the next gang
             self.pool.fill(nodes)
+        if getattr(plan, "replica_group", None) is not None:
+            self._setup_replica(gang, plan)
         if s.node_heartbeat_s > 0:
             gang.watch = NodeWatch(placement.raylet_addresses(gang.nodes), period_s=s.node_heartbeat_s,
                                    timeout_s=s.node_heartbeat_timeout_s, silent_s=s.heartbeat_timeout_s).start()
         return gang
+
+    def lighthouse(self) -> str:
+        """The address of the job's torchft lighthouse (started on first use, in this process: the
+        supervisor's, on the head node); replica groups' managers heartbeat to it."""
+        if self._lighthouse is None:
+            import os
+
+            os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse logs every quorum at info
+            from torchft._torchft import LighthouseServer
+
+            s = self.settings
+            # join_timeout: a quorum waits for every group that still heartbeats (a slow live group is
+            # not left out); a dead group drops out after the heartbeat timeout
+            self._lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1,
+                                                heartbeat_timeout_ms=int(s.replica_heartbeat_timeout_s * 1000),
+                                                join_timeout_ms=int(s.replica_join_timeout_s * 1000))
+        return str(self._lighthouse.address())
+
+    def _setup_replica(self, gang: Gang, plan: Any) -> None:
+        from workers.runtime.gang import StartFailed
+
+        s = self.settings
+        address = self.lighthouse()
+        refs = {r: w.setup_replica.remote(int(plan.replica_group), address, int(plan.min_replicas),
+                                          s.replica_timeout_s) for r, w in enumerate(gang.workers)}
+        res = gather(refs, deadline_s=s.start_timeout_s, workers=gang.workers, heartbeat_s=s.heartbeat_s,
+                     heartbeat_timeout_s=s.heartbeat_timeout_s)
+        if not res.ok:
+            raise StartFailed(self.classify(res, gang, "replica setup"))
 
     def gather(self, gang: Gang, call: RankCall, *, deadline_s: float, step: int | None = None) -> GatherResult:
         s = self.settings
@@ -156,6 +188,9 @@ class RayCluster:
             self.holders.kill()
         if self.pool is not None:
             self.pool.kill()
+        if self._lighthouse is not None:
+            self._lighthouse.shutdown()
+            self._lighthouse = None
 
     # -------------------------------------------------------------- used by the fault-injection wrapper only
     def inject(self, gang: Gang, ranks: Sequence[int], kind: str, value: float = 0.0, *, wait: bool = False) -> None:

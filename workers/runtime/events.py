@@ -251,6 +251,36 @@ class NodeLost(Event):
 
 @_register
 @dataclass(frozen=True, kw_only=True)
+class ReplicaDropped(Event):
+    """Replica group ``group`` (runtime option ``replica_groups``) lost a node in step ``step`` (1-based:
+    the step being run); the other groups keep stepping and redo that step without it."""
+
+    type: ClassVar[str] = "replica_dropped"
+    group: int
+    nodes: list[str]
+    step: int
+    groups_left: int
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class ReplicaJoined(Event):
+    """A replacement replica group committed its first step after taking the state (parameters,
+    optimizer, RNG, data position) from a live group over the network (``source: "peer"``; no
+    storage read). ``seconds``: from the start of the replacement to that step; ``step`` (1-based)."""
+
+    type: ClassVar[str] = "replica_joined"
+    group: int
+    source: typing.Literal["peer"] = "peer"
+    seconds: float
+    step: int
+    from_group: int
+    nodes: list[str]
+    groups: int
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
 class RankFailed(Event):
     type: ClassVar[str] = "rank_failed"
     ranks: list[int]

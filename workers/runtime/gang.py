@@ -114,7 +114,10 @@ def start_gang(
         raise failed(endpoint, "rendezvous")
     rdzv = endpoint.results[0]
     ckpt_dir = train_cfg.get("checkpoint_dir")
-    epoch = fencing.advance(ckpt_dir) if ckpt_dir else None
+    # the replica groups of one job run side by side: they share the epoch the first group started
+    # (a replacement must not fence its live peers out of the job's final checkpoint)
+    shared = bool(getattr(plan, "shares_epoch", False))
+    epoch = ((fencing.current(ckpt_dir) if shared else 0) or fencing.advance(ckpt_dir)) if ckpt_dir else None
     refs = {
         r: w.setup.remote(rdzv, train_cfg, layout.to_dict(), r, layout.world_size, collective_timeout_s,
                           fence_epoch=epoch,

@@ -56,6 +56,13 @@ class RuntimeSettings:
     snapshots: bool = False
     snapshot_keep: int = 3  # snapshots (steps) each node's holder keeps
     warm_ranks_per_node: int = 0  # pre-started rank actors (torch imported) kept idle per node (warm_pool)
+    # >= 2: that many replica groups of the hint's ``tp`` ranks each (one node each), torchft between
+    # them: a lost group is dropped and replaced while the others keep stepping (workers.runtime.replicas)
+    replica_groups: int = 0
+    replica_timeout_s: float = 20.0  # torchft's timeouts (quorum, cross-group collectives, healing)
+    replica_heartbeat_timeout_s: float = 2.0  # the lighthouse drops a group silent this long
+    replica_join_timeout_s: float = 10.0  # a quorum waits this long for a live group that has not asked yet
+    replica_retry_s: float = 5.0  # no GPUs for a replacement group: look again after this long
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> RuntimeSettings:
@@ -166,4 +173,7 @@ def parse_job(spec: dict[str, Any]) -> JobSpec:
     )
     if job.min_gpus < 1 or (job.max_gpus is not None and job.max_gpus < job.min_gpus):
         raise ValueError("min_gpus/max_gpus: need 1 <= min_gpus <= max_gpus")
+    from workers.runtime.replicas import check_spec
+
+    check_spec(job.layout_hint, job.runtime, job.global_batch)
     return job

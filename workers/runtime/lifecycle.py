@@ -29,6 +29,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from planner.layout import Layout
 from workers.runtime import events as ev
 from workers.runtime import fencing, memsnap, planner_bridge
 from workers.runtime.cadence import CheckpointCadence
@@ -39,6 +40,7 @@ from workers.runtime.job_tracking import JobTracking
 from workers.runtime.jobspec import JobSpec
 from workers.runtime.placement import Reservation
 from workers.runtime.reachability import PeerProbe
+from workers.runtime.replicas import ReplicaSet
 from workers.runtime.straggler import LinkScorer, StragglerScorer, median
 from workers.runtime.watchdog import Failure, GatherResult, NodeDeaths
 from workers.states import AttemptState
@@ -155,6 +157,10 @@ class AttemptMachine:
         # set by the supervisor (Ray), None in the in-memory tests
         self.peer_probe: PeerProbe | None = None
         self.cut_off: set[str] = set()  # nodes left out for a peer partition
+        # replica groups (runtime option replica_groups >= 2): the groups, dropped and replaced while
+        # the others keep stepping (workers.runtime.replicas); None for a job re-planned as one gang
+        self.replicas: ReplicaSet | None = None
+        self.step_attempts: dict[int, int] = {}  # replica groups: 0-based step -> times launched
 
     # ------------------------------------------------------------------ requests (from other threads)
     def request_resize(self, gpus: int, placement: dict[str, int] | None = None) -> dict[str, Any]:
@@ -202,6 +208,8 @@ class AttemptMachine:
 
     # ------------------------------------------------------------------ phases
     def _plan(self) -> tuple[Phase, str]:
+        if self.settings.replica_groups >= 2:
+            return self._plan_replicas()
         if self._cycle is None:  # a new pass: the gang that ended goes first
             if self.cancel_requested or self.preempt_requested:
                 return self._end_switch(Switch("cancelled" if self.cancel_requested else "preempted"))
@@ -249,6 +257,8 @@ class AttemptMachine:
         """Reserve the plan's GPUs; on timeout try a smaller plan down to min_gpus, then wait and retry."""
         cycle = self._cycle
         assert cycle is not None
+        if self.replicas is not None:
+            return self._place_replicas(cycle, self.replicas)
         if cycle.place_give_up is None:
             cycle.place_give_up = time.monotonic() + self.settings.placement_give_up_s
         plan = cycle.plan
@@ -275,6 +285,8 @@ class AttemptMachine:
 
     def _start(self) -> tuple[Phase, str]:
         cycle = self._cycle
+        if self.replicas is not None and cycle is not None:
+            return self._start_replicas(cycle, self.replicas)
         assert cycle is not None and cycle.reservation is not None
         res = cycle.reservation
         t_start = time.monotonic()
@@ -329,7 +341,7 @@ class AttemptMachine:
     def _train(self) -> tuple[Phase, str]:
         run = self._run
         assert run is not None
-        sw = self._train_one(run)
+        sw = self._train_one(run) if self.replicas is None else self._train_replicas(run, self.replicas)
         if sw is None:
             return Phase.TRAIN, f"step {run.step - 1} done"
         self._run = None
@@ -567,6 +579,7 @@ class AttemptMachine:
             self.port.close()
 
     def _end(self, sw: Switch) -> tuple[Phase, str]:
+        self._teardown_replicas()
         if sw.kind == "finished":
             self.port.teardown(self._take_gang(), graceful=True)
             self._set_state(AttemptState.SUCCEEDED)
@@ -587,6 +600,7 @@ class AttemptMachine:
 
     def _fail(self, error: str) -> tuple[Phase, str]:
         try:
+            self._teardown_replicas()
             self.port.teardown(self._take_gang())
             self.port.close()
         finally:
@@ -595,6 +609,218 @@ class AttemptMachine:
             self._set_state(AttemptState.FAILED)
             self.log.emit(ev.Failed(reason=error, step=self.next_step))
         return Phase.FAILED, error
+
+    # ------------------------------------------------------------------ replica groups
+    def _plan_replicas(self) -> tuple[Phase, str]:
+        """One group's layout (the hint's TP, nothing else: ``replicas.check_spec``) times
+        ``replica_groups``; no planner search (the groups are the unit of failure)."""
+        if self.cancel_requested or self.preempt_requested:
+            return self._end_switch(Switch("cancelled" if self.cancel_requested else "preempted"))
+        if self.replicas is not None:
+            raise JobFailed("replica groups: every group was lost (no re-plan path for replica groups yet)")
+        hint = self.job.layout_hint
+        layout = Layout(tp=int(hint.get("tp", 1)), micro_batch=int(hint.get("micro_batch", 1)),
+                        sp=bool(hint.get("sp", False))).with_global_batch(self.job.global_batch)
+        self.replicas = ReplicaSet(layout, int(self.settings.replica_groups), self.name)
+        now = time.monotonic()
+        self._cycle = _Cycle(t_down=now, t_plan=now, t_place=now, give_up=now + self.settings.placement_give_up_s)
+        return Phase.PLACE, f"{self.replicas.want} replica groups of {layout.short()}"
+
+    def _place_replicas(self, cycle: _Cycle, reps: ReplicaSet) -> tuple[Phase, str]:
+        """A node per group (nodes holding no group first), each group its own placement group; fewer
+        groups when fewer nodes have room (the others are started later, as replacements)."""
+        tp = reps.layout.world_size
+        nodes = reps.pick_nodes(self.port, reps.want, self.replanner.excluded)
+        got: list[tuple[str, Reservation]] = []
+        for g, node in enumerate(nodes):
+            res = self.port.reserve(tp, nodes=[node], name=f"{self.name}-rg{g}", per_node={node: tp})
+            if res is None:
+                break
+            got.append((node, res))
+            self.log.emit(ev.Placed(reason=f"replica group {g}: {tp} GPU bundles on node {node[:8]}",
+                                    gpus=res.size, placement_group=res.name, gpus_per_node=res.gpus_per_node,
+                                    bundle_nodes=list(res.bundle_nodes), seconds=round(res.seconds, 4),
+                                    strategy=res.strategy))
+        if not got:
+            if time.monotonic() > cycle.give_up:
+                raise JobFailed(f"no node with {tp} free GPUs for a replica group")
+            time.sleep(self.settings.placement_retry_s)
+            return Phase.PLACE, "no room for a replica group yet"
+        cycle.plan = got  # (node, reservation) per group, in group order
+        return Phase.START, f"{len(got)} of {reps.want} replica groups reserved"
+
+    def _start_replicas(self, cycle: _Cycle, reps: ReplicaSet) -> tuple[Phase, str]:
+        t0 = time.monotonic()
+        for g, (node, res) in enumerate(cycle.plan):
+            try:
+                gang = self.port.start_gang(reps.plan(g, node), res, on_created=lambda gang, g=g: reps.add(g, gang))
+            except StartFailed as exc:
+                if reps.groups.get(g) is None:
+                    self.port.release(res)
+                for _, later in cycle.plan[g + 1:]:
+                    self.port.release(later)
+                raise JobFailed(f"replica group {g} did not start: {exc.failure.reason}") from exc
+            reps.add(g, gang)
+            self.log.emit(ev.Started(reason=f"replica group {g}: {gang.world_size} rank actors up, torchft manager "
+                                     "joined", actors_s=round(float(gang.timings.get("actors_s", 0.0)), 4),
+                                     setup_s=round(float(gang.timings.get("setup_s", 0.0)), 4),
+                                     backend=str(gang.timings.get("rendezvous", {}).get("backend", "")),
+                                     warm_ranks=int(gang.timings.get("warm_ranks", 0))))
+        view, _ = reps.view()
+        s = self.settings
+        scorer = StragglerScorer({}, {}, window=s.straggler_window, threshold=s.straggler_threshold,
+                                 persist_fraction=s.straggler_persist)
+        self._run = _Run(view, scorer, 0)
+        self.next_step = 0
+        self._cycle = None
+        cycle.phases["start"] = time.monotonic() - t0
+        return Phase.TRAIN, f"{reps.size} replica groups training from step 0"
+
+    def _train_replicas(self, run: _Run, reps: ReplicaSet) -> Switch | None:
+        """One step attempt of every live replica group. A group that lost a node is dropped (the
+        others redo the step without it: torchft voted it down) and a replacement starts in the
+        background; a replacement that is up joins at this step boundary and heals from a peer."""
+        self._adopt_replacements(reps)
+        step = run.step
+        if step >= self.job.steps:
+            return Switch("finished")
+        if self.cancel_requested:
+            return Switch("cancelled")
+        view, owners = reps.view()
+        t_launch = time.time()
+        self.step_attempts[step] = self.step_attempts.get(step, 0) + 1
+        res = self.port.gather(view, "step", deadline_s=self._deadline_s(run.walls, first=not run.walls),
+                               step=step)
+        rows = {owners[r]: row for r, row in res.results.items()}
+        if not res.ok:
+            self._drop_replicas(reps, view, owners, res, t_launch, step)
+        live = set(reps.groups)
+        for (g, r), row in rows.items():
+            if r == 0 and g in reps.history:
+                reps.history[g].update(aborted=list(row["aborted_steps"]), pids=sorted(
+                    {int(x["pid"]) for (gg, _), x in rows.items() if gg == g}))
+        committed = {k: row for k, row in rows.items() if row["event"] == "step" and k[0] in live}
+        for g, _ in committed:
+            reps.raised.pop(g, None)
+        if not committed:
+            return None  # voted down (a group died in it): the survivors redo this step
+        if max(int(r["participants"]) for r in committed.values()) > len(live):
+            # a replacement took part in this step (its first): it joins the step set now, before the
+            # next quorum (left out, it would hold that quorum up for the join timeout)
+            reps.wait_stepping(self.settings.replica_timeout_s)
+            self._adopt_replacements(reps)
+        recent: dict[int, dict[str, Any]] = {}
+        for (g, r), row in committed.items():  # commits an abandoned wait missed come back in ``recent``
+            for old in row["recent"]:
+                recent.setdefault(int(old["step"]), old)
+            if r == 0:
+                reps.history[g]["committed"] = sorted(set(reps.history[g]["committed"]) |
+                                                      {int(x["step"]) for x in row["recent"]})
+                # the group's own commit times (0-based step -> time.time()): the survivors' stalls
+                reps.history[g].setdefault("commit_ts", {}).update({str(x["step"]): x["ts"] for x in row["recent"]})
+        for st in sorted(k for k in recent if k >= step):
+            self._replica_step_done(run, recent[st], committed, reps)
+        run.step = max(recent) + 1
+        if run.step >= self.job.steps or self.preempt_requested:
+            target = max(reps.groups, key=lambda g: int(reps.groups[g].timings.get("fence_epoch") or 0))
+            failed = self._save(reps.groups[target], run.step)
+            if failed is not None:
+                raise JobFailed(f"replica groups: the final checkpoint failed: {failed.cause}")
+            if self.preempt_requested:
+                return Switch("preempted")
+        reps.start_replacements(self.port, self.replanner.excluded, self.settings.replica_retry_s, lambda g: None)
+        return None
+
+    def _replica_step_done(self, run: _Run, row: dict[str, Any], committed: dict[tuple[int, int], dict[str, Any]],
+                           reps: ReplicaSet) -> None:
+        done = int(row["step"]) + 1
+        wall = max(float(r["wall_s"]) for r in committed.values())
+        run.walls.append(wall)
+        loss = float(row["loss"])
+        with self.lock:
+            self.last_loss = loss
+            self.losses[done] = loss
+            self.step_ts[done] = float(row.get("ts", time.time()))
+            self.next_step = done
+        self.cadence.observe_step(wall)
+        world = int(row["participants"]) * reps.layout.world_size
+        busy = [float(r["busy_s"]) for r in committed.values()]
+        self.log.emit(ev.StepDone(step=done, loss=round(loss, 6), wall_s=round(wall, 4), busy_max_s=round(max(busy), 4),
+                                  world_size=world, tokens_per_s=round(float(row["tokens"]) / max(wall, 1e-9), 1),
+                                  val_loss=None))
+        out = {i: {**r, "loss": loss} for i, r in enumerate(committed.values())}
+        view, _ = reps.view()
+        self._metrics(done, out, view)
+        self.tracking.on_step(done, out[0], world, wall)
+
+    def _drop_replicas(self, reps: ReplicaSet, view: Gang, owners: list[tuple[int, int]], res: GatherResult,
+                       since: float, step: int) -> None:
+        failure = self.port.classify(res, view, "step")
+        lost = reps.hit(failure, owners, res.unresponsive)
+        if not lost and failure.kind == "rank_failed":
+            # a group whose ranks raised in two attempts in a row is dropped (and replaced) rather than
+            # redoing the step with it for ever
+            raised = {owners[r][0] for r in res.errors if r < len(owners)}
+            for g in raised:
+                reps.raised[g] = reps.raised.get(g, 0) + 1
+            lost = sorted(g for g in raised if reps.raised[g] >= 2)
+        self._record_failure(failure, since)  # node_lost / rank_failed / hang, as for any gang
+        self._check_failure_budget()
+        if not lost and failure.kind == "hang":
+            raise JobFailed(f"replica groups: a step hung with every group alive ({failure.reason})")
+        for g in lost:
+            gang = reps.drop(g)
+            if gang is None:
+                continue
+            nodes = gang.nodes
+            self.port.teardown(gang)
+            reps.dropped.append({"group": g, "nodes": nodes, "step": step + 1, "ts": time.time()})
+            self.log.emit(ev.ReplicaDropped(reason=f"replica group {g} lost ({failure.kind}: {failure.reason}); "
+                                            f"{reps.size} groups keep stepping", group=g, nodes=list(nodes),
+                                            step=step + 1, groups_left=reps.size))
+        if reps.size == 0:
+            raise JobFailed("replica groups: every group was lost (no re-plan path for replica groups yet)")
+        reps.start_replacements(self.port, self.replanner.excluded, 0.0, lambda g: None)
+
+    def _adopt_replacements(self, reps: ReplicaSet) -> None:
+        """Replacements done starting: the ones that healed from a peer and stepped join the step set
+        (``replica_joined``); a failed one is torn down (another is tried after ``replica_retry_s``)."""
+        up, failed = reps.ready()
+        for j in failed:
+            reps.history.setdefault(j.group, {"node": j.node, "error": j.error})
+            if j.gang is not None:
+                self.port.teardown(j.gang)
+        for j in up:
+            gang = j.gang
+            assert gang is not None
+            row = j.first[0]
+            reps.history[j.group].update(healed_from=row["healed_from"], committed=[int(row["step"])],
+                                         commit_ts={str(row["step"]): row["ts"]},
+                                         pids=sorted({int(r["pid"]) for r in j.first.values()}),
+                                         warm_ranks=int(gang.timings.get("warm_ranks", 0)))
+            self.log.emit(ev.Started(reason=f"replacement replica group {j.group} on node {j.node[:8]}",
+                                     actors_s=round(float(gang.timings.get("actors_s", 0.0)), 4),
+                                     setup_s=round(float(gang.timings.get("setup_s", 0.0)), 4),
+                                     backend=str(gang.timings.get("rendezvous", {}).get("backend", "")),
+                                     warm_ranks=int(gang.timings.get("warm_ranks", 0))))
+            healed = row["healed_from"]
+            self.log.emit(ev.ReplicaJoined(reason=f"replica group {j.group} took the state of group {healed} over "
+                                           f"the network and stepped with it: {reps.size} groups",
+                                           group=j.group, seconds=round(float(row["ts"]) - j.t0, 3),
+                                           step=int(row["step"]) + 1, from_group=int(-1 if healed is None else healed),
+                                           nodes=[j.node], groups=reps.size))
+
+    def _teardown_replicas(self) -> None:
+        reps = self.replicas
+        if reps is None:
+            return
+        if reps.at_end is None:
+            reps.at_end = sorted(reps.groups)
+        for j in reps.wait_joining(self.settings.start_timeout_s):
+            if j.gang is not None:
+                self.port.teardown(j.gang)
+        for g in sorted(reps.groups):
+            self.port.teardown(reps.drop(g))
 
     # ------------------------------------------------------------------ the gang
     def _adopt(self, gang: Gang) -> None:

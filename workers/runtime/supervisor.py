@@ -114,6 +114,9 @@ class JobSupervisor:
             "recoveries": list(m.recoveries),
             "last_checkpoint_step": m.last_ckpt_step,
             "wall_s": round(time.time() - self._started_at, 3),
+            # replica groups: per group its node, actor pids, committed and aborted steps, healed_from
+            "replicas": m.replicas.summary() if m.replicas is not None else None,
+            "step_attempts": {str(k): v for k, v in sorted(m.step_attempts.items())},
         }
 
 

@@ -12,6 +12,7 @@ injection was enabled explicitly (see ``faults``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -38,6 +39,12 @@ class RankWorker:
         self._snap: Any = None  # Snapshotter: this rank's shard to two nodes' memory after every step
         self.snapshot_push_errors = 0
         self._rng = random.Random(os.getpid())
+        self._rdzv: dict[str, Any] | None = None
+        self._replica: Any = None  # ReplicaStepper: this rank's replica group under torchft (replica_groups)
+        self._replica_lock = threading.Lock()  # one step attempt at a time (an abandoned one finishes first)
+        self._replica_commits: list[dict[str, Any]] = []
+        self._replica_aborts: list[int] = []
+        self._kill_mid_step = False  # fault hook: kill this node in the middle of the next replica step
 
     # ---------------------------------------------------------------- bookkeeping
     def _phase(self, phase: str, step: int | None = None) -> None:
@@ -86,6 +93,7 @@ class RankWorker:
         from workers.runtime.rendezvous import Rendezvous, join
 
         self._rank = rank
+        self._rdzv = dict(rdzv)
         self._fence = (cfg.get("checkpoint_dir"), fence_epoch) if fence_epoch is not None else None
         self._phase("setup")
         t0 = time.perf_counter()
@@ -112,6 +120,47 @@ class RankWorker:
                     self.snapshot_push_errors += 1
 
         return push
+
+    # ---------------------------------------------------------------- replica groups (torchft)
+    def setup_replica(self, group: int, lighthouse: str, min_replicas: int, timeout_s: float) -> dict[str, Any]:
+        """Make this rank (its gang is one replica group: ``setup`` built the group's TP world) a rank
+        of replica group ``group`` under torchft (``workers.engine.replica_ft.ReplicaStepper``): the
+        manager uses the group's rendezvous store; the step counter starts at 0 (a replacement heals
+        from a peer at its first quorum)."""
+        from workers.engine.replica_ft import ReplicaStepper
+
+        assert self._trainer is not None and self._rdzv is not None, "setup first"
+        cfg = self._trainer.cfg
+        self._replica = ReplicaStepper(
+            self._trainer, self._trainer._data(), group=group, rank=self._rank, tp=self._trainer.layout.tp,
+            global_batch=cfg.global_batch, micro_batch=self._trainer.layout.micro_batch,
+            store_addr=str(self._rdzv["host"]), store_port=int(self._rdzv["port"]), lighthouse=lighthouse,
+            min_replicas=min_replicas, timeout_s=timeout_s)
+        return {"group": group, "step": self._replica.current_step()}
+
+    def replica_step(self) -> dict[str, Any]:
+        """One step attempt of this rank's replica group (``ReplicaStepper.step_once``): committed
+        (``event: step``) or voted down (``abort``: the next call redoes it). Calls queue behind an
+        attempt still running (one the supervisor stopped waiting for when a peer group died)."""
+        with self._replica_lock:
+            self._phase("step", self._replica.current_step())
+            w0, c0 = time.perf_counter(), time.thread_time()
+            row = self._replica.step_once(self._mid_step_fault)
+            row.update(rank=self._rank, busy_s=time.thread_time() - c0, wall_s=time.perf_counter() - w0,
+                       ts=time.time(), tokens=self._trainer.cfg.global_batch * self._trainer.cfg.model.seq_len,
+                       pid=os.getpid())
+            if row["event"] == "step":
+                self._replica_commits = [*self._replica_commits[-7:], dict(row)]
+            else:
+                self._replica_aborts.append(int(row["step"]))
+            # the last commits (a supervisor that stopped waiting for one sees it here) and every abort
+            row.update(recent=list(self._replica_commits), aborted_steps=list(self._replica_aborts))
+            self._phase("idle", row["step"])
+            return row
+
+    def _mid_step_fault(self, step: int) -> None:
+        if self._kill_mid_step:  # after the backward pass, before the cross-group reduction
+            _kill_own_node(whole_node=True)
 
     def restore(self) -> int:
         self._phase("restore")
@@ -144,6 +193,8 @@ class RankWorker:
         """One optimizer step; the slow/jitter hooks add busy time after the step's collectives."""
         from workers.runtime.faults import burn_cpu
 
+        if self._replica is not None:  # a rank of a replica group: one torchft step attempt
+            return self.replica_step()
         self._check_fence("run a step")
         self._phase("step", self._trainer.next_step)
         w0, c0 = time.perf_counter(), time.thread_time()
@@ -199,6 +250,9 @@ class RankWorker:
         from workers.runtime.rendezvous import leave
 
         self._phase("close")
+        if self._replica is not None:
+            self._replica.close()
+            self._replica = None
         if self._snap is not None:
             self._snap.close()
             self._snap = None
@@ -219,6 +273,8 @@ class RankWorker:
             self._hang = True
         elif kind == "exit":
             threading.Timer(0.05, os._exit, args=(1,)).start()
+        elif kind == "kill_node" and self._replica is not None:
+            self._kill_mid_step = True  # a replica group: in the middle of its next step (the one redone)
         elif kind == "kill_node":
             threading.Timer(0.05, _kill_own_node).start()
         else:
@@ -226,8 +282,11 @@ class RankWorker:
         return True
 
 
-def _kill_own_node() -> None:
-    """SIGKILL this node's raylet (our parent process), then ourselves: a hard node failure."""
+def _kill_own_node(whole_node: bool = False) -> None:
+    """SIGKILL this node's raylet (our parent process), then ourselves: a hard node failure.
+    ``whole_node``: every other worker process of the raylet first, as a crashed host loses them all
+    at once (otherwise they notice the raylet's death on their own, seconds later on a loaded host:
+    a replica group's other rank would keep its torchft manager heartbeating meanwhile)."""
     raylet = os.getppid()
     try:
         with open(f"/proc/{raylet}/comm") as f:
@@ -235,5 +294,24 @@ def _kill_own_node() -> None:
     except OSError:
         is_raylet = False
     if is_raylet:
+        if whole_node:
+            for pid in _children(raylet) - {os.getpid()}:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         os.kill(raylet, signal.SIGKILL)
     os._exit(1)
+
+
+def _children(parent: int) -> set[int]:
+    out = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:  # the field after the state is the parent pid
+            out.add(int(entry))
+    return out

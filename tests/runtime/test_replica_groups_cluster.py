@@ -1,0 +1,173 @@
+"""Replica groups in the Ray runtime (issue #14): survivors never stop, a replacement heals from a peer.
+
+A job of 3 replica groups of ``tp=1`` (``runtime.replica_groups``), each group on its own node of the
+session cluster plus one spare node added for the test (4 nodes x 4 declared GPUs). The last group's
+node is killed in the middle of step 4 (``kill_node``: after that group's backward pass, before the
+cross-group reduction). Checked, as behaviour (times are printed, not asserted):
+
+- the two surviving groups are the same actors throughout (same pids) and no ``resumed`` event;
+- the interrupted step is the only step launched twice and the only one a survivor aborted;
+- every committed step's loss is the no-failure run's (1e-4 relative), the redone one too;
+- ``replica_dropped`` (group 2, its node, step 4) and ``replica_joined`` (``source: "peer"``) for a
+  replacement group on a node that is neither the dead one nor a survivor's, which healed from a
+  survivor; the last steps run with 3 groups again (back at full strength);
+- no storage read: no ``restore`` happens on this path (no ``resumed``) and the replacement's state
+  came from a peer (``healed_from``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.controller import helpers as h
+from workers.runtime.reference import reference_losses
+
+pytestmark = pytest.mark.cluster
+
+STEPS, KILL_AT = 10, 3  # 0-based step the kill interrupts (reported as step 4)
+
+
+def _spec(tmp_path: Path) -> dict[str, Any]:
+    return {
+        "model": "tiny", "steps": STEPS, "global_batch": 12, "seed": 5,
+        "layout_hint": {"tp": 1, "micro_batch": 2}, "checkpoint_dir": str(tmp_path / "ckpt"),
+        "checkpoint": {"min_every_steps": 50, "max_every_steps": 50},
+        "runtime": {**h.FAST_RUNTIME, "grow": False, "replica_groups": 3, "warm_ranks_per_node": 1},
+        "faults": [{"kind": "kill_node", "at_step": KILL_AT, "rank": -1}],
+    }
+
+
+@pytest.mark.timeout(600)
+def test_survivors_keep_stepping_and_a_replacement_heals_from_a_peer(ray_cluster, tmp_path: Path) -> None:
+    import ray
+
+    from workers.runtime.launch import start_supervisor, stop_supervisor
+
+    ray_cluster.add_node()  # the spare node the replacement goes to
+    spec = _spec(tmp_path)
+    t0 = time.monotonic()
+    sup = start_supervisor("t-replicas", 1, spec, enable_fault_injection=True)
+    try:
+        result = ray.get(sup.run.remote(), timeout=500)
+        events = ray.get(sup.events.remote(0))
+    finally:
+        stop_supervisor("t-replicas", 1)
+    took = time.monotonic() - t0
+    assert result["state"] == "SUCCEEDED", result["error"]
+    reps = result["replicas"]
+    groups = reps["groups"]
+    kinds = [e["type"] for e in events]
+    assert "resumed" not in kinds and "recovery" not in kinds, kinds
+
+    dropped = [e for e in events if e["type"] == "replica_dropped"]
+    story = [{k: v for k, v in e.items() if k not in ("layout", "cadence")} for e in events if e["type"] != "step"]
+    assert [(e["group"], e["step"]) for e in dropped] == [(2, KILL_AT + 1)], (story, result["replicas"])
+    dead = dropped[0]["nodes"]
+    assert dead == [groups["2"]["node"]]
+    joined = [e for e in events if e["type"] == "replica_joined"]
+    assert len(joined) == 1 and joined[0]["source"] == "peer", joined
+    new = str(joined[0]["group"])
+    assert joined[0]["from_group"] in (0, 1)
+    assert groups[new]["healed_from"] in (0, 1)
+    assert groups[new]["node"] not in {*dead, groups["0"]["node"], groups["1"]["node"]}
+    assert sorted(int(g) for g in reps["live"]) == [0, 1, int(new)]
+
+    # the survivors: same actors all along, only the interrupted step aborted and launched twice
+    for g in ("0", "1"):
+        assert len(groups[g]["pids"]) == 1, groups[g]
+        assert set(groups[g]["aborted"]) <= {KILL_AT}, groups[g]
+    assert {int(k): v for k, v in result["step_attempts"].items() if v > 1} in ({KILL_AT: 2}, {}), \
+        result["step_attempts"]
+    redone = sorted({s for g in ("0", "1") for s in groups[g]["aborted"]})
+    assert redone == [KILL_AT], f"the interrupted step must be voted down and redone: {groups}"
+
+    # every step once, each with the no-failure loss; the last step with 3 groups again
+    steps = [e for e in events if e["type"] == "step"]
+    assert [e["step"] for e in steps] == list(range(1, STEPS + 1))
+    ref = reference_losses({k: v for k, v in spec.items() if k not in ("faults", "runtime")}
+                           | {"checkpoint_dir": str(tmp_path / "r")})
+    for e in steps:
+        want = ref[e["step"] - 1]
+        assert abs(e["loss"] - want) <= 1e-4 * abs(want), (e["step"], e["loss"], want)
+    # the redo ran on the two survivors (3 micro-batches each), or with the replacement already in when
+    # it healed within the dead group's heartbeat timeout (a warm actor); either way 12 rows
+    assert steps[KILL_AT]["world_size"] in (2, 3)
+    assert steps[-1]["world_size"] == 3
+
+    # measured, not asserted: the survivors' longest gap between two committed steps, and the time
+    # from the drop to full strength
+    ts = {e["step"]: e["ts"] for e in steps}
+    gaps = [ts[s + 1] - ts[s] for s in range(1, STEPS)]
+    print(json.dumps({"test_s": round(took, 1), "longest_gap_s": round(max(gaps), 3),
+                      "gap_at_kill_s": round(ts[KILL_AT + 1] - ts[KILL_AT], 3),
+                      "drop_to_joined_s": round(joined[0]["ts"] - dropped[0]["ts"], 3),
+                      "replica_joined_seconds": joined[0]["seconds"], "joined_at_step": joined[0]["step"],
+                      "warm_ranks": groups[new].get("warm_ranks"),
+                      "world_sizes": [e["world_size"] for e in steps]}))
+
+
+@pytest.mark.soak  # ~1.5-2.5 min on the shared 2-core box: outside the CI budget
+@pytest.mark.timeout(900)
+def test_no_spare_gpus_the_job_goes_on_with_fewer_groups_and_grows_back(ray_cluster, tmp_path: Path) -> None:
+    """3 groups of tp=1 on the 3 session nodes; once the job steps, the test holds every other GPU (a
+    placement group of its own), then a group's node is killed: no GPUs for a replacement, so the two
+    survivors go on alone (the global batch kept: the no-failure losses); the test frees its GPUs a few
+    steps later and the job grows back to 3 groups (a replacement healed from a peer)."""
+    import ray
+    from ray.util import placement_group, remove_placement_group
+
+    from workers.runtime.launch import start_supervisor, stop_supervisor
+
+    # enough steps after the GPUs come back for a replacement to start (a warm actor: ~2-4 s here)
+    steps, kill_at = 80, 6
+    spec = _spec(tmp_path) | {"steps": steps, "faults": [{"kind": "kill_node", "at_step": kill_at, "rank": -1}]}
+    spec["runtime"] = {**spec["runtime"], "warm_ranks_per_node": 1, "replica_retry_s": 1.0}
+    sup = start_supervisor("t-replicas-short", 1, spec, enable_fault_injection=True)
+    block = None
+    try:
+        run = sup.run.remote()
+        deadline = time.monotonic() + 300
+        while not any(e["type"] == "step" for e in ray.get(sup.events.remote(0))):
+            assert time.monotonic() < deadline, "no step"
+            time.sleep(0.2)
+        free = int(ray.available_resources().get("GPU", 0))
+        block = placement_group([{"GPU": 1, "CPU": 0.01}] * free, strategy="SPREAD")
+        ray.get(block.ready(), timeout=60)
+        while True:  # two steps done with 2 groups after the drop: give the GPUs back
+            events = ray.get(sup.events.remote(0))
+            if sum(e["type"] == "step" and e["world_size"] == 2 for e in events) >= 2:
+                break
+            assert time.monotonic() < deadline and not any(e["type"] == "finished" for e in events), \
+                [e["type"] for e in events if e["type"] != "step"]
+            time.sleep(0.1)
+        remove_placement_group(block)
+        block = None
+        result = ray.get(run, timeout=500)
+        events = ray.get(sup.events.remote(0))
+    finally:
+        if block is not None:
+            remove_placement_group(block)
+        stop_supervisor("t-replicas-short", 1)
+    assert result["state"] == "SUCCEEDED", result["error"]
+    steps_ev = [e for e in events if e["type"] == "step"]
+    assert [e["step"] for e in steps_ev] == list(range(1, steps + 1))
+    ref = reference_losses({k: v for k, v in spec.items() if k not in ("faults", "runtime")}
+                           | {"checkpoint_dir": str(tmp_path / "r")})
+    # 1e-4 relative over the first 40 steps; after that float reassociation (2 or 3 groups summing
+    # partial gradients vs one process) has drifted to ~1e-4 (1.1e-4 seen at step 52): 1e-3 there
+    rel = [abs(e["loss"] - ref[e["step"] - 1]) / abs(ref[e["step"] - 1]) for e in steps_ev]
+    for e, r in zip(steps_ev, rel, strict=True):
+        assert r <= (1e-4 if e["step"] <= 40 else 1e-3), (e["step"], e["loss"], ref[e["step"] - 1])
+    sizes = [e["world_size"] for e in steps_ev]
+    assert sizes.count(2) >= 2 and sizes[-1] == 3, sizes
+    first_two, last_two = sizes.index(2), len(sizes) - 1 - sizes[::-1].index(2)
+    assert set(sizes[first_two:last_two + 1]) == {2}  # fewer groups until the GPUs came back, then 3
+    joined = [e for e in events if e["type"] == "replica_joined"]
+    assert len(joined) == 1 and joined[0]["source"] == "peer" and joined[0]["step"] == last_two + 2, joined
+    assert "resumed" not in {e["type"] for e in events}
+    print(json.dumps({"world_sizes": sizes, "joined_at_step": joined[0]["step"], "max_rel_loss_diff": max(rel)}))
