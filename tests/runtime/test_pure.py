@@ -195,6 +195,11 @@ def test_faults_need_the_explicit_hook_and_fire_once() -> None:
     assert plan.due(1) == []
     assert [f.kind for f in plan.due(5)] == ["slow_node", "kill_node"]
     assert plan.due(6) == [] and plan.pending == []
+    # kill_replacement fires when a replica group starts, never before a step is launched
+    plan = FaultPlan(parse_faults([{"kind": "kill_replacement", "at_step": 3, "rank": 0},
+                                   {"kind": "kill_node", "at_step": 3}]), enabled=True)
+    assert [f.kind for f in plan.due(3)] == ["kill_node"] and plan.due(2, on_start=True) == []
+    assert [f.kind for f in plan.due(4, on_start=True)] == ["kill_replacement"] and plan.pending == []
     assert Fault("kill_rank", 0, rank=-1).target_rank(8) == 7
     with pytest.raises(ValueError):
         Fault("explode", 1)

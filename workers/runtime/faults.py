@@ -16,7 +16,9 @@ for ``factor - 1`` times the step's busy time); ``jitter_node`` adds a random 0.
 extra (mean ``amplitude``), i.e. the few-percent noise that must trigger nothing. Both follow the
 node across re-plans (they are properties of the node, not of an actor). ``drop_snapshots`` kills
 the job's snapshot holders (both in-memory copies of every shard are gone: the next restore reads
-storage).
+storage). ``kill_replacement`` (replica groups) kills the node of the next replica group started once
+step ``at_step`` was launched (a replacement), in the middle of its first step: after it healed from a
+peer and ran its backward pass, before the cross-group reduction, i.e. before its ``replica_joined``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ from workers.runtime.memsnap import Choice
 from workers.runtime.placement import NodeCapacity, Reservation
 from workers.runtime.watchdog import Failure, GatherResult
 
-FAULT_KINDS: tuple[str, ...] = ("kill_node", "kill_rank", "hang_rank", "slow_node", "jitter_node", "drop_snapshots")
+FAULT_KINDS: tuple[str, ...] = ("kill_node", "kill_rank", "hang_rank", "slow_node", "jitter_node", "drop_snapshots",
+                                 "kill_replacement")
+#: faults that fire when a gang starts (not before a step is launched)
+ON_START: frozenset[str] = frozenset({"kill_replacement"})
 
 
 class FaultInjectionDisabled(PermissionError):
@@ -88,9 +93,11 @@ class FaultPlan:
             )
         self.fired: list[Fault] = []
 
-    def due(self, step: int) -> list[Fault]:
-        now = [f for f in self._pending if f.at_step <= step]
-        self._pending = [f for f in self._pending if f.at_step > step]
+    def due(self, step: int, *, on_start: bool = False) -> list[Fault]:
+        """The faults due at ``step``: those fired before a step is launched, or (``on_start``) those
+        fired when a gang starts."""
+        now = [f for f in self._pending if f.at_step <= step and (f.kind in ON_START) == on_start]
+        self._pending = [f for f in self._pending if f not in now]
         self.fired.extend(now)
         return now
 
@@ -121,6 +128,7 @@ class FaultInjector:
         self.log = log
         self.settle_s = settle_s  # after kill_node: let the node die before the step is launched onto it
         self.node_faults: dict[str, tuple[str, float]] = {}  # node -> ("slow"|"jitter", value)
+        self.last_step: int | None = None  # the last step launched (``kill_replacement`` counts from it)
 
     def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[NodeCapacity]:
         return self.inner.nodes(exclude=exclude, held=held)
@@ -136,10 +144,20 @@ class FaultInjector:
         gang = self.inner.start_gang(plan, reservation, on_created=on_created)
         for node, (kind, value) in self.node_faults.items():
             self.inner.inject(gang, gang.rank_map.ranks_on(node), kind, value)
+        if self.last_step is not None and getattr(plan, "replica_group", None) is not None:
+            for f in self.plan.due(self.last_step, on_start=True):  # kill_replacement: in its first step
+                rank = f.target_rank(gang.world_size)
+                self.inner.inject(gang, [rank], "kill_node", wait=True)
+                self.log.emit(ev.FaultInjected(reason=f"test hook: {f.kind} (replica group "
+                                               f"{getattr(plan, 'replica_group', '?')}, in its first step)",
+                                               step=self.last_step, node=gang.rank_nodes[rank], ranks=[rank],
+                                               kind=f.kind, at_step=f.at_step, factor=f.factor,
+                                               amplitude=f.amplitude))
         return gang
 
     def gather(self, gang: Gang, call: RankCall, *, deadline_s: float, step: int | None = None) -> GatherResult:
         if call == "step" and step is not None:
+            self.last_step = step
             self._fire(gang, step)
         return self.inner.gather(gang, call, deadline_s=deadline_s, step=step)
 
