@@ -166,4 +166,10 @@ def parse_job(spec: dict[str, Any]) -> JobSpec:
     )
     if job.min_gpus < 1 or (job.max_gpus is not None and job.max_gpus < job.min_gpus):
         raise ValueError("min_gpus/max_gpus: need 1 <= min_gpus <= max_gpus")
+    from workers.runtime.fault_spec import parse_faults
+
+    try:
+        parse_faults(job.faults)  # kinds and parameters checked here, in the caller
+    except ValueError as e:
+        raise ValueError(f"faults: {e}") from None
     return job
