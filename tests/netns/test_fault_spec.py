@@ -85,3 +85,20 @@ def test_a_node_namespace_finds_its_cluster_and_partitions_a_link_through_the_ro
         from workers.runtime.netfaults import NetFaults
 
         NetFaults(c).heal("n2")
+
+
+def test_orthoplex_run_takes_network_faults_only_with_an_address() -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from service.cli.runtime import _parse_fault_options, register
+
+    fault = '{"kind": "net_partition", "at_step": 5, "duration_s": 2}'
+    assert _parse_fault_options([fault], "10.250.7.2:6380") == [json.loads(fault)]
+    app = typer.Typer()
+    register(app)
+    res = CliRunner().invoke(app, ["run", "--fault", fault])  # no --address: the in-process local cluster
+    assert res.exit_code == 2 and "orthoplex cluster up" in res.output and "--netns" in res.output, res.output
+    res = CliRunner().invoke(app, ["run", "--address", "10.250.7.2:6380", "--fault",
+                                   '{"kind": "net_rate", "at_step": 1, "mbit": -1}'])
+    assert res.exit_code == 2 and "mbit must be > 0" in res.output, res.output

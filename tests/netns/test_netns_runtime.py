@@ -306,8 +306,11 @@ def test_capped_links_the_planner_keeps_tp_inside_nodes_and_step_times_order_as_
     2. a coarse check on a toy network: the planner's step-time order of its pick and of TP across
        the nodes (``tp=4``, by hint) is the measured order. Not a calibration: on this 2-core box
        compute is slower than the planner's CPU profile says, so only the order is compared."""
-    mbit = 10.0
-    steps = 4  # steps 2-4 timed (step 1 warms up)
+    # 5 Mbit/s: TP across the link is then about 20x the planner's pick by the planner and several
+    # times by measurement, a margin that held with other sessions loading this 2-core box (at
+    # 10 Mbit/s the order flipped at a load average of 35: the pick's 8 micro-batches are CPU-bound)
+    mbit = 5.0
+    steps = 3  # steps 2-3 timed (step 1 warms up); the faster one counts (load spikes only slow steps)
     network = {"inter_node_bw_Gbps_per_gpu": mbit / 1000 / 2, "intra_node_bw_GBps": 1.0}  # 2 ranks per link
     measured: dict[str, float] = {}
     predicted: dict[str, float] = {}
@@ -338,13 +341,12 @@ def test_capped_links_the_planner_keeps_tp_inside_nodes_and_step_times_order_as_
                 assert _tp_groups_inside_nodes(plan["layout"], mapped) and len(set(mapped)) == 2, (plan, mapped)
             else:
                 assert len(set(mapped)) == 2 and not _tp_groups_inside_nodes(plan["layout"], mapped), mapped
-            walls = sorted(e["wall_s"] for e in job.of("step") if e["step"] > 1)  # step 1 warms up
-            measured[key] = walls[len(walls) // 2]
+            measured[key] = min(e["wall_s"] for e in job.of("step") if e["step"] > 1)  # step 1 warms up
             predicted[key] = plan["predicted_step_time_s"]
     finally:
         for name in names:
             netns_ray.faults.heal(name)
-    print(f"at {mbit:g} Mbit/s per node link: planner picked {picked.get('short')}; measured median step "
+    print(f"at {mbit:g} Mbit/s per node link: planner picked {picked.get('short')}; measured fastest step "
           f"{measured}, predicted {predicted}")
     assert predicted["tp=4"] > predicted["planner"], predicted
     assert measured["tp=4"] > measured["planner"], (measured, predicted)
