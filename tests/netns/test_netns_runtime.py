@@ -8,7 +8,13 @@ hit the link of a node that hosts ranks:
    without it and finishes; when the link heals the node is fenced: Ray keeps it dead (its raylet
    exits), the gang epoch has moved on, and no step is reported twice beyond the recovery contract;
 2. a partition healed before the deadline: a stall, no failure and no re-plan;
-3. a lossy link (10 % each way): the job survives and finishes.
+3. a lossy link (10 % each way): the job survives and finishes;
+4. a slow link: a link straggler, re-planned around.
+
+Default run (one cluster start for the module): 1 as its own job; 2, 3 and 4 in ONE job whose job
+spec carries the network faults (the fault port ``orthoplex run --fault`` uses); the capped-links
+planner check. The long versions (2, 3, 4 each its own job, driven by ``NetFaults``; the slow link
+under TP; the partition from one peer) are in the ``soak`` tier.
 """
 
 from __future__ import annotations
