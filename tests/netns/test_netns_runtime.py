@@ -193,7 +193,8 @@ def test_spec_network_faults_healed_partition_lossy_link_then_slow_link(netns_ra
     1. ``net_partition`` before step 3 for 2 s (``duration_s``): shorter than the GCS's 5 missed 1 s
        health checks and the 8 s heartbeat limit: a stall, no failure and no re-plan;
     2. ``net_loss`` 10 % each way before step 5, healed by ``net_heal`` before step 8: the job goes on,
-       no failure;
+       no failure (on a loaded box the lossy link was once flagged a link straggler and re-planned
+       around: allowed);
     3. ``net_rate`` 1 Mbit/s before step 9 until the end: the DP all-reduce crossing the link crawls,
        the node is flagged a straggler by its link (heartbeats queued behind the traffic) and the job
        re-plans around it.
@@ -219,9 +220,12 @@ def test_spec_network_faults_healed_partition_lossy_link_then_slow_link(netns_ra
     timed_heal = [e for e in job.of("fault_injected") if e["params"] == {"what": "partition"}]
     assert timed_heal and timed_heal[0]["ts"] - fired["net_partition"]["ts"] < 10, timed_heal
     victim = fired["net_rate"]["node"]
-    # 1 and 2: before the cap, no failure, no resume, one plan
-    before = [e for e in job.events if e["seq"] < fired["net_rate"]["seq"]]
-    bad = [e for e in before if e["type"] in (*FAILURES, "resumed", "replan")]
+    # 1: the healed partition: up to the loss, no failure, no resume, no re-plan (a stall only)
+    bad = [e for e in job.events if e["seq"] < fired["net_loss"]["seq"] and e["type"] in (*FAILURES, "resumed", "replan")]
+    assert not bad, bad
+    # 2: the lossy link: no failure (a straggler re-plan is allowed: under load a 10 % lossy link's
+    # retransmits can pass the LinkScorer's thresholds, as a slow link's do)
+    bad = [e for e in job.events if fired["net_loss"]["seq"] < e["seq"] < fired["net_rate"]["seq"] and e["type"] in FAILURES]
     assert not bad, bad
     ts = {e["step"]: e["ts"] for e in job.of("step")}
     stalled = round(ts[3] - ts[2], 1)  # the step the 2 s partition hit, from the step before's end
