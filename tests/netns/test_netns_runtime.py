@@ -190,12 +190,14 @@ def test_spec_network_faults_healed_partition_lossy_link_then_slow_link(netns_ra
     """The CI-sized done-when checks, in ONE job whose network faults come from its job spec (the fault
     port ``orthoplex run --fault`` and the demo use), all on the link of the node of the last rank:
 
-    1. ``net_partition`` before step 3 for 2 s (``duration_s``): shorter than the GCS's 5 missed 1 s
+    (``at_step`` counts from 0: ``at_step`` 3 fires before the step whose event says 4.)
+
+    1. ``net_partition`` at step 3 for 2 s (``duration_s``): shorter than the GCS's 5 missed 1 s
        health checks and the 8 s heartbeat limit: a stall, no failure and no re-plan;
-    2. ``net_loss`` 10 % each way before step 5, healed by ``net_heal`` before step 8: the job goes on,
+    2. ``net_loss`` 10 % each way at step 5, healed by ``net_heal`` at step 8: the job goes on,
        no failure (on a loaded box the lossy link was once flagged a link straggler and re-planned
        around: allowed);
-    3. ``net_rate`` 1 Mbit/s before step 9 until the end: the DP all-reduce crossing the link crawls,
+    3. ``net_rate`` 1 Mbit/s at step 9 until the end: the DP all-reduce crossing the link crawls,
        the node is flagged a straggler by its link (heartbeats queued behind the traffic) and the job
        re-plans around it.
     The job finishes with every step done, redone only by resumes; the supervisor heals the link when
@@ -228,14 +230,15 @@ def test_spec_network_faults_healed_partition_lossy_link_then_slow_link(netns_ra
     bad = [e for e in job.events if fired["net_loss"]["seq"] < e["seq"] < fired["net_rate"]["seq"] and e["type"] in FAILURES]
     assert not bad, bad
     ts = {e["step"]: e["ts"] for e in job.of("step")}
-    stalled = round(ts[3] - ts[2], 1)  # the step the 2 s partition hit, from the step before's end
+    # at_step is 0-based, step events 1-based: the partition fired before the step reported as 4
+    stalled = round(ts[4] - ts[3], 1)
     # 3: the capped link is a link straggler, re-planned around
     flagged = [e for e in job.of("straggler") if e["node"] == victim and e["seq"] > fired["net_rate"]["seq"]]
     assert flagged and flagged[0]["cause"] == "link", job.of("straggler")
     replan = [e for e in job.of("replan") if e["seq"] > flagged[0]["seq"]]
     assert replan and replan[0]["change"].get("slow_nodes"), job.of("replan")
-    print(f"spec faults on {victim[:8]}: step 3 (2 s partition) took {stalled} s (step 2: "
-          f"{round(ts[2] - ts[1], 1)} s); cap -> link straggler "
+    print(f"spec faults on {victim[:8]}: step 4 (2 s partition) took {stalled} s (step 3: "
+          f"{round(ts[3] - ts[2], 1)} s); cap -> link straggler "
           f"+{flagged[0]['ts'] - fired['net_rate']['ts']:.1f}s, re-plan +{replan[0]['ts'] - fired['net_rate']['ts']:.1f}s "
           f"({replan[0]['old_short']} -> {replan[0]['new_short']})")
     _no_step_lost(job, res)
