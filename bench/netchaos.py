@@ -19,8 +19,10 @@ namespace or link is left. The baseline is the same job without faults, in the s
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -81,11 +83,13 @@ class Chaos:
         self.heal_at: dict[str, float] = {}
         self.fired: list[dict[str, Any]] = []
         self.bag: list[str] = []
+        self.loads: list[float] = []  # the machine's 1-minute load average, sampled every poll
 
     def __call__(self, events: list[dict[str, Any]]) -> None:
         import ray
 
         now = time.monotonic()
+        self.loads.append(os.getloadavg()[0])
         for name, at in list(self.heal_at.items()):
             if now >= at:
                 self.faults.heal(name)
@@ -148,6 +152,7 @@ def soak(soak_s: float, every: tuple[float, float], seed: int = 0) -> dict[str, 
     from workers.runtime.netns_cluster import NetnsCluster, leftovers
 
     rng = random.Random(seed)
+    load_start = os.getloadavg()[0]
     config = {**FAST_HEALTH_CHECK, "health_check_failure_threshold": 5, "health_check_timeout_ms": 3000}
     cluster = NetnsCluster(nodes=3, gpus_per_node=2, cpus_per_node=2.0, system_config=config, connect=True)
     problems: list[str] = []
@@ -197,6 +202,9 @@ def soak(soak_s: float, every: tuple[float, float], seed: int = 0) -> dict[str, 
                "events": by_kind, "steps_run": len(runs), "steps_redone": redone,
                "recovery_s": [round(x, 1) for x in recoveries], "final_loss_mean10": round(mean_ours, 4),
                "reference_loss_mean10": round(mean_ref, 4),
+               "load": {"start": round(load_start, 1), "max": round(max(chaos.loads, default=0.0), 1),
+                        "end": round(os.getloadavg()[0], 1), "cpus": os.cpu_count()},
+               "commit": _commit(),
                "baseline": {"state": base_res["state"], "steps": 20, "wall_s": round(base_s, 1),
                             "median_step_s": round(sorted(base_wall)[len(base_wall) // 2], 3)}}
     finally:
@@ -216,6 +224,12 @@ def soak(soak_s: float, every: tuple[float, float], seed: int = 0) -> dict[str, 
     return out
 
 
+def _commit() -> str:
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent)
+    return proc.stdout.strip() or "unknown"
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     r = soak(100.0 if quick else 600.0, (10.0, 20.0) if quick else (30.0, 60.0))
     lines = ["## netchaos: a job under random network faults (nodes in network namespaces)", "",
@@ -223,6 +237,9 @@ def run(quick: bool = False) -> dict[str, Any]:
              f"{', '.join(sorted({f['kind'] for f in r['faults']}))}), job of {r['steps']} steps "
              f"(no-fault baseline in the same run: 20 steps in {r['baseline']['wall_s']} s, median step "
              f"{r['baseline']['median_step_s']} s; tiny model on a 2-core machine shared with other work).", "",
+             f"Code: commit {r.get('commit', '?')}. Machine load (1-minute average, as `uptime` shows it; "
+             f"{r.get('load', {}).get('cpus')} CPUs): {r.get('load', {}).get('start')} at the start, up to "
+             f"{r.get('load', {}).get('max')} during the soak, {r.get('load', {}).get('end')} at its end.", "",
              "| check | result |", "|---|---|",
              f"| job finished | {'yes' if not any('job ended' in p for p in r['problems']) else 'no'} |",
              f"| steps run / redone (all redone after a resume) | {r['steps_run']} / {r['steps_redone']} |",

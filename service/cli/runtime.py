@@ -35,11 +35,13 @@ def build_spec(
     snapshots: bool = False,
     warm_ranks: int = 0,
     replica_groups: int = 0,
+    faults: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The job spec ``orthoplex run`` submits (faults only when a fault option is given)."""
+    """The job spec ``orthoplex run`` submits (faults only when a fault option is given; ``faults``:
+    more of them as job-spec fault objects, e.g. the ``net_*`` kinds)."""
     if max_gpus is not None and max_gpus < min_gpus:
         raise ValueError(f"--max-gpus: {max_gpus} is below --min-gpus {min_gpus}")
-    faults: list[dict[str, Any]] = []
+    faults = list(faults or [])
     if kill_node_at_step is not None:
         faults.append({"kind": "kill_node", "at_step": kill_node_at_step, "rank": -1})
     if slow_node_at_step is not None:
@@ -142,6 +144,26 @@ def run_job(spec: dict[str, Any], *, address: str | None, nodes: int, gpus_per_n
             local.shutdown()
 
 
+def _parse_fault_options(options: list[str], address: str | None) -> list[dict[str, Any]]:
+    """``--fault`` JSON objects, validated (``fault_spec``); network kinds refused without ``--address``
+    (the local cluster ``run`` would start is in-process: no network namespaces)."""
+    from workers.runtime.fault_spec import parse_fault
+
+    out = []
+    for raw in options:
+        try:
+            item = json.loads(raw)
+            f = parse_fault(item)
+        except (json.JSONDecodeError, ValueError) as e:
+            raise typer.BadParameter(str(e), param_hint="--fault") from None
+        if f.network and address is None:
+            raise typer.BadParameter(f"{f.kind} needs a namespaced cluster: start one with `orthoplex cluster up "
+                                     "--netns` and pass its --address (the local cluster is in-process)",
+                                     param_hint="--fault")
+        out.append(item)
+    return out
+
+
 def register(app: typer.Typer) -> None:
     """Add ``run`` and ``cluster up|down`` to ``app``."""
 
@@ -166,6 +188,9 @@ def register(app: typer.Typer) -> None:
         kill_node_at_step: int | None = typer.Option(None, "--kill-node-at-step", help="Test hook: crash a node."),
         slow_node_at_step: int | None = typer.Option(None, "--slow-node-at-step", help="Test hook: slow a node."),
         slow_factor: float = typer.Option(2.0, "--slow-factor", help="With --slow-node-at-step."),
+        fault: list[str] = typer.Option([], "--fault", help="Test hook: a job-spec fault as JSON, repeatable, e.g. "
+                                        "'{\"kind\": \"net_partition\", \"at_step\": 5, \"duration_s\": 2}'. "
+                                        "The net_* kinds need --address of `orthoplex cluster up --netns`."),
         events_out: str | None = typer.Option(None, "--events-out", help="Write events as JSONL."),
         metrics_out: str | None = typer.Option(None, "--metrics-out", help="Write per-step metrics as JSONL."),
         address: str | None = typer.Option(None, "--address", help="Use this Ray cluster instead of a local one."),
@@ -179,13 +204,14 @@ def register(app: typer.Typer) -> None:
         """Run a job elastically: plan, place, train; survive node loss and stragglers by re-planning."""
         if max_gpus is not None and max_gpus < min_gpus:
             raise typer.BadParameter(f"{max_gpus} is below --min-gpus {min_gpus}", param_hint="--max-gpus")
+        extra = _parse_fault_options(fault, address)
         ckpt = checkpoint_dir or tempfile.mkdtemp(prefix="orthoplex-run-")
         spec = build_spec(model=model, steps=steps, global_batch=global_batch, min_gpus=min_gpus,
                           layout_hint=layout_hint, checkpoint_dir=ckpt, kill_node_at_step=kill_node_at_step,
                           slow_node_at_step=slow_node_at_step, slow_factor=slow_factor, events_out=events_out,
                           metrics_out=metrics_out, max_checkpoint_every=max_checkpoint_every,
                           hang_timeout_s=hang_timeout_s, max_gpus=max_gpus, snapshots=snapshots,
-                          warm_ranks=warm_ranks, replica_groups=replica_groups)
+                          warm_ranks=warm_ranks, replica_groups=replica_groups, faults=extra)
         result = run_job(spec, address=address, nodes=nodes, gpus_per_node=gpus_per_node,
                          job_id=job_id or f"run-{int(time.time())}")
         typer.echo(json.dumps(result, default=str) if as_json else summarize(result))

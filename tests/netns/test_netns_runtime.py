@@ -8,7 +8,13 @@ hit the link of a node that hosts ranks:
    without it and finishes; when the link heals the node is fenced: Ray keeps it dead (its raylet
    exits), the gang epoch has moved on, and no step is reported twice beyond the recovery contract;
 2. a partition healed before the deadline: a stall, no failure and no re-plan;
-3. a lossy link (10 % each way): the job survives and finishes.
+3. a lossy link (10 % each way): the job survives and finishes;
+4. a slow link: a link straggler, re-planned around.
+
+Default run (one cluster start for the module): 1 as its own job; 2, 3 and 4 in ONE job whose job
+spec carries the network faults (the fault port ``orthoplex run --fault`` uses); the capped-links
+planner check. The long versions (2, 3, 4 each its own job, driven by ``NetFaults``; the slow link
+under TP; the partition from one peer) are in the ``soak`` tier.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from workers.runtime.reachability import RayPeerProbe
 pytestmark = [pytest.mark.cluster]
 
 STEPS = 16
+PARTITION_STEPS = 10  # the default-run partition job: 4 steps before the cut, 6 after the recovery
 
 
 def _spec(tmp_path: Path, steps: int = STEPS) -> dict[str, Any]:
@@ -43,7 +50,7 @@ class Job:
         from workers.runtime.launch import start_supervisor
 
         self.job_id = job_id
-        self.h = start_supervisor(job_id, 1, spec)
+        self.h = start_supervisor(job_id, 1, spec, enable_fault_injection=bool(spec.get("faults")))
         self.events: list[dict[str, Any]] = []
 
     def pull(self) -> list[dict[str, Any]]:
@@ -130,7 +137,7 @@ def test_partition_declares_the_node_lost_recovers_and_fences_the_node_when_it_r
 
     from workers.runtime import fencing
 
-    job = Job("nn-part", _spec(tmp_path))
+    job = Job("nn-part", _spec(tmp_path, PARTITION_STEPS))
     name = ""
     try:
         job.wait_step(4)
@@ -148,7 +155,7 @@ def test_partition_declares_the_node_lost_recovers_and_fences_the_node_when_it_r
     print(f"partition -> node_lost in {detect_s:.1f} s")
     assert job.of("resumed")[0]["cause"] == "node_lost"
     assert node_id not in job.of("placed")[-1]["bundle_nodes"]
-    _no_step_lost(job, res)
+    _no_step_lost(job, res, PARTITION_STEPS)
     assert fencing.current(tmp_path / "ckpt") > epoch_before
     with pytest.raises(fencing.Fenced):
         fencing.check(tmp_path / "ckpt", epoch_before, "write a checkpoint")
@@ -161,6 +168,82 @@ def test_partition_declares_the_node_lost_recovers_and_fences_the_node_when_it_r
                f"the old raylet and workers of {name} to exit")
     assert not any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())
     netns_ray.cluster.restart_node(name)  # a repaired machine joins as a new node
+
+
+def _heal_every_link(netns_ray: Any) -> None:
+    """Whatever a job's supervisor left faulty (it heals at the job's end; a killed one cannot)."""
+    for n in netns_ray.cluster.workers:
+        netns_ray.faults.heal(n.name)
+
+
+def _link_is_clean(netns_ray: Any, name: str) -> bool:
+    import subprocess
+
+    n = netns_ray.cluster.node(name)
+    link = subprocess.run(["ip", "-o", "link", "show", n.veth], capture_output=True, text=True).stdout
+    qdisc = subprocess.run(["tc", "qdisc", "show", "dev", n.veth], capture_output=True, text=True).stdout
+    return "state UP" in link and "htb" not in qdisc
+
+
+@pytest.mark.timeout(900)
+def test_spec_network_faults_healed_partition_lossy_link_then_slow_link(netns_ray: Any, tmp_path: Path) -> None:
+    """The CI-sized done-when checks, in ONE job whose network faults come from its job spec (the fault
+    port ``orthoplex run --fault`` and the demo use), all on the link of the node of the last rank:
+
+    (``at_step`` counts from 0: ``at_step`` 3 fires before the step whose event says 4.)
+
+    1. ``net_partition`` at step 3 for 2 s (``duration_s``): shorter than the GCS's 5 missed 1 s
+       health checks and the 8 s heartbeat limit: a stall, no failure and no re-plan;
+    2. ``net_loss`` 10 % each way at step 5, healed by ``net_heal`` at step 8: the job goes on,
+       no failure (on a loaded box the lossy link was once flagged a link straggler and re-planned
+       around: allowed);
+    3. ``net_rate`` 1 Mbit/s at step 9 until the end: the DP all-reduce crossing the link crawls,
+       the node is flagged a straggler by its link (heartbeats queued behind the traffic) and the job
+       re-plans around it.
+    The job finishes with every step done, redone only by resumes; the supervisor heals the link when
+    the job ends. The long versions (each fault its own job) are in the soak tier."""
+    spec = _spec(tmp_path, STEPS)
+    spec["runtime"]["straggler_window"] = 3
+    spec["faults"] = [
+        {"kind": "net_partition", "at_step": 3, "rank": -1, "duration_s": 2.0},
+        {"kind": "net_loss", "at_step": 5, "rank": -1, "pct": 10},
+        {"kind": "net_heal", "at_step": 8, "rank": -1, "what": "loss"},
+        {"kind": "net_rate", "at_step": 9, "rank": -1, "mbit": 1},
+    ]
+    job = Job("nn-spec", spec)
+    try:
+        res = job.finish()
+        clean = {n.name: _link_is_clean(netns_ray, n.name) for n in netns_ray.cluster.workers}  # healed by the job
+    finally:
+        job.stop()
+        _heal_every_link(netns_ray)
+    fired = {e["kind"]: e for e in job.of("fault_injected")}
+    assert set(fired) == {"net_partition", "net_loss", "net_heal", "net_rate"}, job.of("fault_injected")
+    timed_heal = [e for e in job.of("fault_injected") if e["params"] == {"what": "partition"}]
+    assert timed_heal and timed_heal[0]["ts"] - fired["net_partition"]["ts"] < 10, timed_heal
+    victim = fired["net_rate"]["node"]
+    # 1: the healed partition: up to the loss, no failure, no resume, no re-plan (a stall only)
+    bad = [e for e in job.events if e["seq"] < fired["net_loss"]["seq"] and e["type"] in (*FAILURES, "resumed", "replan")]
+    assert not bad, bad
+    # 2: the lossy link: no failure (a straggler re-plan is allowed: under load a 10 % lossy link's
+    # retransmits can pass the LinkScorer's thresholds, as a slow link's do)
+    bad = [e for e in job.events if fired["net_loss"]["seq"] < e["seq"] < fired["net_rate"]["seq"] and e["type"] in FAILURES]
+    assert not bad, bad
+    ts = {e["step"]: e["ts"] for e in job.of("step")}
+    # at_step is 0-based, step events 1-based: the partition fired before the step reported as 4
+    stalled = round(ts[4] - ts[3], 1)
+    # 3: the capped link is a link straggler, re-planned around
+    flagged = [e for e in job.of("straggler") if e["node"] == victim and e["seq"] > fired["net_rate"]["seq"]]
+    assert flagged and flagged[0]["cause"] == "link", job.of("straggler")
+    replan = [e for e in job.of("replan") if e["seq"] > flagged[0]["seq"]]
+    assert replan and replan[0]["change"].get("slow_nodes"), job.of("replan")
+    print(f"spec faults on {victim[:8]}: step 4 (2 s partition) took {stalled} s (step 3: "
+          f"{round(ts[3] - ts[2], 1)} s); cap -> link straggler "
+          f"+{flagged[0]['ts'] - fired['net_rate']['ts']:.1f}s, re-plan +{replan[0]['ts'] - fired['net_rate']['ts']:.1f}s "
+          f"({replan[0]['old_short']} -> {replan[0]['new_short']})")
+    _no_step_lost(job, res)
+    _no_leaks(netns_ray)
+    assert all(clean.values()), clean
 
 
 @pytest.mark.soak
@@ -219,64 +302,67 @@ def test_slow_link_shows_as_a_link_straggler_and_is_replanned_around(netns_ray: 
     _no_leaks(netns_ray)
 
 
-def _planner_step_s(hint: str, mbit: float, intra_GBps: float) -> tuple[float, list[str]]:
-    """The planner's step time for the job's layout on the toy network: 2-GPU nodes, every node's link
-    capped at ``mbit`` (two ranks share it), inside a node ``intra_GBps``; and its spanning dims."""
-    import planner
-    from workers.runtime import planner_bridge
-    from workers.runtime.jobspec import parse_job
-    from workers.runtime.placement import NodeCapacity
-
-    job = parse_job({"model": "tiny", "steps": 4, "global_batch": 8, "checkpoint_dir": "/nowhere",
-                     "min_gpus": 4, "max_gpus": 4, "layout_hint": hint})
-    nodes = [NodeCapacity(id=f"n{i}", gpus=2, free_gpus=2, cpus=2.0, is_head=False) for i in range(2)]
-    spec = planner_bridge.planner_spec(job, nodes, max_gpus=4, hint=job.layout_hint)
-    spec["cluster"].update(inter_node_bw_Gbps_per_gpu=mbit / 1000 / 2, intra_node_bw_GBps=intra_GBps)
-    plan = planner.plan(spec, top_k=1).plans[0]
-    return plan.estimate.step_time_s, sorted({g.dim for g in plan.spanning_groups})
+def _tp_groups_inside_nodes(layout: dict[str, Any], rank_to_node: list[str]) -> bool:
+    """Every TP group (consecutive ranks: TP is the innermost dimension) on one node."""
+    tp = int(layout["tp"])
+    return all(len(set(rank_to_node[g:g + tp])) == 1 for g in range(0, len(rank_to_node), tp))
 
 
 @pytest.mark.timeout(900)
-def test_capped_links_keep_tp_inside_nodes_and_step_times_order_as_the_planner_predicts(
+def test_capped_links_the_planner_keeps_tp_inside_nodes_and_step_times_order_as_it_predicts(
         netns_ray: Any, tmp_path: Path) -> None:
-    """Inter-node links capped by tc, links inside a node (loopback of the node's namespace) not.
+    """Inter-node links capped by tc, links inside a node (loopback of the node's namespace) not; the
+    job spec's ``network`` tells the planner those link speeds (it does not measure them).
 
-    A coarse check on a toy network: the planner's step-time order of two layouts (TP inside nodes
-    with DP across them, and TP across the nodes) is the measured order, and the placement keeps the
-    TP groups of the first inside nodes. Not a calibration: on this 2-core box compute is slower
-    than the planner's CPU profile says, so only the order and the direction are compared."""
-    mbit = 10.0
-    steps = 5
+    1. No layout hint: the planner picks the plan, and TP lands inside nodes (its TP groups are
+       each on one node; at these speeds it picks TP=2 with PP across the link, not DP=4);
+    2. a coarse check on a toy network: the planner's step-time order of its pick and of TP across
+       the nodes (``tp=4``, by hint) is the measured order. Not a calibration: on this 2-core box
+       compute is slower than the planner's CPU profile says, so only the order is compared."""
+    # 5 Mbit/s: TP across the link is then about 20x the planner's pick by the planner and several
+    # times by measurement, a margin that held with other sessions loading this 2-core box (at
+    # 10 Mbit/s the order flipped at a load average of 35: the pick's 8 micro-batches are CPU-bound)
+    mbit = 5.0
+    steps = 3  # steps 2-3 timed (step 1 warms up); the faster one counts (load spikes only slow steps)
+    network = {"inter_node_bw_Gbps_per_gpu": mbit / 1000 / 2, "intra_node_bw_GBps": 1.0}  # 2 ranks per link
     measured: dict[str, float] = {}
+    predicted: dict[str, float] = {}
     names = [n.name for n in netns_ray.cluster.workers]
+    picked: dict[str, Any] = {}
     try:
         for name in names:
             netns_ray.faults.rate(name, mbit)
-        for hint in ("tp=2,dp=2", "tp=4"):
-            spec = _spec(tmp_path / hint.replace(",", "_").replace("=", ""), steps)
-            spec["layout_hint"] = hint
+        for hint in ("", "tp=4"):
+            spec = _spec(tmp_path / (hint.replace("=", "") or "planner"), steps)
+            spec.pop("layout_hint")
+            if hint:
+                spec["layout_hint"] = hint
+            spec["network"] = network
             spec["checkpoint"] = {"min_every_steps": steps, "max_every_steps": steps}
-            job = Job(f"nn-bw-{hint.replace(',', '-').replace('=', '')}", spec)
+            job = Job(f"nn-bw-{hint.replace('=', '') or 'planner'}", spec)
             try:
                 res = job.finish()
             finally:
                 job.stop()
             assert res["state"] == "SUCCEEDED", res
+            plan = job.of("plan")[0]
             mapped = job.of("ranks_mapped")[-1]["rank_to_node"]
-            if hint == "tp=2,dp=2":  # TP groups {0,1} and {2,3} each on one node, DP across the link
-                assert mapped[0] == mapped[1] != mapped[2] == mapped[3], mapped
+            key = hint or "planner"
+            if not hint:
+                picked = plan
+                assert plan["layout"]["tp"] >= 2, plan["short"]  # TP is worth having inside a node
+                assert _tp_groups_inside_nodes(plan["layout"], mapped) and len(set(mapped)) == 2, (plan, mapped)
             else:
-                assert len(set(mapped)) == 2, mapped
-            walls = sorted(e["wall_s"] for e in job.of("step") if e["step"] > 1)  # step 1 warms up
-            measured[hint] = walls[len(walls) // 2]
+                assert len(set(mapped)) == 2 and not _tp_groups_inside_nodes(plan["layout"], mapped), mapped
+            measured[key] = min(e["wall_s"] for e in job.of("step") if e["step"] > 1)  # step 1 warms up
+            predicted[key] = plan["predicted_step_time_s"]
     finally:
         for name in names:
             netns_ray.faults.heal(name)
-    predicted = {h: _planner_step_s(h, mbit, 1.0) for h in measured}
-    print(f"at {mbit:g} Mbit/s per node link: measured median step {measured}, planner {predicted}")
-    assert predicted["tp=2,dp=2"][1] == [] and predicted["tp=4"][1] == ["tp"]
-    assert predicted["tp=4"][0] > predicted["tp=2,dp=2"][0]
-    assert measured["tp=4"] > measured["tp=2,dp=2"], (measured, predicted)
+    print(f"at {mbit:g} Mbit/s per node link: planner picked {picked.get('short')}; measured fastest step "
+          f"{measured}, predicted {predicted}")
+    assert predicted["tp=4"] > predicted["planner"], predicted
+    assert measured["tp=4"] > measured["planner"], (measured, predicted)
     _no_leaks(netns_ray)
 
 

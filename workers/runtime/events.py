@@ -408,6 +408,7 @@ class FaultInjected(Event):
     at_step: int
     factor: float
     amplitude: float
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)  # the kind's own parameters (fault_spec.PARAMS)
 
 
 # ---------------------------------------------------------------------------------- endings

@@ -19,67 +19,32 @@ the job's snapshot holders (both in-memory copies of every shard are gone: the n
 storage). ``kill_replacement`` (replica groups) kills the node of the next replica group started once
 step ``at_step`` was launched (a replacement), in the middle of its first step: after it healed from a
 peer and ran its backward pass, before the cross-group reduction, i.e. before its ``replica_joined``.
+The ``net_*`` kinds (partition, delay, rate cap, loss, heal of a node's link) run through
+:mod:`workers.runtime.netfault_port` and need a namespaced cluster: on any other the injector, and so
+the supervisor, is refused when made. The kinds, their parameters and their validation live in
+:mod:`workers.runtime.fault_spec`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from workers.runtime import events as ev
 from workers.runtime.cluster_port import ClusterPort, RankCall
+from workers.runtime.fault_spec import FAULT_KINDS, NET_FAULT_KINDS, ON_START, Fault, parse_faults
 from workers.runtime.gang import Gang
 from workers.runtime.memsnap import Choice
 from workers.runtime.placement import NodeCapacity, Reservation
 from workers.runtime.watchdog import Failure, GatherResult
 
-FAULT_KINDS: tuple[str, ...] = ("kill_node", "kill_rank", "hang_rank", "slow_node", "jitter_node", "drop_snapshots",
-                                 "kill_replacement")
-#: faults that fire when a gang starts (not before a step is launched)
-ON_START: frozenset[str] = frozenset({"kill_replacement"})
+__all__ = ["FAULT_KINDS", "NET_FAULT_KINDS", "Fault", "FaultInjectionDisabled", "FaultInjector", "FaultPlan",
+           "burn_cpu", "parse_faults"]
 
 
 class FaultInjectionDisabled(PermissionError):
     """A spec asked for faults but the supervisor was not started with the test hook enabled."""
-
-
-@dataclass(frozen=True)
-class Fault:
-    kind: str
-    at_step: int
-    rank: int = -1
-    factor: float = 1.0
-    amplitude: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in FAULT_KINDS:
-            raise ValueError(f"unknown fault kind {self.kind!r}; known: {', '.join(FAULT_KINDS)}")
-        if self.at_step < 0:
-            raise ValueError("fault at_step must be >= 0")
-        if self.kind == "slow_node" and self.factor < 1.0:
-            raise ValueError("slow_node factor must be >= 1")
-        if self.kind == "jitter_node" and not 0.0 <= self.amplitude < 1.0:
-            raise ValueError("jitter_node amplitude must be in [0, 1)")
-
-    def target_rank(self, world_size: int) -> int:
-        r = self.rank if self.rank >= 0 else world_size + self.rank
-        if not 0 <= r < world_size:
-            raise ValueError(f"fault targets rank {self.rank}, world has {world_size}")
-        return r
-
-    def to_dict(self) -> dict[str, object]:
-        return {"kind": self.kind, "at_step": self.at_step, "rank": self.rank, "factor": self.factor,
-                "amplitude": self.amplitude}
-
-
-def parse_faults(items: Iterable[dict[str, object]] | None) -> list[Fault]:
-    out = []
-    for item in items or ():
-        data = dict(item)
-        out.append(Fault(**data))  # type: ignore[arg-type]
-    return sorted(out, key=lambda f: f.at_step)
 
 
 class FaultPlan:
@@ -129,6 +94,12 @@ class FaultInjector:
         self.settle_s = settle_s  # after kill_node: let the node die before the step is launched onto it
         self.node_faults: dict[str, tuple[str, float]] = {}  # node -> ("slow"|"jitter", value)
         self.last_step: int | None = None  # the last step launched (``kill_replacement`` counts from it)
+        net_kinds = [f.kind for f in plan.pending if f.network]
+        self.net = None
+        if net_kinds:
+            from workers.runtime.netfault_port import SpecNetFaults
+
+            self.net = SpecNetFaults.discover(net_kinds)
 
     def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[NodeCapacity]:
         return self.inner.nodes(exclude=exclude, held=held)
@@ -174,7 +145,11 @@ class FaultInjector:
         return self.inner.restore(gang, choice, deadline_s=deadline_s)
 
     def close(self) -> None:
-        self.inner.close()
+        try:
+            if self.net is not None:
+                self.net.close()  # every link healed: the cluster outlives the job
+        finally:
+            self.inner.close()
 
     def _fire(self, gang: Gang, step: int) -> None:
         for f in self.plan.due(step):
@@ -190,6 +165,14 @@ class FaultInjector:
             elif f.kind == "drop_snapshots":
                 targets = []
                 self.inner.drop_snapshots()
+            elif f.network:
+                assert self.net is not None
+                targets = gang.rank_map.ranks_on(node)
+                peers = [gang.rank_nodes[p] for p in f.peer_ranks(gang.world_size)]
+                self.net.fire(f, node, peers, on_heal=lambda name, kind, s=step, n=node, t=targets: self.log.emit(
+                    ev.FaultInjected(reason=f"test hook: {kind or 'every fault'} of {name}'s link healed after "
+                                     f"its duration", step=s, node=n, ranks=t, kind="net_heal", at_step=s,
+                                     factor=1.0, amplitude=0.0, params={"what": kind})))
             else:
                 kind, value = ("slow", f.factor) if f.kind == "slow_node" else ("jitter", f.amplitude)
                 self.node_faults[node] = (kind, value)
@@ -197,7 +180,7 @@ class FaultInjector:
                 self.inner.inject(gang, targets, kind, value, wait=True)
             self.log.emit(ev.FaultInjected(reason=f"test hook: {f.kind} before step {step}", step=step, node=node,
                                            ranks=targets, kind=f.kind, at_step=f.at_step, factor=f.factor,
-                                           amplitude=f.amplitude))
+                                           amplitude=f.amplitude, params=f.params()))
             if f.kind == "kill_node" and self.settle_s > 0:
                 time.sleep(self.settle_s)
 

@@ -90,6 +90,9 @@ class JobSpec:
     faults: list[dict[str, Any]] = field(default_factory=list)
     #: where the supervisor logs the job's metrics (``workers.runtime.job_tracking``)
     tracking: dict[str, Any] = field(default_factory=dict)
+    # the links the planner plans against, when they are known (a tc-capped test network): keys of
+    # NETWORK_KEYS, overriding the GPU profile's; empty: the profile's
+    network: dict[str, float] = field(default_factory=dict)
     gpu_type: str | None = None  # the GPU profile the job is planned on (MFU's peak)
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -126,6 +129,21 @@ def parse_hint(hint: str | dict[str, Any] | None) -> dict[str, Any]:
         return {k: getattr(parsed, k) for k in keys}
     Layout.from_dict(dict(hint))  # validates field names and values
     return dict(hint)
+
+
+#: the planner's link fields a job spec may set under ``network`` (per GPU, per direction)
+NETWORK_KEYS: tuple[str, ...] = ("inter_node_bw_Gbps_per_gpu", "intra_node_bw_GBps")
+
+
+def _network(raw: Any) -> dict[str, float]:
+    if not raw:
+        return {}
+    if not isinstance(raw, dict) or set(raw) - set(NETWORK_KEYS):
+        raise ValueError(f"network: an object with keys among {', '.join(NETWORK_KEYS)}")
+    out = {k: float(v) for k, v in raw.items()}
+    if any(v <= 0 for v in out.values()):
+        raise ValueError("network: bandwidths must be > 0")
+    return out
 
 
 def _placement(raw: Any) -> dict[str, int]:
@@ -168,6 +186,7 @@ def parse_job(spec: dict[str, Any]) -> JobSpec:
         metrics_out=spec.get("metrics_out"),
         faults=list(spec.get("faults") or []),
         tracking=dict(spec.get("tracking") or {}),
+        network=_network(spec.get("network")),
         gpu_type=spec.get("gpu_type"),
         raw=dict(spec),
     )
@@ -176,4 +195,10 @@ def parse_job(spec: dict[str, Any]) -> JobSpec:
     from workers.runtime.replicas import check_spec
 
     check_spec(job.layout_hint, job.runtime, job.global_batch)
+    from workers.runtime.fault_spec import parse_faults
+
+    try:
+        parse_faults(job.faults)  # kinds and parameters checked here, in the caller
+    except ValueError as e:
+        raise ValueError(f"faults: {e}") from None
     return job

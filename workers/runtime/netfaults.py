@@ -71,6 +71,10 @@ def _tc(netns: str | None, *args: str, check: bool = True) -> subprocess.Complet
     return _run([*base, *args], check=check)
 
 
+def _in(netns: str | None, cmd: list[str]) -> list[str]:
+    return ["ip", "netns", "exec", netns, *cmd] if netns else cmd
+
+
 def delay_supported() -> bool:
     """Whether delay lines can be made here (``/dev/net/tun`` opens)."""
     try:
@@ -124,16 +128,19 @@ class NetFaults:
     """Partition, slow down, cap or make lossy the links of a namespaced cluster's nodes.
 
     ``cluster`` is anything with ``node(name_or_ray_node_id)`` returning an object with ``name``,
-    ``netns``, ``veth`` and ``ip`` (a :class:`NetnsCluster`, or :meth:`from_record`)."""
+    ``netns``, ``veth`` and ``ip`` (a :class:`NetnsCluster`, or :meth:`from_record`). ``root_netns``:
+    the name under which the root namespace (the bridge's) is reachable when this process lives in
+    another one (a supervisor in the head's namespace: the cluster's root handle); None: here."""
 
-    def __init__(self, cluster: ClusterLike) -> None:
+    def __init__(self, cluster: ClusterLike, *, root_netns: str | None = None) -> None:
         self.cluster = cluster
+        self.root_netns = root_netns
         self.state: dict[str, LinkFaults] = {}
         self.log: list[dict[str, Any]] = []
         self.lines: dict[str, list[subprocess.Popen[str]]] = {}  # node -> its delay line processes
 
     @classmethod
-    def from_record(cls, rec: dict[str, Any]) -> NetFaults:
+    def from_record(cls, rec: dict[str, Any], *, root_netns: str | None = None) -> NetFaults:
         """For a cluster started by ``orthoplex cluster up --netns`` (its state file's record)."""
         from workers.runtime.netns_cluster import NetnsNode
 
@@ -146,7 +153,7 @@ class NetFaults:
                         return n
                 raise KeyError(f"no node {key!r} in this cluster")
 
-        return cls(_Rec())
+        return cls(_Rec(), root_netns=root_netns)
 
     # ------------------------------------------------------------------ the faults
     def partition(self, node: str, peers: list[str] | None = None) -> None:
@@ -155,7 +162,7 @@ class NetFaults:
         st = self.state.setdefault(n.name, LinkFaults())
         if peers is None:
             st.down = True
-            _run(["ip", "link", "set", n.veth, "down"])
+            _run(_in(self.root_netns, ["ip", "link", "set", n.veth, "down"]))
         else:
             st.drop_peers |= {self.cluster.node(p).ip for p in peers}
             self._render(n, st)
@@ -204,7 +211,7 @@ class NetFaults:
         st = self.state.setdefault(n.name, LinkFaults())
         if kind in (None, "partition"):
             st.down, st.drop_peers = False, set()
-            _run(["ip", "link", "set", n.veth, "up"])
+            _run(_in(self.root_netns, ["ip", "link", "set", n.veth, "up"]))
         if kind in (None, "rate"):
             st.rate_mbit = None
         if kind in (None, "loss"):
@@ -237,10 +244,8 @@ class NetFaults:
     def _start_lines(self, n: Any, st: LinkFaults) -> None:
         args = ["-m", "workers.runtime.delayline"]
         procs = []
-        for netns, dev in ((None, n.veth), (n.netns, "eth0")):
-            cmd = [sys.executable, *args, dev, self.tap_name(n), f"{st.delay_ms:g}", f"{st.jitter_ms:g}"]
-            if netns:
-                cmd = ["ip", "netns", "exec", netns, *cmd]
+        for netns, dev in ((self.root_netns, n.veth), (n.netns, "eth0")):
+            cmd = _in(netns, [sys.executable, *args, dev, self.tap_name(n), f"{st.delay_ms:g}", f"{st.jitter_ms:g}"])
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             procs.append(proc)
             self.lines[n.name] = procs
@@ -267,7 +272,7 @@ class NetFaults:
 
     def _render(self, n: Any, st: LinkFaults) -> None:
         # bridge end (traffic to the node) in the root namespace, eth0 (from the node) in its own
-        for netns, dev, direction in ((None, n.veth, "to"), (n.netns, "eth0", "from")):
+        for netns, dev, direction in ((self.root_netns, n.veth, "to"), (n.netns, "eth0", "from")):
             _tc(netns, "qdisc", "del", "dev", dev, "root", check=False)
             if not st.shaped():
                 continue

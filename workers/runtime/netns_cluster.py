@@ -6,8 +6,11 @@ Layout (``k`` is a free third octet picked at ``up``; ``id`` a short random tag)
     ox<id>-head      eth0             10.250.k.2/24   Ray head (GCS), 1 CPU, 0 GPUs
     ox<id>-n<i>      eth0             10.250.k.(10+i)  Ray worker node i, ``gpus_per_node`` declared GPUs
 
-Each namespace is joined to the bridge by a veth pair whose root end is ``oxv<id>h`` / ``oxv<id>n<i>``;
-every fault of :mod:`workers.runtime.netfaults` acts on those links. Ray runs across them as across
+Each namespace is joined to the bridge by a veth pair whose root end is ``oxv<id>head`` / ``oxv<id>n<i>``;
+every fault of :mod:`workers.runtime.netfaults` acts on those links. The root namespace itself gets a
+name, ``oxr<id>`` (a handle made by ``ip netns attach``: removing it removes nothing else), so a job's
+supervisor, which lives in the head's namespace, can shape the bridge ends of the links for the job
+spec's network faults (:func:`discover_here`). Ray runs across them as across
 hosts (``ray start --node-ip-address``); the driver (a test, ``orthoplex run``) reaches the head
 through the bridge. Ray's driver must run on a Ray node, so the root namespace gets a node of its
 own with no resources; it never receives work.
@@ -29,6 +32,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -181,7 +185,13 @@ class NetnsCluster:
             self.connect_driver()
         return self
 
+    @property
+    def root_handle(self) -> str:
+        return f"oxr{self.tag}"
+
     def _make_network(self) -> None:
+        self._record("root_handle", self.root_handle)  # never in "netns": its pids are the machine's
+        _ip("netns", "attach", self.root_handle, str(os.getpid()))
         self._record("bridge", self.bridge)
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
@@ -406,6 +416,8 @@ def cleanup_record(rec: dict[str, Any], *, grace_s: float = 5.0) -> dict[str, in
     for ns in rec.get("netns", []):
         if _ip("netns", "del", ns, check=False).returncode == 0:
             ns_removed += 1
+    if rec.get("root_handle") and _ip("netns", "del", rec["root_handle"], check=False).returncode == 0:
+        ns_removed += 1
     links = 0
     for link in [*rec.get("links", []), *([rec["bridge"]] if rec.get("bridge") else [])]:
         if _ip("link", "del", link, check=False).returncode == 0:
@@ -420,7 +432,8 @@ def leftovers(rec: dict[str, Any]) -> dict[str, list[Any]]:
     existing_ns = set(_ip("netns", "list", check=False).stdout.split())
     links = [lk for lk in [*rec.get("links", []), rec.get("bridge", "")]
              if lk and _ip("link", "show", lk, check=False).returncode == 0]
-    return {"processes": record_pids(rec), "namespaces": [n for n in rec.get("netns", []) if n in existing_ns],
+    named = [*rec.get("netns", []), *([rec["root_handle"]] if rec.get("root_handle") else [])]
+    return {"processes": record_pids(rec), "namespaces": [n for n in named if n in existing_ns],
             "links": links}
 
 
@@ -441,3 +454,43 @@ def netns_cluster_up(nodes: int, gpus_per_node: int, *, cpus_per_node: float = 2
     cluster._rec = rec
     cluster._save()
     return rec
+
+
+def _own_netns_name() -> str | None:
+    """The name (under /run/netns) of this process's network namespace, None if it has none."""
+    try:
+        own = os.stat("/proc/self/ns/net")
+        names = os.listdir("/run/netns")
+    except OSError:
+        return None
+    for name in sorted(names):
+        with contextlib.suppress(OSError):
+            st = os.stat(f"/run/netns/{name}")
+            if (st.st_ino, st.st_dev) == (own.st_ino, own.st_dev) and not name.startswith("oxr"):
+                return name
+    return None
+
+
+def discover_here() -> dict[str, Any] | None:
+    """The cluster record of the namespaced cluster this process runs in (a supervisor in the head's
+    namespace, a rank in a node's): ``root_handle`` and ``nodes`` (name, netns, veth, ip), read from
+    the namespaces themselves; None when this process is in no namespace of such a cluster (an
+    in-process or single-IP cluster). Ray node ids are left to the caller (they change on restart)."""
+    own = _own_netns_name()
+    m = re.fullmatch(r"ox([0-9a-f]+)-(head|n\d+)", own or "")
+    if m is None:
+        return None
+    tag = m.group(1)
+    root = f"oxr{tag}"
+    if not Path(f"/run/netns/{root}").exists():
+        return None
+    nodes = []
+    for ns in sorted(_ip("netns", "list", check=False).stdout.split()):
+        mm = re.fullmatch(rf"ox{tag}-(head|n\d+)", ns)
+        if mm is None:
+            continue
+        addr = _ip("-n", ns, "-4", "-o", "addr", "show", "dev", "eth0", check=False).stdout.split()
+        ip = next((a.split("/")[0] for a in addr if a.startswith(SUBNET_PREFIX + ".")), "")
+        nodes.append({"name": mm.group(1), "netns": ns, "veth": f"oxv{tag}{mm.group(1)}", "ip": ip,
+                      "gpus": 0, "cpus": 0.0})
+    return {"root_handle": root, "nodes": nodes, "tag": tag}

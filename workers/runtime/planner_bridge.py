@@ -88,6 +88,7 @@ def planner_spec(
     spec = to_planner_spec({"model": job.model, "global_batch": job.global_batch, "layout_hint": dict(hint or {})},
                            cluster, training=training)
     spec.setdefault("training", {})
+    spec["cluster"].update(job.network)  # known link speeds (a capped test network) over the profile's
     return spec
 
 
