@@ -299,11 +299,7 @@ class AttemptMachine:
                 raise
             self.log.emit(ev.RanksMapped(reason=f"ranks mapped onto bundles ({gang.rank_map.method})",
                                          layout=gang.layout.to_dict(), **gang.rank_map.to_dict()))
-            self.log.emit(ev.Started(reason=f"{gang.world_size} rank actors up, process group joined",
-                                     actors_s=round(float(gang.timings.get("actors_s", 0.0)), 4),
-                                     setup_s=round(float(gang.timings.get("setup_s", 0.0)), 4),
-                                     backend=str(gang.timings.get("rendezvous", {}).get("backend", "")),
-                                     warm_ranks=int(gang.timings.get("warm_ranks", 0))))
+            self._emit_started(gang, f"{gang.world_size} rank actors up, process group joined")
             cycle.phases["start"] = time.monotonic() - t_start
             t_load = time.monotonic()
             start_step, source = self._restore(gang)
@@ -661,11 +657,7 @@ class AttemptMachine:
                     self.port.release(later)
                 raise JobFailed(f"replica group {g} did not start: {exc.failure.reason}") from exc
             reps.add(g, gang)
-            self.log.emit(ev.Started(reason=f"replica group {g}: {gang.world_size} rank actors up, torchft manager "
-                                     "joined", actors_s=round(float(gang.timings.get("actors_s", 0.0)), 4),
-                                     setup_s=round(float(gang.timings.get("setup_s", 0.0)), 4),
-                                     backend=str(gang.timings.get("rendezvous", {}).get("backend", "")),
-                                     warm_ranks=int(gang.timings.get("warm_ranks", 0))))
+            self._emit_started(gang, f"replica group {g}: {gang.world_size} rank actors up, torchft manager joined")
         view, _ = reps.view()
         s = self.settings
         scorer = StragglerScorer({}, {}, window=s.straggler_window, threshold=s.straggler_threshold,
@@ -798,11 +790,7 @@ class AttemptMachine:
                                          commit_ts={str(row["step"]): row["ts"]},
                                          pids=sorted({int(r["pid"]) for r in j.first.values()}),
                                          warm_ranks=int(gang.timings.get("warm_ranks", 0)))
-            self.log.emit(ev.Started(reason=f"replacement replica group {j.group} on node {j.node[:8]}",
-                                     actors_s=round(float(gang.timings.get("actors_s", 0.0)), 4),
-                                     setup_s=round(float(gang.timings.get("setup_s", 0.0)), 4),
-                                     backend=str(gang.timings.get("rendezvous", {}).get("backend", "")),
-                                     warm_ranks=int(gang.timings.get("warm_ranks", 0))))
+            self._emit_started(gang, f"replacement replica group {j.group} on node {j.node[:8]}")
             healed = row["healed_from"]
             self.log.emit(ev.ReplicaJoined(reason=f"replica group {j.group} took the state of group {healed} over "
                                            f"the network and stepped with it: {reps.size} groups",
@@ -821,6 +809,15 @@ class AttemptMachine:
                 self.port.teardown(j.gang)
         for g in sorted(reps.groups):
             self.port.teardown(reps.drop(g))
+
+    # ------------------------------------------------------------------ the gang
+    def _emit_started(self, gang: Gang, reason: str) -> None:
+        """The ``started`` event of a gang (or a replica group's gang) from its start timings."""
+        t = gang.timings
+        self.log.emit(ev.Started(reason=reason, actors_s=round(float(t.get("actors_s", 0.0)), 4),
+                                 setup_s=round(float(t.get("setup_s", 0.0)), 4),
+                                 backend=str(t.get("rendezvous", {}).get("backend", "")),
+                                 warm_ranks=int(t.get("warm_ranks", 0))))
 
     # ------------------------------------------------------------------ the gang
     def _adopt(self, gang: Gang) -> None:
