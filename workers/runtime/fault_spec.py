@@ -29,10 +29,11 @@ from typing import Any
 
 PROCESS_FAULT_KINDS: tuple[str, ...] = ("kill_node", "kill_rank", "hang_rank", "slow_node", "jitter_node",
                                         "drop_snapshots", "kill_replacement")
-#: network fault kind -> the ``NetFaults`` kind it sets (``net_heal`` heals one or all of them)
-NET_FAULT_KINDS: dict[str, str] = {"net_partition": "partition", "net_delay": "delay", "net_rate": "rate",
-                                   "net_loss": "loss", "net_heal": ""}
-FAULT_KINDS: tuple[str, ...] = (*PROCESS_FAULT_KINDS, *NET_FAULT_KINDS)
+#: the spec's network fault kinds -> the link fault each sets (``netfaults.NET_FAULT_KINDS``; ``net_heal``
+#: heals one or all of them)
+NET_SPEC_KINDS: dict[str, str] = {"net_partition": "partition", "net_delay": "delay", "net_rate": "rate",
+                                  "net_loss": "loss", "net_heal": ""}
+FAULT_KINDS: tuple[str, ...] = (*PROCESS_FAULT_KINDS, *NET_SPEC_KINDS)
 #: faults that fire when a gang starts (not before a step is launched)
 ON_START: frozenset[str] = frozenset({"kill_replacement"})
 
@@ -72,7 +73,7 @@ class Fault:
             "net_delay": (self.ms <= 0 or self.jitter_ms < 0) and "ms must be > 0 and jitter_ms >= 0",
             "net_rate": self.mbit <= 0 and "mbit must be > 0 (Mbit/s)",
             "net_loss": not 0 < self.pct < 100 and "pct must be in (0, 100)",
-            "net_heal": self.what not in ("", *(k for k in NET_FAULT_KINDS.values() if k))
+            "net_heal": self.what not in ("", *(k for k in NET_SPEC_KINDS.values() if k))
             and f"what must be one of partition, rate, loss, delay or empty (all), not {self.what!r}",
         }.get(self.kind)
         if bad:
@@ -84,7 +85,7 @@ class Fault:
 
     @property
     def network(self) -> bool:
-        return self.kind in NET_FAULT_KINDS
+        return self.kind in NET_SPEC_KINDS
 
     def target_rank(self, world_size: int) -> int:
         return _rank(self.rank, world_size)

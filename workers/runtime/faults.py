@@ -33,13 +33,13 @@ from typing import Any, Protocol
 
 from workers.runtime import events as ev
 from workers.runtime.cluster_port import ClusterPort, RankCall
-from workers.runtime.fault_spec import FAULT_KINDS, NET_FAULT_KINDS, ON_START, Fault, parse_faults
+from workers.runtime.fault_spec import FAULT_KINDS, NET_SPEC_KINDS, ON_START, Fault, parse_faults
 from workers.runtime.gang import Gang
 from workers.runtime.memsnap import Choice
 from workers.runtime.placement import NodeCapacity, Reservation
 from workers.runtime.watchdog import Failure, GatherResult
 
-__all__ = ["FAULT_KINDS", "NET_FAULT_KINDS", "Fault", "FaultInjectionDisabled", "FaultInjector", "FaultPlan",
+__all__ = ["FAULT_KINDS", "NET_SPEC_KINDS", "Fault", "FaultInjectionDisabled", "FaultInjector", "FaultPlan",
            "burn_cpu", "parse_faults"]
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from workers.runtime.fault_spec import NET_FAULT_KINDS, Fault
+from workers.runtime.fault_spec import NET_SPEC_KINDS, Fault
 from workers.runtime.netfaults import NetFaults
 
 
@@ -66,7 +66,7 @@ class SpecNetFaults:
     def fire(self, fault: Fault, node_id: str, peer_ids: list[str], on_heal: Any = None) -> str:
         """Apply ``fault`` to the link of ``node_id`` (cut from ``peer_ids`` only, for a partition to
         some peers); returns the namespace node's name. ``on_heal(name)`` runs after a timed heal."""
-        kind = NET_FAULT_KINDS[fault.kind]
+        kind = NET_SPEC_KINDS[fault.kind]
         with self._lock:
             name = self.net.cluster.node(node_id).name
             if fault.kind == "net_partition":
