@@ -73,6 +73,13 @@ ENGINE_RECOMPUTE = tuple(rc for rc in RECOMPUTE_ORDER
                          if recompute_rule("layer:2" if rc == LAYER_FAMILY else rc) is None)
 
 
+
+def _memory_key(lay: Layout) -> tuple[Any, ...]:
+    """Every field of a layout memory depends on, but the recompute mode (and the CP method, which
+    does not change memory)."""
+    return (lay.tp, lay.pp, lay.cp, lay.dp, lay.vpp, lay.micro_batch, lay.num_micro_batches, lay.sp, lay.zero,
+            lay.schedule, lay.dp_replicate)
+
 def divisors(n: int) -> list[int]:
     small, large = [], []
     i = 1
@@ -337,8 +344,7 @@ class Searcher:
         """The largest N in 2 .. :func:`planner.constraints.layer_checkpoint_cap` for which ``lay`` with
         ``recompute=layer:N`` fits in memory (0 when none does): the fastest layer:N that fits, in
         closed form (:func:`planner.memory.largest_checkpoint_interval`) instead of one costing per N."""
-        key = (lay.tp, lay.pp, lay.cp, lay.dp, lay.vpp, lay.micro_batch, lay.num_micro_batches, lay.sp, lay.zero,
-               lay.schedule, lay.dp_replicate)  # all memory depends on but the recompute and CP methods
+        key = _memory_key(lay)
         n = self._layer_n_cache.get(key)
         if n is None:
             n = self._layer_n_cache[key] = largest_checkpoint_interval(
@@ -350,8 +356,7 @@ class Searcher:
         remembered: the CP method does not change memory, so ring and Ulysses candidates share one
         evaluation."""
         rc = recompute or lay.recompute
-        key = (lay.tp, lay.pp, lay.cp, lay.dp, lay.vpp, lay.micro_batch, lay.num_micro_batches, lay.sp, lay.zero,
-               rc, lay.schedule, lay.dp_replicate)
+        key = (*_memory_key(lay), rc)
         mem = self._mem_cache.get(key)
         if mem is None:
             mem = self._mem_cache[key] = memory_total_gb(self.spec, lay, rc)
