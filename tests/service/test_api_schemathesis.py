@@ -29,7 +29,7 @@ from tests.service.conftest import ADMIN_TOKEN
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
-EXAMPLES = int(os.environ.get("ORTHOPLEX_SCHEMATHESIS_EXAMPLES", "100"))
+EXAMPLES = int(os.environ.get("ORTHOPLEX_SCHEMATHESIS_EXAMPLES", "50"))  # 100+ for a longer fuzz
 ADMIN_PATHS = ("/v1/tenants", "/v1/tokens")
 
 
