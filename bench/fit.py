@@ -78,15 +78,36 @@ def loss(rows: Iterable[dict[str, Any]]) -> float:
     return statistics.fmean(errs) if errs else 0.0
 
 
+class _RowCache:
+    """Calibration rows of ``cases`` under a parameter set, each case predicted once per value of the
+    parameters of its own GPU family (the only ones :func:`apply_params` can change for it): a
+    coordinate-descent trial on one family's parameter re-predicts that family's cases only."""
+
+    def __init__(self, cases: list[dict[str, Any]]) -> None:
+        self.cases = cases
+        self.memo: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+
+    def __call__(self, params: dict[str, float]) -> list[dict[str, Any]]:
+        from bench.calibration import run_calibration
+
+        rows: list[dict[str, Any]] = []
+        for i, case in enumerate(self.cases):
+            fam = family_of(case["cluster"].get("gpu_type"))
+            key = (i, tuple(params.get(name) for name, pfam, _ in PARAMETERS if pfam == fam))
+            if key not in self.memo:
+                self.memo[key] = run_calibration(cases=[case], params=params)["rows"]
+            rows.extend(self.memo[key])
+        return rows
+
+
 def fit(cases: list[dict[str, Any]], start: dict[str, float] | None = None, rounds: int = 3,
         progress: Callable[[str], None] | None = None) -> dict[str, float]:
     """Coordinate descent of :data:`PARAMETERS` on ``cases`` (parameters no case depends on keep
     their start value)."""
-    from bench.calibration import run_calibration
-
     params = dict(start or PRIOR)
     families = {family_of(c["cluster"].get("gpu_type")) for c in cases}
-    best = loss(run_calibration(cases=cases, params=params)["rows"])
+    rows_of = _RowCache(cases)
+    best = loss(rows_of(params))
     step = 1.0
     for _ in range(rounds):
         for name, fam, _field in PARAMETERS:
@@ -98,7 +119,7 @@ def fit(cases: list[dict[str, Any]], start: dict[str, float] | None = None, roun
                 if value == params[name]:
                     continue
                 trial = {**params, name: value}
-                score = loss(run_calibration(cases=cases, params=trial)["rows"])
+                score = loss(rows_of(trial))
                 if score < best - 1e-9:
                     best, params = score, trial
             if progress:
