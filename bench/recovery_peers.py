@@ -288,6 +288,12 @@ def summarize(rows: list[dict[str, Any]], kind: str, groups: int, kill_group: in
         "repeated_steps": repeated,  # steps a survivor attempted more than once
         "losses": [by_step[s] for s in sorted(by_step)],
         "fault_step": faults[0]["step"],
+        # the raw times the recovery bench's common stall window is computed from (bench.recovery_replicas)
+        "fault_ts": fault_ts,
+        "full_strength_ts": min(full) if full else None,
+        "survivor_step_ts": {str(g): [[r["step"], r["ts"]] for r in sorted((r for r in steps if r["group"] == g),
+                                                                           key=lambda r: r["ts"])]
+                             for g in survivors},
     }
 
 
