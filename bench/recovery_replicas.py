@@ -83,8 +83,10 @@ def _replica_run(tag: str, work: Path, *, tp: int, fault: bool, steps: int = REP
         "run": tag, "system": f"Orthoplex tp={tp} x {REP_GROUPS} groups", "tp": tp, "group_size": tp,
         "final_loss": result["final_loss"], "losses": {int(k): v for k, v in result["losses"].items()},
         "survivors": survivors, "resumed_events": sum(e["type"] == "resumed" for e in events),
-        "steps_redone": max((len(groups[g].get("aborted", [])) for g in survivors), default=0),
-        "redone_steps": sorted({s for g in survivors for s in groups[g].get("aborted", [])}),
+        # a step is never launched again once passed, so an aborted step >= REP_KILL came after the kill
+        "steps_redone": max((sum(s >= REP_KILL for s in groups[g].get("aborted", [])) for g in survivors), default=0),
+        "redone_steps": sorted({s for g in survivors for s in groups[g].get("aborted", []) if s >= REP_KILL}),
+        "aborted_before_kill": sorted({s for g in survivors for s in groups[g].get("aborted", []) if s < REP_KILL}),
         "step_attempts": result["step_attempts"], "steps": steps}
     if not fault:
         return {**row, **stall_window(step_ts, float("inf"), None)}
@@ -109,6 +111,8 @@ def _peer(kind: str, cluster: Any, work: Path, quick: bool) -> dict[str, Any]:
     out = run_peer(kind, steps=PEER_STEPS_QUICK if quick else PEER_STEPS, kill_at=REP_KILL,  # type: ignore[arg-type]
                    cluster=cluster, work=work, gpus_per_group=REP_GPUS)
     out["stall_s_whole_run_after_kill"] = out["stall_s"]  # summarize's own (unbounded) window, for reference
+    out["steps_redone_whole_run"] = out["steps_redone"]  # with attempts redone before the kill (load, start)
+    out["steps_redone"] = out["steps_redone_after_fault"]
     out.update(stall_window(out.pop("survivor_step_ts"), out["fault_ts"], out["full_strength_ts"]))
     out["group_size"] = 1
     out.pop("losses", None)
@@ -184,8 +188,9 @@ def compare_markdown(r: dict[str, Any]) -> str:
               "the run if never back). **The job's start is excluded**: the kill comes after "
               f"{REP_KILL} steps, and the steady median leaves out the first {START_GAPS} gaps of the run (the warm "
               "pool importing torch, the first quorum) and the stall window. Steps redone: the worst survivor's "
-              "step attempts that did not commit (Orthoplex: the steps its survivors aborted; torchft: aborted "
-              "attempts + repeated commits; restart: steps rerun since the checkpoint).", "",
+              "step attempts after the kill that redo a step (Orthoplex: the steps its survivors aborted; torchft: "
+              "aborted attempts + repeated commits; restart: steps rerun since the checkpoint); attempts redone "
+              "*before* the kill (the loaded host, the start) are not counted here, see below.", "",
               "Differences, stated: Ray Train's `TorchftConfig` makes each worker its own replica group, so a "
               "peer group is 1 process holding the whole model on 2 declared GPUs (Orthoplex tp=2: 2 ranks per "
               "group; tp=1: 1 rank per group, 1 GPU). The peers train the same tiny model, global batch "
@@ -197,7 +202,10 @@ def compare_markdown(r: dict[str, Any]) -> str:
               "batch), so its loss curve is not the no-fault one; no no-fault peer run is done here, hence "
               "'not measured'. Restart: a Ray Train checkpoint every 2 steps. Peer stall over the whole rest of "
               f"the run after the kill (their own summary's window): torchft {_fmt(ft.get('stall_s_whole_run_after_kill'))} s, "
-              f"restart {_fmt(runs['restart'].get('stall_s_whole_run_after_kill'))} s."]
+              f"restart {_fmt(runs['restart'].get('stall_s_whole_run_after_kill'))} s. Steps redone over the whole run, "
+              f"before the kill too: torchft {ft.get('steps_redone_whole_run')}, restart "
+              f"{runs['restart'].get('steps_redone_whole_run')}; Orthoplex tp=2 aborted before the kill: "
+              f"{runs['tp2-fault'].get('aborted_before_kill')}, tp=1: {runs['tp1-fault'].get('aborted_before_kill')}."]
     if r.get("quick"):
         lines += ["", "_Quick mode: no tp=1 no-fault run (its loss check is not measured), peers "
                   f"{PEER_STEPS_QUICK} steps._"]

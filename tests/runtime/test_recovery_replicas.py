@@ -22,3 +22,20 @@ def test_stall_window_runs_to_the_end_when_never_back_and_takes_the_worst_surviv
     b = [[s, float(s) + (3.0 if s >= 7 else 0.0)] for s in range(8)]  # its last gap 3 s after the kill
     out = stall_window({"0": a, "1": b}, kill_ts=5.5, full_ts=None)
     assert out["stall_s"] == 4.0 and out["stall_ends_step"] == 7
+
+
+@pytest.mark.unit
+def test_peer_summary_counts_redone_steps_after_the_crash_only() -> None:
+    from bench.recovery_peers import summarize
+
+    def row(ts: float, event: str, group: int, **kw: object) -> dict[str, object]:
+        return {"ts": ts, "event": event, "group": group, "pid": 1, **kw}
+
+    rows = [row(0.5, "abort", g, step=0, participants=3) for g in range(3)]  # a redo before the crash
+    rows += [row(float(s + 1), "step", g, step=s, loss=1.0, participants=3) for s in range(4) for g in range(3)]
+    rows.append(row(4.5, "fault", 2, step=4))
+    rows += [row(5.0, "abort", g, step=4, participants=3) for g in (0, 1)]
+    rows += [row(6.0 + s, "step", g, step=s, loss=1.0, participants=2) for s in range(4, 6) for g in (0, 1)]
+    out = summarize(rows, "torchft", 3, 2)
+    assert out["steps_redone"] == 2 and out["steps_redone_after_fault"] == 1
+    assert out["survivor_step_ts"]["0"][0] == [0, 1.0] and out["fault_ts"] == 4.5
