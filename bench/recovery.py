@@ -225,11 +225,11 @@ def _restore_trace(path: Path) -> dict[str, Any]:
 
 def _replan(quick: bool) -> dict[str, Any]:
     """The four runs on one cluster; the overhead pair (off, on) ``RECOVERY_OVERHEAD_REPS`` times
-    (default 2: off, on before the fault runs, on, off after them)."""
+    (default 2: off, on before the fault runs, on, off after them; ``quick``: 1, to keep the quick bench short)."""
     from workers.runtime.local_cluster import InProcessCluster
 
     steps = 20 if quick else RE_STEPS
-    reps = int(os.environ.get("RECOVERY_OVERHEAD_REPS", "2"))
+    reps = int(os.environ.get("RECOVERY_OVERHEAD_REPS", "1" if quick else "2"))
     work = Path(tempfile.mkdtemp(prefix="orthoplex-bench-replan-"))
     trace = work / "restores.jsonl"
     os.environ["ORTHOPLEX_SNAPSHOT_TRACE"] = str(trace)  # inherited by the cluster's workers
