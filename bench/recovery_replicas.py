@@ -32,7 +32,7 @@ from typing import Any
 
 REP_NODES, REP_GPUS, REP_GROUPS, REP_TP, REP_STEPS, REP_KILL, GLOBAL_BATCH = 4, 2, 3, 2, 16, 6, 12
 START_GAPS = 2  # gaps to steps 1 and 2 (0-based): the job's start, excluded from the steady median
-PEER_STEPS, PEER_STEPS_QUICK = 60, 30
+PEER_STEPS, PEER_STEPS_QUICK = 60, 50  # 30 was too few: torchft's replacement had not joined (2026-12-03)
 
 
 def stall_window(step_ts: dict[str, list[list[float]]], kill_ts: float, full_ts: float | None) -> dict[str, Any]:
@@ -79,12 +79,21 @@ def _replica_run(tag: str, work: Path, *, tp: int, fault: bool, steps: int = REP
     lost = {str(e["group"]) for e in dropped}
     survivors = [g for g, h in groups.items() if g not in lost and h.get("healed_from") is None and "commit_ts" in h]
     step_ts = {g: [[int(k), v] for k, v in groups[g]["commit_ts"].items()] for g in survivors}
+    if fault and not survivors:
+        # every original group was dropped (more than the killed one): no survivor to measure, so the
+        # job's own progress stands in (per step, the first commit of any group), and the row says so
+        first: dict[int, float] = {}
+        for h in groups.values():
+            for k, v in h.get("commit_ts", {}).items():
+                first[int(k)] = min(v, first.get(int(k), v))
+        step_ts = {"job": [[k, v] for k, v in first.items()]}
+    launched_again = sorted(int(k) for k, n in result["step_attempts"].items() if n > 1 and int(k) >= REP_KILL)
     row: dict[str, Any] = {
         "run": tag, "system": f"Orthoplex tp={tp} x {REP_GROUPS} groups", "tp": tp, "group_size": tp,
         "final_loss": result["final_loss"], "losses": {int(k): v for k, v in result["losses"].items()},
         "survivors": survivors, "resumed_events": sum(e["type"] == "resumed" for e in events),
-        # a step is never launched again once passed, so an aborted step >= REP_KILL came after the kill
-        "steps_redone": max((sum(s >= REP_KILL for s in groups[g].get("aborted", [])) for g in survivors), default=0),
+        # a step is never launched again once passed, so a step >= REP_KILL launched again came after the kill
+        "steps_redone": sum(int(result["step_attempts"][str(k)]) - 1 for k in launched_again),
         "redone_steps": sorted({s for g in survivors for s in groups[g].get("aborted", []) if s >= REP_KILL}),
         "aborted_before_kill": sorted({s for g in survivors for s in groups[g].get("aborted", []) if s < REP_KILL}),
         "step_attempts": result["step_attempts"], "steps": steps}
@@ -95,6 +104,8 @@ def _replica_run(tag: str, work: Path, *, tp: int, fault: bool, steps: int = REP
     full_ts = min((min(groups[g]["commit_ts"].values()) for g in new), default=None)
     row.update(stall_window(step_ts, kill["ts"], full_ts))
     row.update({"dropped": [(e["group"], e["step"]) for e in dropped],
+                "drop_reasons": [e.get("reason", "")[:240] for e in dropped],
+                "extra_groups_dropped": len(dropped) - 1, "stall_from": "survivors" if survivors else "job progress",
                 "full_strength_s": None if full_ts is None else round(full_ts - kill["ts"], 3),
                 "groups_at_end": len(groups) - len(lost)})
     if new and joined:
@@ -175,6 +186,9 @@ def compare_markdown(r: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         diff = x.get("max_rel_loss_diff_vs_no_fault")
+        if x.get("extra_groups_dropped"):
+            lines.append(f"| {x['system']}: **{x['extra_groups_dropped']} more group(s) dropped than the killed one** "
+                         f"({x['dropped']}; stall from {x['stall_from']}) | | | | | | | | | | | |")
         lines.append(
             f"| {x['system']} | {x['group_size']} | {_fmt(x['stall_s'])} | {_fmt(x['steady_step_s'], '.3f')} | "
             f"{_ratio(x['stall_s'], ft['stall_s'])} | {x['steps_redone']} | "
@@ -188,7 +202,7 @@ def compare_markdown(r: dict[str, Any]) -> str:
               "the run if never back). **The job's start is excluded**: the kill comes after "
               f"{REP_KILL} steps, and the steady median leaves out the first {START_GAPS} gaps of the run (the warm "
               "pool importing torch, the first quorum) and the stall window. Steps redone: the worst survivor's "
-              "step attempts after the kill that redo a step (Orthoplex: the steps its survivors aborted; torchft: "
+              "step attempts after the kill that redo a step (Orthoplex: steps the job launched again; torchft: "
               "aborted attempts + repeated commits; restart: steps rerun since the checkpoint); attempts redone "
               "*before* the kill (the loaded host, the start) are not counted here, see below.", "",
               "Differences, stated: Ray Train's `TorchftConfig` makes each worker its own replica group, so a "
@@ -224,15 +238,20 @@ def goals_markdown(r: dict[str, Any]) -> str:
         return "yes" if ok else "**no**"
 
     def as_good(x: dict[str, Any]) -> bool:
-        return x["stall_s"] <= ft["stall_s"] and x["steps_redone"] <= ft["steps_redone"]
+        return (x["stall_s"] <= ft["stall_s"] and x["steps_redone"] <= ft["steps_redone"]
+                and not x.get("extra_groups_dropped"))
 
     back = f.get("groups_at_end") == REP_GROUPS and bool(f.get("replacement_on_spare_node"))
+    extra = int(f.get("extra_groups_dropped") or 0)
+    stall_ok = f["stall_s"] <= 3 and not extra
+    why = (f"; **{extra} more group(s) dropped** ({f.get('dropped')}), no survivor: from the job's progress"
+           if extra else "")
     return "\n".join([
         f"#### Goals (issue 14, replica groups: Orthoplex tp={REP_TP} x {REP_GROUPS} groups)", "",
         "| goal | measured | met? |", "|---|---|---|",
         f"| survivors' longest stall <= 3 s | {f['stall_s']:.2f} s (ends at 0-based step {f['stall_ends_step']}; "
         f"steady median step {_fmt(f['steady_step_s'], '.3f')} s; no-fault run's steady median "
-        f"{_fmt(c['steady_step_s'], '.3f')} s) | {yes(f['stall_s'] <= 3)} |",
+        f"{_fmt(c['steady_step_s'], '.3f')} s{why}) | {yes(stall_ok)} |",
         f"| at most one step redone | {f['steps_redone']} (0-based {f['redone_steps']}) | {yes(f['steps_redone'] <= 1)} |",
         f"| every step's loss within 1e-4 relative of the no-fault run | max rel. diff {diff:.1e} | {yes(diff <= 1e-4)} |",
         f"| back at {REP_GROUPS} groups, replacement on the spare node | {f.get('groups_at_end')} groups at the end, "
