@@ -103,6 +103,8 @@ def _replica_run(tag: str, work: Path, *, tp: int, fault: bool, steps: int = REP
     new = [g for g, h in groups.items() if h.get("healed_from") is not None and "commit_ts" in h]
     full_ts = min((min(groups[g]["commit_ts"].values()) for g in new), default=None)
     row.update(stall_window(step_ts, kill["ts"], full_ts))
+    row.update({"kill_ts": kill["ts"], "full_strength_ts": full_ts, "survivor_commit_ts": step_ts,
+                "replacement_commit_ts": {g: groups[g]["commit_ts"] for g in new}})  # raw, to check the numbers
     row.update({"dropped": [(e["group"], e["step"]) for e in dropped],
                 "drop_reasons": [e.get("reason", "")[:240] for e in dropped],
                 "extra_groups_dropped": len(dropped) - 1, "stall_from": "survivors" if survivors else "job progress",
@@ -244,7 +246,7 @@ def goals_markdown(r: dict[str, Any]) -> str:
     back = f.get("groups_at_end") == REP_GROUPS and bool(f.get("replacement_on_spare_node"))
     extra = int(f.get("extra_groups_dropped") or 0)
     stall_ok = f["stall_s"] <= 3 and not extra
-    why = (f"; **{extra} more group(s) dropped** ({f.get('dropped')}), no survivor: from the job's progress"
+    why = (f"; **{extra} more group(s) dropped** ({f.get('dropped')}), stall from {f.get('stall_from')}"
            if extra else "")
     return "\n".join([
         f"#### Goals (issue 14, replica groups: Orthoplex tp={REP_TP} x {REP_GROUPS} groups)", "",
