@@ -15,7 +15,6 @@ covers detection, teardown, placement, worker start and process-group init), ``l
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
@@ -226,11 +225,11 @@ def _restore_trace(path: Path) -> dict[str, Any]:
 
 def _replan(quick: bool) -> dict[str, Any]:
     """The four runs on one cluster; the overhead pair (off, on) ``RECOVERY_OVERHEAD_REPS`` times
-    (default 2: off, on before the fault runs, on, off after them)."""
+    (default 2: off, on before the fault runs, on, off after them; ``quick``: 1, to keep the quick bench short)."""
     from workers.runtime.local_cluster import InProcessCluster
 
     steps = 20 if quick else RE_STEPS
-    reps = int(os.environ.get("RECOVERY_OVERHEAD_REPS", "2"))
+    reps = int(os.environ.get("RECOVERY_OVERHEAD_REPS", "1" if quick else "2"))
     work = Path(tempfile.mkdtemp(prefix="orthoplex-bench-replan-"))
     trace = work / "restores.jsonl"
     os.environ["ORTHOPLEX_SNAPSHOT_TRACE"] = str(trace)  # inherited by the cluster's workers
@@ -338,119 +337,15 @@ def _goals_markdown(samples: list[dict[str, Any]]) -> str:
         f"{overhead_verdict(ov)} |"])
 
 
-# Replica groups (issue 14's first goal): 4 nodes x 2 declared GPUs, 3 replica groups of tp=2 (one node
-# each, the fourth node spare), the node of group 2 killed in the middle of step REP_KILL (0-based)
-REP_NODES, REP_GPUS, REP_GROUPS, REP_TP, REP_STEPS, REP_KILL = 4, 2, 3, 2, 16, 6
-
-
-def _replica_run(tag: str, work: Path, *, fault: bool) -> dict[str, Any]:
-    import ray
-
-    from workers.runtime.launch import start_supervisor, stop_supervisor
-
-    spec = {"model": "tiny", "steps": REP_STEPS, "global_batch": GLOBAL_BATCH, "checkpoint_dir": str(work / tag),
-            "layout_hint": {"tp": REP_TP, "micro_batch": 2}, "checkpoint": {"min_every_steps": 100, "max_every_steps": 100},
-            "runtime": {"replica_groups": REP_GROUPS, "warm_ranks_per_node": REP_TP, "grow": False,
-                        "hang_timeout_s": 120, "start_timeout_s": 600},
-            "faults": [{"kind": "kill_node", "at_step": REP_KILL, "rank": -1}] if fault else []}
-    job = f"bench-replicas-{tag}"
-    handle = start_supervisor(job, 1, spec, enable_fault_injection=fault)
-    result = ray.get(handle.run.remote(), timeout=3600)
-    events = ray.get(handle.events.remote(0))
-    stop_supervisor(job, 1)
-    if result["state"] != "SUCCEEDED":
-        story = [(e["type"], e.get("step"), e.get("reason", "")[:160]) for e in events if e["type"] != "step"]
-        raise RuntimeError(f"replica run {tag} did not finish: {result['state']} {result['error']}; events {story}")
-    groups = result["replicas"]["groups"]
-    dropped = [e for e in events if e["type"] == "replica_dropped"]
-    joined = [e for e in events if e["type"] == "replica_joined"]
-    lost = {str(e["group"]) for e in dropped}
-    survivors = [g for g, h in groups.items() if g not in lost and h.get("healed_from") is None and "commit_ts" in h]
-    stalls, steady, worst_at, after_start = [], [], [], []
-    for g in survivors:
-        ts = sorted((int(k), v) for k, v in groups[g]["commit_ts"].items())
-        gaps = [(b[0], b[1] - a[1]) for a, b in itertools.pairwise(ts)]
-        stalls.append(max(x for _, x in gaps))
-        worst_at.append(max(gaps, key=lambda x: x[1])[0])  # the 0-based step that ended the longest gap
-        # from step 2 on: the gap to step 1 is the start (the warm pool fills then), not a failure
-        after_start.append(max(x for st, x in gaps if st >= 2))
-        steady += [x for _, x in gaps]
-    row: dict[str, Any] = {
-        "run": tag, "final_loss": result["final_loss"], "losses": {int(k): v for k, v in result["losses"].items()},
-        "survivors": survivors, "survivor_longest_stall_s": round(max(stalls), 3), "longest_stall_ends_step": worst_at,
-        "survivor_longest_stall_after_start_s": round(max(after_start), 3),
-        "median_step_s": round(_median(steady), 3),
-        "steps_redone": sorted({s for g in survivors for s in groups[g].get("aborted", [])}),
-        "step_attempts": result["step_attempts"], "resumed_events": sum(e["type"] == "resumed" for e in events),
-        "world_sizes": [e["world_size"] for e in events if e["type"] == "step"]}
-    if fault and dropped and joined:
-        kill = next(e for e in events if e["type"] == "fault_injected")
-        new = str(joined[0]["group"])
-        row.update({"dropped": [(e["group"], e["step"]) for e in dropped],
-                    "full_strength_after_kill_s": round(joined[0]["ts"] - kill["ts"], 3),
-                    "replica_joined_seconds": joined[0]["seconds"], "joined_at_step": joined[0]["step"],
-                    "healed_from": groups[new].get("healed_from"), "warm_ranks": groups[new].get("warm_ranks"),
-                    "replacement_on_spare_node": groups[new]["node"] not in {groups[g]["node"] for g in groups if g != new}})
-    return row
-
-
-def _replicas() -> dict[str, Any]:
-    from workers.runtime.local_cluster import InProcessCluster
-
-    work = Path(tempfile.mkdtemp(prefix="orthoplex-bench-replicas-"))
-    loads = [os.getloadavg()[0]]
-    cluster = InProcessCluster(nodes=REP_NODES, gpus_per_node=REP_GPUS).start()
-    try:
-        clean = _replica_run("clean", work, fault=False)
-        loads.append(os.getloadavg()[0])
-        cluster.restore()
-        fault = _replica_run("fault", work, fault=True)
-        loads.append(os.getloadavg()[0])
-    finally:
-        cluster.shutdown()
-        shutil.rmtree(work, ignore_errors=True)
-    rel = max(abs(fault["losses"][k] - v) / abs(v) for k, v in clean["losses"].items())
-    return {"clean": clean, "fault": fault, "max_rel_loss_diff_vs_no_fault": rel,
-            "load_average_1min": [round(x, 1) for x in loads]}
-
-
-def _replicas_markdown(r: dict[str, Any]) -> str:
-    c, f = r["clean"], r["fault"]
-
-    def yes(ok: bool) -> str:
-        return "yes" if ok else "**no**"
-
-    return "\n".join([
-        f"### Replica groups (Ray runtime, `replica_groups` {REP_GROUPS}, tp={REP_TP}, {REP_NODES} nodes x {REP_GPUS} "
-        f"declared GPUs, node of group 2 killed in step {REP_KILL + 1} of {REP_STEPS})", "",
-        "| goal | measured | met? |", "|---|---|---|",
-        f"| survivors' longest stall <= 3 s (own step timestamps, from step 2 on) | "
-        f"{f['survivor_longest_stall_after_start_s']:.2f} s (median step {f['median_step_s']:.2f} s; no-fault run "
-        f"{c['survivor_longest_stall_after_start_s']:.2f} s; with the start's step 1: {f['survivor_longest_stall_s']:.2f} s "
-        f"and {c['survivor_longest_stall_s']:.2f} s) | {yes(f['survivor_longest_stall_after_start_s'] <= 3)} |",
-        f"| at most one step redone | steps redone (0-based) {f['steps_redone']} | {yes(len(f['steps_redone']) <= 1)} |",
-        f"| every step's loss within 1e-4 of the no-fault run | max rel. diff {r['max_rel_loss_diff_vs_no_fault']:.1e} | "
-        f"{yes(r['max_rel_loss_diff_vs_no_fault'] <= 1e-4)} |",
-        f"| back at {REP_GROUPS} groups, replacement on the spare node, from a peer | kill -> replica_joined "
-        f"{f.get('full_strength_after_kill_s', float('nan')):.2f} s (replacement start -> first step "
-        f"{f.get('replica_joined_seconds', float('nan')):.2f} s, {f.get('warm_ranks')} warm ranks), healed from group "
-        f"{f.get('healed_from')}, spare node: {f.get('replacement_on_spare_node')} | "
-        f"{yes(bool(f.get('replacement_on_spare_node')) and f.get('healed_from') is not None)} |",
-        f"| no storage read | `resumed` events: {f['resumed_events']} (no restore on this path) | {yes(f['resumed_events'] == 0)} |",
-        f"| final loss | {f['final_loss']:.6f} (no-fault {c['final_loss']:.6f}) | |",
-        "", "Ray Train + `TorchftConfig` in the same run: not run here (see `bench/results/recovery_peers.md` for the "
-        "torchft peer measured on its own).",
-        "", f"_Host load average (1 min) at the start and after each run: {r['load_average_1min']} (a shared 2-core box)._"])
-
-
 def run(quick: bool = False) -> dict[str, Any]:
     """Both systems, same workload and failure, one invocation; ``quick`` skips the tuned Ray Train run.
-    Then replica groups (``replicas``: the survivors keep stepping, a replacement heals from a peer) and
-    the re-plan path (memory vs storage) on the issue's 3 x 4 cluster (``RECOVERY_PARTS=replicas`` or
+    Then replica groups (``compare``, also ``replicas``: Orthoplex tp=2 and tp=1 replica groups, Ray Train
+    + torchft and Ray Train restart, same cluster and failure, see ``bench.recovery_replicas``) and the
+    re-plan path (memory vs storage) on the issue's 3 x 4 cluster (``RECOVERY_PARTS=compare`` or
     ``replan``: that part alone)."""
     from workers.runtime.local_cluster import InProcessCluster
 
-    parts = os.environ.get("RECOVERY_PARTS", "baseline,replicas,replan").split(",")
+    parts = os.environ.get("RECOVERY_PARTS", "baseline,compare,replan").split(",")
     steps = 8 if quick else 12
     rows: list[dict[str, Any]] = []
     out: dict[str, Any] = {"name": "recovery"}
@@ -471,9 +366,11 @@ def run(quick: bool = False) -> dict[str, Any]:
         ratio = rows[1]["total_s"] / rows[0]["total_s"]
         out.update({"rows": rows, "ratio_raytrain_over_ours": round(ratio, 2)})
         md.append(_markdown(rows, ratio))
-    if "replicas" in parts:
-        out["replicas"] = _replicas()
-        md.append(_replicas_markdown(out["replicas"]))
+    if "compare" in parts or "replicas" in parts:  # ``replicas``: the old name of this part
+        from bench.recovery_replicas import compare, compare_markdown
+
+        out["compare"] = compare(quick)
+        md.append(compare_markdown(out["compare"]))
     if "replan" in parts:
         out["replan"] = _replan(quick)
         md.append(_replan_markdown(out["replan"]))

@@ -251,7 +251,7 @@ def summarize(rows: list[dict[str, Any]], kind: str, groups: int, kill_group: in
     fault_ts = faults[0]["ts"]
     steps = [r for r in rows if r["event"] == "step"]
     survivors = sorted({r["group"] for r in steps} - {kill_group})
-    stall, redone, intervals = 0.0, 0, []
+    stall, redone, redone_after, intervals = 0.0, 0, 0, []
     for g in survivors:
         mine = sorted((r for r in steps if r["group"] == g), key=lambda r: r["ts"])
         gaps = [b["ts"] - a["ts"] for a, b in itertools.pairwise(mine) if b["ts"] > fault_ts]
@@ -259,6 +259,12 @@ def summarize(rows: list[dict[str, Any]], kind: str, groups: int, kill_group: in
         intervals += [b["ts"] - a["ts"] for a, b in itertools.pairwise(mine) if b["ts"] < fault_ts]
         aborts = sum(1 for r in rows if r["event"] == "abort" and r["group"] == g)
         redone = max(redone, len(mine) + aborts - len({r["step"] for r in mine}))
+        # the same, counting only attempts after the crash: an attempt of a step this survivor had tried
+        # before the crash, or one of a later step that it tried more than once
+        tries = [r for r in rows if r["event"] in ("step", "abort") and r["group"] == g]
+        before = {r["step"] for r in tries if r["ts"] <= fault_ts}
+        after = [r["step"] for r in tries if r["ts"] > fault_ts]
+        redone_after = max(redone_after, len(after) - len(set(after) - before))
     full = [r["ts"] for r in steps if r["ts"] > fault_ts and r.get("participants") == groups
             and not r.get("healing")]
     last = max(r["step"] for r in steps)
@@ -280,6 +286,7 @@ def summarize(rows: list[dict[str, Any]], kind: str, groups: int, kill_group: in
         "stall_s": round(stall, 3),
         "steady_step_s": round(statistics.median(intervals), 3) if intervals else None,
         "steps_redone": redone,
+        "steps_redone_after_fault": redone_after,  # of steps_redone: the attempts after the crash
         "aborted_attempts": aborted,  # of steps_redone: attempts torchft's should_commit voted down
         "full_strength_s": round(min(full) - fault_ts, 3) if full else None,
         "final_loss": round(statistics.fmean(final), 6),
@@ -288,6 +295,12 @@ def summarize(rows: list[dict[str, Any]], kind: str, groups: int, kill_group: in
         "repeated_steps": repeated,  # steps a survivor attempted more than once
         "losses": [by_step[s] for s in sorted(by_step)],
         "fault_step": faults[0]["step"],
+        # the raw times the recovery bench's common stall window is computed from (bench.recovery_replicas)
+        "fault_ts": fault_ts,
+        "full_strength_ts": min(full) if full else None,
+        "survivor_step_ts": {str(g): [[r["step"], r["ts"]] for r in sorted((r for r in steps if r["group"] == g),
+                                                                           key=lambda r: r["ts"])]
+                             for g in survivors},
     }
 
 

@@ -1,0 +1,265 @@
+"""Recovery benchmark, replica-group part (issue #14): one invocation, one local cluster (4 nodes x 2
+declared GPUs), the same failure (the node of the last replica group killed at 0-based step
+``REP_KILL``), four systems:
+
+  Orthoplex tp=2 x 3 groups   the issue's goal (a group = 2 ranks on one node, the fourth node spare)
+  Orthoplex tp=1 x 3 groups   the peers' group size (apples to apples)
+  Ray Train + TorchftConfig   ``bench.recovery_peers.run_peer("torchft")`` (group size 1, whole model)
+  Ray Train restart           ``bench.recovery_peers.run_peer("restart")``
+
+Every system is measured the same way (:func:`stall_window`), from the SURVIVING groups' own per-step
+commit timestamps (Orthoplex: each group's ``commit_ts``, the ``time.time()`` of the group's commit
+that its rank 0 returns to the supervisor; the peers: the ranks' own ``step`` log rows):
+
+* longest stall: the longest gap between two consecutive commits of a survivor, over the gaps that
+  end after the kill and start before the job is back at full strength (the first commit with every
+  group in it; the end of the run if it never is). The job's start cannot fall in it (the kill comes
+  after ``REP_KILL`` steps).
+* steady step: the median of the survivors' other gaps, without the first ``START_GAPS`` gaps of the
+  run (the job's start: the warm pool importing torch, the first quorum).
+* steps redone (the worst survivor), kill -> full strength, final loss.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REP_NODES, REP_GPUS, REP_GROUPS, REP_TP, REP_STEPS, REP_KILL, GLOBAL_BATCH = 4, 2, 3, 2, 16, 6, 12
+START_GAPS = 2  # gaps to steps 1 and 2 (0-based): the job's start, excluded from the steady median
+PEER_STEPS, PEER_STEPS_QUICK = 60, 50  # 30 was too few: torchft's replacement had not joined (2026-12-03)
+
+
+def stall_window(step_ts: dict[str, list[list[float]]], kill_ts: float, full_ts: float | None) -> dict[str, Any]:
+    """The survivors' longest stall across the failure and the steady median step (pure).
+
+    ``step_ts``: per survivor, ``[step, ts]`` of each of its commits; ``kill_ts``: the kill;
+    ``full_ts``: the first commit at full strength after it (``None``: never)."""
+    end = float("inf") if full_ts is None else full_ts
+    stall, ends_step, steady = 0.0, None, []
+    for rows in step_ts.values():
+        mine = sorted(rows, key=lambda r: r[1])
+        for i, (a, b) in enumerate(itertools.pairwise(mine)):
+            gap = b[1] - a[1]
+            if b[1] > kill_ts and a[1] < end:
+                if gap > stall:
+                    stall, ends_step = gap, int(b[0])
+            elif i >= START_GAPS:
+                steady.append(gap)
+    return {"stall_s": round(stall, 3), "stall_ends_step": ends_step,
+            "steady_step_s": round(statistics.median(steady), 3) if steady else None}
+
+
+def _replica_run(tag: str, work: Path, *, tp: int, fault: bool, steps: int = REP_STEPS) -> dict[str, Any]:
+    import ray
+
+    from workers.runtime.launch import start_supervisor, stop_supervisor
+
+    spec = {"model": "tiny", "steps": steps, "global_batch": GLOBAL_BATCH, "checkpoint_dir": str(work / tag),
+            "layout_hint": {"tp": tp, "micro_batch": 2}, "checkpoint": {"min_every_steps": 100, "max_every_steps": 100},
+            "runtime": {"replica_groups": REP_GROUPS, "warm_ranks_per_node": tp, "grow": False,
+                        "hang_timeout_s": 120, "start_timeout_s": 600},
+            "faults": [{"kind": "kill_node", "at_step": REP_KILL, "rank": -1}] if fault else []}
+    job = f"bench-replicas-{tag}"
+    handle = start_supervisor(job, 1, spec, enable_fault_injection=fault)
+    result = ray.get(handle.run.remote(), timeout=3600)
+    events = ray.get(handle.events.remote(0))
+    stop_supervisor(job, 1)
+    if result["state"] != "SUCCEEDED":
+        story = [(e["type"], e.get("step"), e.get("reason", "")[:160]) for e in events if e["type"] != "step"]
+        raise RuntimeError(f"replica run {tag} did not finish: {result['state']} {result['error']}; events {story}")
+    groups = result["replicas"]["groups"]
+    dropped = [e for e in events if e["type"] == "replica_dropped"]
+    joined = [e for e in events if e["type"] == "replica_joined"]
+    lost = {str(e["group"]) for e in dropped}
+    survivors = [g for g, h in groups.items() if g not in lost and h.get("healed_from") is None and "commit_ts" in h]
+    step_ts = {g: [[int(k), v] for k, v in groups[g]["commit_ts"].items()] for g in survivors}
+    if fault and not survivors:
+        # every original group was dropped (more than the killed one): no survivor to measure, so the
+        # job's own progress stands in (per step, the first commit of any group), and the row says so
+        first: dict[int, float] = {}
+        for h in groups.values():
+            for k, v in h.get("commit_ts", {}).items():
+                first[int(k)] = min(v, first.get(int(k), v))
+        step_ts = {"job": [[k, v] for k, v in first.items()]}
+    launched_again = sorted(int(k) for k, n in result["step_attempts"].items() if n > 1 and int(k) >= REP_KILL)
+    row: dict[str, Any] = {
+        "run": tag, "system": f"Orthoplex tp={tp} x {REP_GROUPS} groups", "tp": tp, "group_size": tp,
+        "final_loss": result["final_loss"], "losses": {int(k): v for k, v in result["losses"].items()},
+        "survivors": survivors, "resumed_events": sum(e["type"] == "resumed" for e in events),
+        # a step is never launched again once passed, so a step >= REP_KILL launched again came after the kill
+        "steps_redone": sum(int(result["step_attempts"][str(k)]) - 1 for k in launched_again),
+        "redone_steps": sorted({s for g in survivors for s in groups[g].get("aborted", []) if s >= REP_KILL}),
+        "aborted_before_kill": sorted({s for g in survivors for s in groups[g].get("aborted", []) if s < REP_KILL}),
+        "step_attempts": result["step_attempts"], "steps": steps}
+    if not fault:
+        return {**row, **stall_window(step_ts, float("inf"), None)}
+    kill = next(e for e in events if e["type"] == "fault_injected")
+    new = [g for g, h in groups.items() if h.get("healed_from") is not None and "commit_ts" in h]
+    full_ts = min((min(groups[g]["commit_ts"].values()) for g in new), default=None)
+    row.update(stall_window(step_ts, kill["ts"], full_ts))
+    row.update({"kill_ts": kill["ts"], "full_strength_ts": full_ts, "survivor_commit_ts": step_ts,
+                "replacement_commit_ts": {g: groups[g]["commit_ts"] for g in new}})  # raw, to check the numbers
+    row.update({"dropped": [(e["group"], e["step"]) for e in dropped],
+                "drop_reasons": [e.get("reason", "")[:240] for e in dropped],
+                "extra_groups_dropped": len(dropped) - 1, "stall_from": "survivors" if survivors else "job progress",
+                "full_strength_s": None if full_ts is None else round(full_ts - kill["ts"], 3),
+                "groups_at_end": len(groups) - len(lost)})
+    if new and joined:
+        g = new[0]
+        row.update({"replica_joined_seconds": joined[0]["seconds"], "joined_at_step": joined[0]["step"],
+                    "healed_from": groups[g].get("healed_from"), "warm_ranks": groups[g].get("warm_ranks"),
+                    "replacement_on_spare_node": groups[g]["node"] not in {groups[o]["node"] for o in groups if o != g}})
+    return row
+
+
+def _peer(kind: str, cluster: Any, work: Path, quick: bool) -> dict[str, Any]:
+    from bench.recovery_peers import run_peer
+
+    out = run_peer(kind, steps=PEER_STEPS_QUICK if quick else PEER_STEPS, kill_at=REP_KILL,  # type: ignore[arg-type]
+                   cluster=cluster, work=work, gpus_per_group=REP_GPUS)
+    out["stall_s_whole_run_after_kill"] = out["stall_s"]  # summarize's own (unbounded) window, for reference
+    out["steps_redone_whole_run"] = out["steps_redone"]  # with attempts redone before the kill (load, start)
+    out["steps_redone"] = out["steps_redone_after_fault"]
+    out.update(stall_window(out.pop("survivor_step_ts"), out["fault_ts"], out["full_strength_ts"]))
+    out["group_size"] = 1
+    out.pop("losses", None)
+    return out
+
+
+def _rel_diff(run: dict[str, Any], ref: dict[str, Any]) -> float:
+    return max(abs(run["losses"][k] - v) / abs(v) for k, v in ref["losses"].items())
+
+
+def compare(quick: bool) -> dict[str, Any]:
+    """The four systems on one cluster, one invocation (``quick``: no tp=1 no-fault run, shorter peers)."""
+    from workers.runtime.local_cluster import InProcessCluster
+
+    work = Path(tempfile.mkdtemp(prefix="orthoplex-bench-compare-"))
+    loads = [os.getloadavg()[0]]
+    runs: dict[str, dict[str, Any]] = {}
+    cluster = InProcessCluster(nodes=REP_NODES, gpus_per_node=REP_GPUS).start()
+    try:
+        plan: list[tuple[str, int, bool]] = [("tp2-clean", 2, False), ("tp2-fault", 2, True)]
+        plan += [] if quick else [("tp1-clean", 1, False)]
+        plan += [("tp1-fault", 1, True)]
+        for tag, tp, fault in plan:
+            runs[tag] = _replica_run(tag, work, tp=tp, fault=fault)
+            loads.append(os.getloadavg()[0])
+            cluster.restore()
+        for kind in ("torchft", "restart"):
+            runs[kind] = _peer(kind, cluster, work, quick)
+            loads.append(os.getloadavg()[0])
+            cluster.restore()
+    finally:
+        cluster.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+    for tp in (1, 2):
+        if f"tp{tp}-clean" in runs:
+            runs[f"tp{tp}-fault"]["max_rel_loss_diff_vs_no_fault"] = _rel_diff(runs[f"tp{tp}-fault"], runs[f"tp{tp}-clean"])
+    for r in runs.values():
+        r.pop("losses", None)
+    return {"runs": runs, "quick": quick, "load_average_1min": [round(x, 1) for x in loads]}
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or not b else f"{a / b:.2f}x"
+
+
+def compare_markdown(r: dict[str, Any]) -> str:
+    runs = r["runs"]
+    ft = runs["torchft"]
+    rows = [runs["tp2-fault"], runs["tp1-fault"], ft, runs["restart"]]
+    lines = [f"### Replica groups vs Ray Train + torchft vs Ray Train restart (one invocation, {REP_NODES} nodes x "
+             f"{REP_GPUS} declared GPUs, {REP_GROUPS} groups, the last group's node killed at 0-based step {REP_KILL})",
+             "",
+             "| system | group size | survivors' longest stall, kill -> full strength (s) | steady median step (s) | "
+             "stall / torchft | steps redone | redone / torchft | kill -> full strength (s) | full / torchft | "
+             "final loss | max rel. loss diff vs no-fault | steps |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for x in rows:
+        diff = x.get("max_rel_loss_diff_vs_no_fault")
+        if x.get("extra_groups_dropped"):
+            lines.append(f"| {x['system']}: **{x['extra_groups_dropped']} more group(s) dropped than the killed one** "
+                         f"({x['dropped']}; stall from {x['stall_from']}) | | | | | | | | | | | |")
+        lines.append(
+            f"| {x['system']} | {x['group_size']} | {_fmt(x['stall_s'])} | {_fmt(x['steady_step_s'], '.3f')} | "
+            f"{_ratio(x['stall_s'], ft['stall_s'])} | {x['steps_redone']} | "
+            f"{x['steps_redone']} vs {ft['steps_redone']} | {_fmt(x.get('full_strength_s'))} | "
+            f"{_ratio(x.get('full_strength_s'), ft['full_strength_s'])} | {x['final_loss']:.6f} | "
+            f"{'not measured' if diff is None else f'{diff:.1e}'} | {x['steps']} |")
+    lines += ["", "How each number is taken, the same for all four: from the surviving groups' own per-step "
+              "commit timestamps (Orthoplex: each group's commit time returned by its rank 0; the peers: the "
+              "ranks' own step log rows). Stall: the longest gap between two consecutive commits of a survivor "
+              "that ends after the kill and starts before the first commit with every group back (the end of "
+              "the run if never back). **The job's start is excluded**: the kill comes after "
+              f"{REP_KILL} steps, and the steady median leaves out the first {START_GAPS} gaps of the run (the warm "
+              "pool importing torch, the first quorum) and the stall window. Steps redone: the worst survivor's "
+              "step attempts after the kill that redo a step (Orthoplex: steps the job launched again; torchft: "
+              "aborted attempts + repeated commits; restart: steps rerun since the checkpoint); attempts redone "
+              "*before* the kill (the loaded host, the start) are not counted here, see below.", "",
+              "Differences, stated: Ray Train's `TorchftConfig` makes each worker its own replica group, so a "
+              "peer group is 1 process holding the whole model on 2 declared GPUs (Orthoplex tp=2: 2 ranks per "
+              "group; tp=1: 1 rank per group, 1 GPU). The peers train the same tiny model, global batch "
+              f"{GLOBAL_BATCH}, engine optimizer and data, but with their own plain-torch loop, every step padded to "
+              f"{ft['min_step_s']} s (their unpadded ~40 ms step is shorter than a replacement's start), over "
+              f"{ft['steps']} steps (Orthoplex: {REP_STEPS} unpadded steps) so the replacement can join; the "
+              "peers' node is killed *before* step 6 by the group's own worker, Orthoplex's in step 6 by the "
+              "fault hook. While a group is missing, torchft's survivors average their own rows only (smaller "
+              "batch), so its loss curve is not the no-fault one; no no-fault peer run is done here, hence "
+              "'not measured'. Restart: a Ray Train checkpoint every 2 steps. Peer stall over the whole rest of "
+              f"the run after the kill (their own summary's window): torchft {_fmt(ft.get('stall_s_whole_run_after_kill'))} s, "
+              f"restart {_fmt(runs['restart'].get('stall_s_whole_run_after_kill'))} s. Steps redone over the whole run, "
+              f"before the kill too: torchft {ft.get('steps_redone_whole_run')}, restart "
+              f"{runs['restart'].get('steps_redone_whole_run')}; Orthoplex tp=2 aborted before the kill: "
+              f"{runs['tp2-fault'].get('aborted_before_kill')}, tp=1: {runs['tp1-fault'].get('aborted_before_kill')}."]
+    if r.get("quick"):
+        lines += ["", "_Quick mode: no tp=1 no-fault run (its loss check is not measured), peers "
+                  f"{PEER_STEPS_QUICK} steps._"]
+    lines += ["", goals_markdown(r), "",
+              f"_Host load average (1 min) at the start and after each run: {r['load_average_1min']}._"]
+    return "\n".join(lines)
+
+
+def goals_markdown(r: dict[str, Any]) -> str:
+    """Issue 14's replica-group goals for Orthoplex tp=2, verdicts computed."""
+    runs = r["runs"]
+    f, c, ft, one = runs["tp2-fault"], runs["tp2-clean"], runs["torchft"], runs["tp1-fault"]
+    diff = f.get("max_rel_loss_diff_vs_no_fault", float("nan"))
+
+    def yes(ok: bool) -> str:
+        return "yes" if ok else "**no**"
+
+    def as_good(x: dict[str, Any]) -> bool:
+        return (x["stall_s"] <= ft["stall_s"] and x["steps_redone"] <= ft["steps_redone"]
+                and not x.get("extra_groups_dropped"))
+
+    back = f.get("groups_at_end") == REP_GROUPS and bool(f.get("replacement_on_spare_node"))
+    extra = int(f.get("extra_groups_dropped") or 0)
+    stall_ok = f["stall_s"] <= 3 and not extra
+    why = (f"; **{extra} more group(s) dropped** ({f.get('dropped')}), stall from {f.get('stall_from')}"
+           if extra else "")
+    return "\n".join([
+        f"#### Goals (issue 14, replica groups: Orthoplex tp={REP_TP} x {REP_GROUPS} groups)", "",
+        "| goal | measured | met? |", "|---|---|---|",
+        f"| survivors' longest stall <= 3 s | {f['stall_s']:.2f} s (ends at 0-based step {f['stall_ends_step']}; "
+        f"steady median step {_fmt(f['steady_step_s'], '.3f')} s; no-fault run's steady median "
+        f"{_fmt(c['steady_step_s'], '.3f')} s{why}) | {yes(stall_ok)} |",
+        f"| at most one step redone | {f['steps_redone']} (0-based {f['redone_steps']}) | {yes(f['steps_redone'] <= 1)} |",
+        f"| every step's loss within 1e-4 relative of the no-fault run | max rel. diff {diff:.1e} | {yes(diff <= 1e-4)} |",
+        f"| back at {REP_GROUPS} groups, replacement on the spare node | {f.get('groups_at_end')} groups at the end, "
+        f"kill -> full strength {_fmt(f.get('full_strength_s'))} s, healed from group {f.get('healed_from')}, "
+        f"spare node: {f.get('replacement_on_spare_node')} | {yes(back)} |",
+        f"| no storage read | `resumed` events: {f['resumed_events']} | {yes(f['resumed_events'] == 0)} |",
+        f"| at least as good as Ray Train + torchft (same run) on stall and steps lost | tp=2: stall {f['stall_s']:.2f} "
+        f"vs {ft['stall_s']:.2f} s, redone {f['steps_redone']} vs {ft['steps_redone']}; tp=1 (same group size): "
+        f"stall {one['stall_s']:.2f} s, redone {one['steps_redone']} | {yes(as_good(f))} (tp=1: {yes(as_good(one))}) |"])

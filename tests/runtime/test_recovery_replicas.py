@@ -1,0 +1,41 @@
+"""The recovery benchmark's common stall window (bench/recovery_replicas.py ``stall_window``, pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.recovery_replicas import stall_window
+
+
+@pytest.mark.unit
+def test_stall_window_is_the_survivors_gap_across_the_kill_not_the_start() -> None:
+    # steps 0..9 one per second, but a 9 s start (0 -> 1) and a 4 s stall across the kill at 5.5
+    ts = [0.0, 9.0, 10.0, 11.0, 12.0, 13.0, 17.0, 18.0, 19.0, 20.0]
+    out = stall_window({"0": [[s, t] for s, t in enumerate(ts)]}, kill_ts=13.5, full_ts=18.0)
+    assert out["stall_s"] == 4.0 and out["stall_ends_step"] == 6
+    assert out["steady_step_s"] == 1.0  # the start's gaps and the window's gaps left out
+
+
+@pytest.mark.unit
+def test_stall_window_runs_to_the_end_when_never_back_and_takes_the_worst_survivor() -> None:
+    a = [[s, float(s)] for s in range(8)]
+    b = [[s, float(s) + (3.0 if s >= 7 else 0.0)] for s in range(8)]  # its last gap 3 s after the kill
+    out = stall_window({"0": a, "1": b}, kill_ts=5.5, full_ts=None)
+    assert out["stall_s"] == 4.0 and out["stall_ends_step"] == 7
+
+
+@pytest.mark.unit
+def test_peer_summary_counts_redone_steps_after_the_crash_only() -> None:
+    from bench.recovery_peers import summarize
+
+    def row(ts: float, event: str, group: int, **kw: object) -> dict[str, object]:
+        return {"ts": ts, "event": event, "group": group, "pid": 1, **kw}
+
+    rows = [row(0.5, "abort", g, step=0, participants=3) for g in range(3)]  # a redo before the crash
+    rows += [row(float(s + 1), "step", g, step=s, loss=1.0, participants=3) for s in range(4) for g in range(3)]
+    rows.append(row(4.5, "fault", 2, step=4))
+    rows += [row(5.0, "abort", g, step=4, participants=3) for g in (0, 1)]
+    rows += [row(6.0 + s, "step", g, step=s, loss=1.0, participants=2) for s in range(4, 6) for g in (0, 1)]
+    out = summarize(rows, "torchft", 3, 2)
+    assert out["steps_redone"] == 2 and out["steps_redone_after_fault"] == 1
+    assert out["survivor_step_ts"]["0"][0] == [0, 1.0] and out["fault_ts"] == 4.5
