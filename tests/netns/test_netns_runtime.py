@@ -220,6 +220,10 @@ def test_spec_network_faults_healed_partition_lossy_link_then_slow_link(netns_ra
     # flag a node at < 0.35x
     spec["runtime"]["straggler_threshold"] = 0.35
     spec["checkpoint"] = {"min_every_steps": 2, "max_every_steps": 2}  # saved at step 10: no save on the cap
+    # the node heartbeat's TCP probe waits 2.5 s, not 0.5 s: at 1 Mbit/s the link's 100-packet queues
+    # hold up to 1.2 s each way, so a probe of the capped node's raylet can take 2.4 s; with 0.5 s every
+    # probe for 8 s timed out once (a busy-loop run): the slow link read as a silent node, node_lost
+    spec["runtime"]["node_heartbeat_timeout_s"] = 2.5
     spec["faults"] = [
         {"kind": "net_partition", "at_step": 3, "rank": -1, "duration_s": 2.0},
         {"kind": "net_loss", "at_step": 4, "rank": -1, "pct": 10},
