@@ -185,6 +185,11 @@ def _link_is_clean(netns_ray: Any, name: str) -> bool:
     return "state UP" in link and "htb" not in qdisc
 
 
+# the node heartbeat's TCP probe of a raylet waits this long (default 0.5 s) in the jobs that cap a
+# link: at 1 Mbit/s the link's 100-packet queues hold up to 1.2 s each way, so a handshake can take
+# 2.4 s; with 0.5 s every probe timed out for 8 s (the spec job under a busy loop, the slow-link soak
+# job at a load of 4-6): the slow link read as a silent node, node_lost before any straggler scoring
+CAPPED_PROBE_TIMEOUT_S = 2.5
 SPEC_STEPS = 12
 SPEC_WINDOW = 2  # straggler windows of 2 steps: the link scorer's windows are steps 1-2, 3-4, ...
 
@@ -220,10 +225,7 @@ def test_spec_network_faults_healed_partition_lossy_link_then_slow_link(netns_ra
     # flag a node at < 0.35x
     spec["runtime"]["straggler_threshold"] = 0.35
     spec["checkpoint"] = {"min_every_steps": 2, "max_every_steps": 2}  # saved at step 10: no save on the cap
-    # the node heartbeat's TCP probe waits 2.5 s, not 0.5 s: at 1 Mbit/s the link's 100-packet queues
-    # hold up to 1.2 s each way, so a probe of the capped node's raylet can take 2.4 s; with 0.5 s every
-    # probe for 8 s timed out once (a busy-loop run): the slow link read as a silent node, node_lost
-    spec["runtime"]["node_heartbeat_timeout_s"] = 2.5
+    spec["runtime"]["node_heartbeat_timeout_s"] = CAPPED_PROBE_TIMEOUT_S
     spec["faults"] = [
         {"kind": "net_partition", "at_step": 3, "rank": -1, "duration_s": 2.0},
         {"kind": "net_loss", "at_step": 4, "rank": -1, "pct": 10},
@@ -317,6 +319,7 @@ def test_lossy_link_the_job_survives(netns_ray: Any, tmp_path: Path) -> None:
 def test_slow_link_shows_as_a_link_straggler_and_is_replanned_around(netns_ray: Any, tmp_path: Path) -> None:
     spec = _spec(tmp_path)
     spec["runtime"]["straggler_window"] = 3
+    spec["runtime"]["node_heartbeat_timeout_s"] = CAPPED_PROBE_TIMEOUT_S
     job = Job("nn-slow", spec)
     # 1 Mbit/s: the DP all-reduce crossing this link crawls
     node_id, res = _finish_with_capped_victim(job, netns_ray, 1)
@@ -456,6 +459,7 @@ def test_slow_link_under_tp_moves_tp_inside_nodes_first(netns_ray: Any, tmp_path
     spec = _spec(tmp_path, steps)
     spec["layout_hint"] = "tp=4"
     spec["runtime"]["straggler_window"] = 3
+    spec["runtime"]["node_heartbeat_timeout_s"] = CAPPED_PROBE_TIMEOUT_S
     job = Job("nn-tplink", spec)
     node_id, res = _finish_with_capped_victim(job, netns_ray, 2)
     # found by heartbeats (link) or by busy time (compute: the TP all-reduces crossing the capped
