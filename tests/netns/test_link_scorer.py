@@ -50,3 +50,30 @@ def test_a_slow_gpu_is_a_compute_straggler_and_not_a_link_one() -> None:
         by_cause += [f.cause for f in busy.observe(step, b)]
         by_cause += [f.cause for f in links.observe(step, _rtts(rng, None))]
     assert by_cause and set(by_cause) == {"compute"}
+
+
+def test_a_healed_partition_and_a_few_lossy_retransmits_steps_apart_are_not_persistent() -> None:
+    """The flake of the spec-fault cluster job: on a fast job only disturbed steps bear heartbeats
+    (they are sent after ``heartbeat_s`` of a running step). A 2 s partition stalls one step and a
+    lossy link delays heartbeats in later ones; fast steps between come back with no round trip.
+    When only heartbeat-bearing steps counted, steps 4, 7 and 11 made one window, all three slow: a
+    link straggler at 0.1x, re-planned around. Every step counts now: one slow step per window."""
+    sc = LinkScorer(NODES, window=3)
+    slow = {0: 0.25, 1: 0.25, 2: 2.5, 3: 2.5, 4: 0.25, 5: 0.25}  # node b held up
+    found = []
+    for step in range(1, 13):
+        found += sc.observe(step, slow if step in (4, 7, 11) else {})  # stall, retransmit, retransmit
+    assert found == []
+    assert sc.windows_closed == 4
+
+
+def test_a_link_slow_on_every_step_is_flagged_within_two_windows_of_steps() -> None:
+    sc = LinkScorer(NODES, window=3)
+    slow = {0: 0.25, 1: 0.25, 2: 2.5, 3: 2.5, 4: 0.25, 5: 0.25}
+    found: list = []
+    for step in range(1, 9):
+        found += sc.observe(step, slow if step >= 3 else {})  # capped from step 3 on
+        if found:
+            break
+    assert [(f.node, f.cause, f.last_step) for f in found] == [("b", "link", 6)]
+    assert found[0].score == pytest.approx(0.1)

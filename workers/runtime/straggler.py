@@ -129,11 +129,18 @@ class LinkScorer:
 
     The supervisor's heartbeats to a rank cross that rank's node link; a capped or lossy link queues
     or retransmits them, so their round trip grows on that node only, while a slow GPU leaves it
-    alone (and shows in busy time instead): the two causes are told apart. Per observation (a step
-    during which heartbeats came back) a node's value is the median round trip of its ranks; its
-    score is the median over the *other* nodes divided by its own (lower is slower). At the end of a
-    window of ``window`` observations a node is flagged when its median round trip is above
-    ``floor_s`` and its score below ``1 / factor`` on at least ``persist_fraction`` of them.
+    alone (and shows in busy time instead): the two causes are told apart. Every step is an
+    observation. In a step during which heartbeats came back from two nodes or more, a node's value
+    is the median round trip of its ranks and its score the median over the *other* nodes divided by
+    its own (lower is slower); a step without them (it ended before a heartbeat was due or came
+    back: no link held it up) scores every node 1. At the end of a window of ``window`` consecutive
+    steps a node is flagged when its median round trip is above ``floor_s``, its median score below
+    ``1 / factor``, and its score below ``1 / factor`` on at least ``persist_fraction`` of the steps.
+
+    Windows are consecutive steps, not consecutive heartbeat-bearing steps: heartbeats are sent only
+    while a step is still running after ``heartbeat_s``, so on a fast job only disturbed steps bear
+    any, and a window of those alone made a stall (a partition healed within the deadline) and a few
+    retransmits of a lossy link, steps apart, look persistent: a healthy link re-planned around.
     """
 
     rank_nodes: Mapping[int, str]
@@ -149,9 +156,9 @@ class LinkScorer:
         per_node: dict[str, list[float]] = {}
         for r, t in rtt_s.items():
             per_node.setdefault(self.rank_nodes[int(r)], []).append(float(t))
-        if len(per_node) < 2:  # nothing to compare against
-            return []
-        self._win.append((step, {n: median(v) for n, v in per_node.items()}))
+        # one node alone: nothing to compare against; none: no heartbeat was late. Either way the step
+        # counts, with no node slow in it
+        self._win.append((step, {n: median(v) for n, v in per_node.items()} if len(per_node) >= 2 else {}))
         if len(self._win) < self.window:
             return []
         win, self._win = self._win, []
@@ -164,7 +171,9 @@ class LinkScorer:
                 if node in d and others:
                     rtts.append(d[node])
                     scores.append(median(others) / max(d[node], 1e-9))
-            if not scores:
+                else:
+                    scores.append(1.0)  # no round trip of its ranks was slow in this step
+            if not rtts:
                 continue
             slow = sum(1 for s in scores if s < 1 / self.factor) / len(scores)
             if median(rtts) > self.floor_s and median(scores) < 1 / self.factor and slow >= self.persist_fraction:
