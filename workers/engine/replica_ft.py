@@ -223,7 +223,9 @@ class ReplicaStepper:
         from torch.distributed import ReduceOp
 
         mgr = self.manager
+        t = {"start": time.time()}  # the attempt's phases (time.time()): where a stall's seconds go
         mgr.start_quorum()  # synchronous: a joining group heals here (state, RNG, step)
+        t["quorum"] = time.time()
         step = mgr.current_step()
         if self._healed_now:  # the peer's RNG came with its state
             self._rng, self._healed_now = torch.get_rng_state(), False
@@ -231,6 +233,7 @@ class ReplicaStepper:
         n, idx = mgr.num_participants(), mgr.participating_rank()
         micro = micro_batch_share(self.n_micro, n, idx) if idx is not None else []
         part = self._forward_backward(step, micro)
+        t["backward"] = time.time()
         if fault is not None:
             fault(step)
         grads = [local(p.grad) for p in self.trainer.params]
@@ -238,19 +241,28 @@ class ReplicaStepper:
         loss_t = torch.tensor([part], dtype=torch.float64)
         mgr.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
         mgr.allreduce(loss_t, reduce_op=ReduceOp.SUM).wait()
+        t["reduce"] = time.time()
         if not mgr.should_commit():
-            return {"event": "abort", "step": step, "participants": n}
+            t["vote"] = time.time()
+            return {"event": "abort", "step": step, "participants": n, "phases": t, "error": _error(mgr)}
+        t["vote"] = time.time()
         unflatten_into(flat, grads)
         norm, lr = self.trainer.optimizer_step(step)
         self.trainer.next_step = step + 1
         self._rng = torch.get_rng_state()
         row = {"event": "step", "step": step, "loss": float(loss_t.item()), "grad_norm": norm, "lr": lr,
-               "participants": n, "micro": micro, "healed_from": self.healed_from}
+               "participants": n, "micro": micro, "healed_from": self.healed_from, "phases": t}
         self.healed_from = None
         return row
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)
+
+
+def _error(mgr: Any) -> str:
+    """The error torchft recorded for the step being voted down ("" if none: a peer voted it down)."""
+    err = getattr(mgr, "errored", lambda: None)()
+    return "" if err is None else repr(getattr(err, "original_exception", err))[:300]
 
 
 class ReplicaGroupTrainer:
