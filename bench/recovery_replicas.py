@@ -130,11 +130,11 @@ def stall_breakdown(groups: dict[str, Any], survivors: list[str], dropped: list[
 
     att = {}
     for g in survivors:
-        rows = [a for a in groups[g].get("attempts", {}).values() if kill_ts - 3 <= a["start"] <= kill_ts + 30]
+        rows = [a for a in groups[g].get("attempts", {}).values() if a.get("vote", a["start"]) >= kill_ts - 0.2]
         att[g] = [{"step": a["step"], "event": a["event"], "participants": a["participants"],
                    **{k: rel(a[k]) for k in ("start", "quorum", "backward", "reduce", "vote") if k in a},
                    **({"error": a["error"][:160]} if a.get("error") else {})}
-                  for a in sorted(rows, key=lambda a: a["start"])][:4]
+                  for a in sorted(rows, key=lambda a: a["start"])][:5]
     return {"dropped_s": [rel(e["ts"]) for e in dropped], "attempts": att}
 
 

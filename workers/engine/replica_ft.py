@@ -11,7 +11,8 @@ torchft does the fault tolerance:
 - a fault-tolerant ``ProcessGroupGloo`` per group rank across the groups (TP rank ``r`` of every
   group reduces with TP rank ``r`` of the others), reconfigured by the manager on every new quorum;
 - ``should_commit``: a step whose cross-group all-reduce failed (a group died in it) is voted down
-  and the survivors redo it with the next quorum;
+  and the survivors redo it with the next quorum, a shrink-only one (no group joins in the redo: a
+  replacement heals at the next step);
 - healing: a group that joins behind receives the user state (parameters, AdamW state, RNG, data
   position) from a healthy group over that process group (``PGTransport``); no storage is read.
 
@@ -154,6 +155,7 @@ class ReplicaStepper:
         self.healed_from: int | None = None
         self._healed_now = False
         self._rng = torch.get_rng_state()
+        self._redo = False  # the last attempt was voted down: the next one is its redo
 
     def current_step(self) -> int:
         return int(self.manager.current_step())
@@ -224,7 +226,10 @@ class ReplicaStepper:
 
         mgr = self.manager
         t = {"start": time.time()}  # the attempt's phases (time.time()): where a stall's seconds go
-        mgr.start_quorum()  # synchronous: a joining group heals here (state, RNG, step)
+        # synchronous: a joining group heals here (state, RNG, step). The redo of a voted-down step
+        # asks for a shrink-only quorum (torchft's own option): the survivors of the last quorum only, so
+        # a replacement waiting in the lighthouse joins (and heals) at the next step, not in the redo
+        mgr.start_quorum(shrink_only=self._redo)
         t["quorum"] = time.time()
         step = mgr.current_step()
         if self._healed_now:  # the peer's RNG came with its state
@@ -242,7 +247,8 @@ class ReplicaStepper:
         mgr.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
         mgr.allreduce(loss_t, reduce_op=ReduceOp.SUM).wait()
         t["reduce"] = time.time()
-        if not mgr.should_commit():
+        self._redo = not mgr.should_commit()
+        if self._redo:
             t["vote"] = time.time()
             return {"event": "abort", "step": step, "participants": n, "phases": t, "error": _error(mgr)}
         t["vote"] = time.time()
