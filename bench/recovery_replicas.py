@@ -107,6 +107,8 @@ def _replica_run(tag: str, work: Path, *, tp: int, fault: bool, steps: int = REP
                 "replacement_commit_ts": {g: groups[g]["commit_ts"] for g in new}})  # raw, to check the numbers
     row.update({"dropped": [(e["group"], e["step"]) for e in dropped],
                 "drop_reasons": [e.get("reason", "")[:240] for e in dropped],
+                "breakdown": stall_breakdown(groups, survivors, [e for e in events if e["type"] == "replica_dropped"],
+                                             kill["ts"]),
                 "extra_groups_dropped": len(dropped) - 1, "stall_from": "survivors" if survivors else "job progress",
                 "full_strength_s": None if full_ts is None else round(full_ts - kill["ts"], 3),
                 "groups_at_end": len(groups) - len(lost)})
@@ -116,6 +118,24 @@ def _replica_run(tag: str, work: Path, *, tp: int, fault: bool, steps: int = REP
                     "healed_from": groups[g].get("healed_from"), "warm_ranks": groups[g].get("warm_ranks"),
                     "replacement_on_spare_node": groups[g]["node"] not in {groups[o]["node"] for o in groups if o != g}})
     return row
+
+
+def stall_breakdown(groups: dict[str, Any], survivors: list[str], dropped: list[dict[str, Any]],
+                    kill_ts: float) -> dict[str, Any]:
+    """Where a survivor's stall goes: the supervisor's drop (``replica_dropped``) and each survivor's
+    step attempts around the kill (rank 0's phases: start, quorum formed, backward done, cross-group
+    reduction done, commit vote; seconds after the kill), with torchft's error of an aborted one."""
+    def rel(x: float) -> float:
+        return round(x - kill_ts, 3)
+
+    att = {}
+    for g in survivors:
+        rows = [a for a in groups[g].get("attempts", {}).values() if a.get("vote", a["start"]) >= kill_ts - 0.2]
+        att[g] = [{"step": a["step"], "event": a["event"], "participants": a["participants"],
+                   **{k: rel(a[k]) for k in ("start", "quorum", "backward", "reduce", "vote") if k in a},
+                   **({"error": a["error"][:160]} if a.get("error") else {})}
+                  for a in sorted(rows, key=lambda a: a["start"])][:5]
+    return {"dropped_s": [rel(e["ts"]) for e in dropped], "attempts": att}
 
 
 def _peer(kind: str, cluster: Any, work: Path, quick: bool) -> dict[str, Any]:

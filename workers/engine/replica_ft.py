@@ -11,7 +11,8 @@ torchft does the fault tolerance:
 - a fault-tolerant ``ProcessGroupGloo`` per group rank across the groups (TP rank ``r`` of every
   group reduces with TP rank ``r`` of the others), reconfigured by the manager on every new quorum;
 - ``should_commit``: a step whose cross-group all-reduce failed (a group died in it) is voted down
-  and the survivors redo it with the next quorum;
+  and the survivors redo it with the next quorum, a shrink-only one (no group joins in the redo: a
+  replacement heals at the next step);
 - healing: a group that joins behind receives the user state (parameters, AdamW state, RNG, data
   position) from a healthy group over that process group (``PGTransport``); no storage is read.
 
@@ -154,6 +155,7 @@ class ReplicaStepper:
         self.healed_from: int | None = None
         self._healed_now = False
         self._rng = torch.get_rng_state()
+        self._redo = False  # the last attempt was voted down: the next one is its redo
 
     def current_step(self) -> int:
         return int(self.manager.current_step())
@@ -223,7 +225,12 @@ class ReplicaStepper:
         from torch.distributed import ReduceOp
 
         mgr = self.manager
-        mgr.start_quorum()  # synchronous: a joining group heals here (state, RNG, step)
+        t = {"start": time.time()}  # the attempt's phases (time.time()): where a stall's seconds go
+        # synchronous: a joining group heals here (state, RNG, step). The redo of a voted-down step
+        # asks for a shrink-only quorum (torchft's own option): the survivors of the last quorum only, so
+        # a replacement waiting in the lighthouse joins (and heals) at the next step, not in the redo
+        mgr.start_quorum(shrink_only=self._redo)
+        t["quorum"] = time.time()
         step = mgr.current_step()
         if self._healed_now:  # the peer's RNG came with its state
             self._rng, self._healed_now = torch.get_rng_state(), False
@@ -231,6 +238,7 @@ class ReplicaStepper:
         n, idx = mgr.num_participants(), mgr.participating_rank()
         micro = micro_batch_share(self.n_micro, n, idx) if idx is not None else []
         part = self._forward_backward(step, micro)
+        t["backward"] = time.time()
         if fault is not None:
             fault(step)
         grads = [local(p.grad) for p in self.trainer.params]
@@ -238,19 +246,29 @@ class ReplicaStepper:
         loss_t = torch.tensor([part], dtype=torch.float64)
         mgr.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
         mgr.allreduce(loss_t, reduce_op=ReduceOp.SUM).wait()
-        if not mgr.should_commit():
-            return {"event": "abort", "step": step, "participants": n}
+        t["reduce"] = time.time()
+        self._redo = not mgr.should_commit()
+        if self._redo:
+            t["vote"] = time.time()
+            return {"event": "abort", "step": step, "participants": n, "phases": t, "error": _error(mgr)}
+        t["vote"] = time.time()
         unflatten_into(flat, grads)
         norm, lr = self.trainer.optimizer_step(step)
         self.trainer.next_step = step + 1
         self._rng = torch.get_rng_state()
         row = {"event": "step", "step": step, "loss": float(loss_t.item()), "grad_norm": norm, "lr": lr,
-               "participants": n, "micro": micro, "healed_from": self.healed_from}
+               "participants": n, "micro": micro, "healed_from": self.healed_from, "phases": t}
         self.healed_from = None
         return row
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)
+
+
+def _error(mgr: Any) -> str:
+    """The error torchft recorded for the step being voted down ("" if none: a peer voted it down)."""
+    err = getattr(mgr, "errored", lambda: None)()
+    return "" if err is None else repr(getattr(err, "original_exception", err))[:300]
 
 
 class ReplicaGroupTrainer:

@@ -40,7 +40,7 @@ from workers.runtime.job_tracking import JobTracking
 from workers.runtime.jobspec import JobSpec
 from workers.runtime.placement import Reservation
 from workers.runtime.reachability import PeerProbe
-from workers.runtime.replicas import ReplicaSet
+from workers.runtime.replicas import ReplicaSet, raised_to_drop
 from workers.runtime.straggler import LinkScorer, StragglerScorer, median
 from workers.runtime.watchdog import Failure, GatherResult, NodeDeaths
 from workers.states import AttemptState
@@ -684,16 +684,18 @@ class AttemptMachine:
         res = self.port.gather(view, "step", deadline_s=self._deadline_s(run.walls, first=not run.walls),
                                step=step)
         rows = {owners[r]: row for r, row in res.results.items()}
+        done = {g for (g, _), row in rows.items() if row["event"] == "step"}
         if not res.ok:
-            self._drop_replicas(reps, view, owners, res, t_launch, step)
+            self._drop_replicas(reps, view, owners, res, t_launch, step, done)
+        else:
+            raised_to_drop(reps, set(), done, [])
         live = set(reps.groups)
         for (g, r), row in rows.items():
             if r == 0 and g in reps.history:
                 reps.history[g].update(aborted=list(row["aborted_steps"]), pids=sorted(
                     {int(x["pid"]) for (gg, _), x in rows.items() if gg == g}))
+                _keep_phases(reps.history[g], row)
         committed = {k: row for k, row in rows.items() if row["event"] == "step" and k[0] in live}
-        for g, _ in committed:
-            reps.raised.pop(g, None)
         if not committed:
             return None  # voted down (a group died in it): the survivors redo this step
         if max(int(r["participants"]) for r in committed.values()) > len(live):
@@ -702,6 +704,9 @@ class AttemptMachine:
             reps.wait_stepping(self.settings.replica_timeout_s)
             self._adopt_replacements(reps)
         recent: dict[int, dict[str, Any]] = {}
+        for (g, r), row in committed.items():
+            if r == 0 and g in reps.history:
+                _keep_phases(reps.history[g], row)
         for (g, r), row in committed.items():  # commits an abandoned wait missed come back in ``recent``
             for old in row["recent"]:
                 recent.setdefault(int(old["step"]), old)
@@ -746,16 +751,15 @@ class AttemptMachine:
         self.tracking.on_step(done, out[0], world, wall)
 
     def _drop_replicas(self, reps: ReplicaSet, view: Gang, owners: list[tuple[int, int]], res: GatherResult,
-                       since: float, step: int) -> None:
+                       since: float, step: int, done: set[int]) -> None:
         failure = self.port.classify(res, view, "step")
         lost = reps.hit(failure, owners, res.unresponsive)
-        if not lost and failure.kind == "rank_failed":
-            # a group whose ranks raised in two attempts in a row is dropped (and replaced) rather than
-            # redoing the step with it for ever
-            raised = {owners[r][0] for r in res.errors if r < len(owners)}
-            for g in raised:
-                reps.raised[g] = reps.raised.get(g, 0) + 1
-            lost = sorted(g for g in raised if reps.raised[g] >= 2)
+        # a group whose ranks raised in two attempts in a row is dropped (and replaced) rather than
+        # redoing the step with it for ever; a survivor's raises while the redo after a peer's death
+        # waits for torchft are not held against it (replicas.raised_to_drop)
+        raised = {owners[r][0] for r in res.errors if r < len(owners)} if failure.kind == "rank_failed" else set()
+        blamed = raised_to_drop(reps, raised - set(lost), done, list(lost))
+        lost = lost or blamed
         self._record_failure(failure, since)  # node_lost / rank_failed / hang, as for any gang
         self._check_failure_budget()
         if not lost and failure.kind == "hang":
@@ -833,3 +837,15 @@ class AttemptMachine:
     def _set_state(self, state: AttemptState) -> None:
         with self.lock:
             self.state = state
+
+
+def _keep_phases(history: dict[str, Any], row: dict[str, Any]) -> None:
+    """A group's step attempts, committed and aborted (rank 0's rows: ``phases`` timestamps, torchft's
+    error), kept by (step, attempt start) in ``history["attempts"]``: where a survivor's stall goes."""
+    seen = history.setdefault("attempts", {})
+    for x in [*row.get("recent", []), *row.get("recent_aborts", []), row]:
+        ph = x.get("phases")
+        if ph:
+            seen[f"{x['step']}@{ph['start']:.3f}"] = {"step": int(x["step"]), "event": x.get("event", "step"),
+                                                      "participants": x.get("participants"),
+                                                      "error": x.get("error", ""), **ph}

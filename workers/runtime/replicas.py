@@ -110,6 +110,9 @@ class ReplicaSet:
     dropped: list[dict[str, Any]] = field(default_factory=list)
     at_end: list[int] | None = None  # the live groups when the job ended (before the tear-down)
     raised: dict[int, int] = field(default_factory=dict)  # group -> attempts in a row in which a rank raised
+    fruitless: int = 0  # gathers in a row in which no group committed
+    excused: set[int] = field(default_factory=set)  # stepping with a group when it was lost: raises not held
+    # against them until a step commits again (``raised_to_drop``)
     history: dict[int, dict[str, Any]] = field(default_factory=dict)  # group -> what it did (summary)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -270,3 +273,32 @@ class ReplicaSet:
             live = self.at_end if self.at_end is not None else sorted(self.groups)
             return {"want": self.want, "live": live, "dropped": list(self.dropped),
                     "groups": {str(g): dict(h) for g, h in sorted(self.history.items())}}
+
+
+#: gathers in a row without any commit after which an excused group that raised in each is dropped anyway
+FRUITLESS_LIMIT = 4
+
+
+def raised_to_drop(reps: ReplicaSet, raised: set[int], committed: set[int], lost: list[int]) -> list[int]:
+    """The groups to drop after a gather in which the ranks of ``raised`` raised (a torchft quorum,
+    commit or collective timeout on a loaded box), the groups ``committed`` committed and the groups
+    ``lost`` were lost (a node death; still in ``reps.groups``).
+
+    "My peer died" is not "I am broken": the groups that were stepping with a group when it was lost
+    are excused: their raises do not count until a step commits again (the redo of the interrupted
+    step waits for torchft to leave the dead group out), unless no step commits for
+    :data:`FRUITLESS_LIMIT` gathers in a row. Otherwise (and for a replacement, which joined after the
+    loss) a group whose ranks raised in two attempts in a row is dropped, as before."""
+    reps.fruitless = 0 if committed else reps.fruitless + 1
+    if lost:
+        reps.excused = set(reps.groups) - set(lost)
+    if committed:
+        reps.excused = set()
+    for g in committed:
+        reps.raised.pop(g, None)
+    if lost:
+        return []  # this gather's raises are the dead group's doing
+    for g in raised:
+        if g not in reps.excused or reps.fruitless >= FRUITLESS_LIMIT:
+            reps.raised[g] = reps.raised.get(g, 0) + 1
+    return sorted(g for g in raised if reps.raised.get(g, 0) >= 2)

@@ -44,6 +44,7 @@ class RankWorker:
         self._replica_lock = threading.Lock()  # one step attempt at a time (an abandoned one finishes first)
         self._replica_commits: list[dict[str, Any]] = []
         self._replica_aborts: list[int] = []
+        self._replica_abort_rows: list[dict[str, Any]] = []  # the last aborted attempts (phases, torchft's error)
         self._kill_mid_step = False  # fault hook: kill this node in the middle of the next replica step
 
     # ---------------------------------------------------------------- bookkeeping
@@ -145,18 +146,24 @@ class RankWorker:
         with self._replica_lock:
             self._phase("step", self._replica.current_step())
             w0, c0 = time.perf_counter(), time.thread_time()
-            row = self._replica.step_once(self._mid_step_fault)
-            row.update(rank=self._rank, busy_s=time.thread_time() - c0, wall_s=time.perf_counter() - w0,
-                       ts=time.time(), tokens=self._trainer.cfg.global_batch * self._trainer.cfg.model.seq_len,
-                       pid=os.getpid())
-            if row["event"] == "step":
-                self._replica_commits = [*self._replica_commits[-7:], dict(row)]
-            else:
-                self._replica_aborts.append(int(row["step"]))
+            row = self._replica_attempt(w0, c0)
             # the last commits (a supervisor that stopped waiting for one sees it here) and every abort
-            row.update(recent=list(self._replica_commits), aborted_steps=list(self._replica_aborts))
+            row.update(recent=list(self._replica_commits), aborted_steps=list(self._replica_aborts),
+                       recent_aborts=list(self._replica_abort_rows))
             self._phase("idle", row["step"])
             return row
+
+    def _replica_attempt(self, w0: float, c0: float) -> dict[str, Any]:
+        row = self._replica.step_once(self._mid_step_fault)
+        row.update(rank=self._rank, busy_s=time.thread_time() - c0, wall_s=time.perf_counter() - w0,
+                   ts=time.time(), tokens=self._trainer.cfg.global_batch * self._trainer.cfg.model.seq_len,
+                   pid=os.getpid())
+        if row["event"] == "step":
+            self._replica_commits = [*self._replica_commits[-7:], dict(row)]
+        else:
+            self._replica_aborts.append(int(row["step"]))
+            self._replica_abort_rows = [*self._replica_abort_rows[-7:], dict(row)]
+        return row
 
     def _mid_step_fault(self, step: int) -> None:
         if self._kill_mid_step:  # after the backward pass, before the cross-group reduction

@@ -1,0 +1,54 @@
+"""Which replica groups a raise gets dropped (issue #14): "my peer died" is not "I am broken"."""
+
+from __future__ import annotations
+
+from planner.layout import Layout
+from workers.runtime.replicas import FRUITLESS_LIMIT, ReplicaSet, raised_to_drop
+
+
+def _reps() -> ReplicaSet:
+    reps = ReplicaSet(Layout(tp=2), 3, "t")
+    reps.groups = {0: None, 1: None, 2: None}  # type: ignore[dict-item]  # only the keys matter here
+    return reps
+
+
+def test_a_survivor_raising_in_the_redo_after_a_peer_died_is_not_dropped() -> None:
+    # the old rule dropped group 0 here (bench run 3, 2026-12-03): it raised a torchft "Timeout
+    # expired" in the two redo attempts after group 2's node died, while group 1 could not commit either
+    reps = _reps()
+    assert raised_to_drop(reps, set(), set(), [2]) == []  # the gather in which group 2 died
+    del reps.groups[2]
+    assert raised_to_drop(reps, {0}, set(), []) == []
+    assert raised_to_drop(reps, {0}, set(), []) == []
+    assert raised_to_drop(reps, set(), {0, 1}, []) == []  # the redo went through
+    assert reps.raised == {} and reps.fruitless == 0 and reps.excused == set()
+
+
+def test_a_group_that_raises_twice_in_a_row_in_steady_state_is_dropped() -> None:
+    reps = _reps()
+    assert raised_to_drop(reps, {0}, {1}, []) == []
+    assert raised_to_drop(reps, {0}, set(), []) == [0]
+
+
+def test_a_replacement_that_raises_twice_is_not_excused() -> None:
+    reps = _reps()
+    raised_to_drop(reps, set(), set(), [2])
+    del reps.groups[2]
+    reps.groups[3] = None  # type: ignore[assignment]  # joined after the loss
+    assert raised_to_drop(reps, {3}, set(), []) == []
+    assert raised_to_drop(reps, {3}, set(), []) == [3]
+
+
+def test_a_commit_clears_the_count() -> None:
+    reps = _reps()
+    assert raised_to_drop(reps, {0}, {1}, []) == []
+    assert raised_to_drop(reps, set(), {0, 1}, []) == []
+    assert raised_to_drop(reps, {0}, {1}, []) == []
+
+
+def test_an_excused_group_is_blamed_when_no_step_commits_for_long() -> None:
+    reps = _reps()
+    raised_to_drop(reps, set(), set(), [2])
+    out = [raised_to_drop(reps, {0}, set(), []) for _ in range(FRUITLESS_LIMIT + 1)]
+    assert out[:FRUITLESS_LIMIT - 1] == [[]] * (FRUITLESS_LIMIT - 1)
+    assert out[-1] == [0]
