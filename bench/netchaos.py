@@ -75,11 +75,20 @@ class Chaos:
     KINDS = ("partition", "partition_peer", "rate", "loss", "delay")
 
     def __init__(self, cluster: Any, faults: Any, rng: random.Random, every: tuple[float, float],
-                 soak_s: float) -> None:
+                 soak_s: float, hold: tuple[float, float] = (20.0, 40.0),
+                 partition_hold: tuple[float, float] = (2.0, 15.0), first_kind: str | None = None,
+                 clock_from_mapping: bool = False) -> None:
+        """``hold``: how long a peer partition, cap, loss or delay lasts; ``partition_hold``: a full
+        partition's; ``first_kind``: the kind of the first fault (then the shuffled rounds);
+        ``clock_from_mapping``: the fault clock (first fault, ``soak_s``) starts when the job first
+        maps its ranks, not at construction (a short soak must not spend its faults on the gang start)."""
         self.cluster, self.faults, self.rng, self.every = cluster, faults, rng, every
+        self.hold, self.partition_hold, self.first_kind = hold, partition_hold, first_kind
+        self.clock_from_mapping = clock_from_mapping
         self.t0 = time.monotonic()
         self.soak_s = soak_s
         self.next_at = self.t0 + rng.uniform(*every)
+        self.started = not clock_from_mapping
         self.heal_at: dict[str, float] = {}
         self.fired: list[dict[str, Any]] = []
         self.bag: list[str] = []
@@ -99,10 +108,15 @@ class Chaos:
                 if node.ray_node_id not in alive:  # declared lost: its raylet exits; repair it
                     self.cluster.restart_node(name)
                     self.fired.append({"t": round(now - self.t0, 1), "kind": "repaired", "node": name})
+        mapped = [e for e in events if e["type"] == "ranks_mapped"]
+        if not self.started:
+            if not mapped:
+                return
+            self.started, self.t0 = True, now
+            self.next_at = now + self.rng.uniform(*self.every)
         if now < self.next_at or now - self.t0 > self.soak_s:
             return
         self.next_at = now + self.rng.uniform(*self.every)
-        mapped = [e for e in events if e["type"] == "ranks_mapped"]
         if not mapped:
             return
         used = sorted({self.cluster.node(n).name for n in mapped[-1]["rank_to_node"]} - set(self.heal_at))
@@ -111,28 +125,31 @@ class Chaos:
         name = self.rng.choice(used)
         if not self.bag:  # every kind once per round, in a random order: all of them fire in a soak
             self.bag = self.rng.sample(self.KINDS, len(self.KINDS))
-        kind = self.bag.pop()
+        if self.first_kind is not None and not self.fired:
+            kind = self.first_kind
+        else:
+            kind = self.bag.pop()
         rec: dict[str, Any] = {"t": round(now - self.t0, 1), "kind": kind, "node": name}
         if kind == "partition":
             self.faults.partition(name)
-            hold = self.rng.uniform(2, 15)
+            hold = self.rng.uniform(*self.partition_hold)
         elif kind == "partition_peer":
             peer = self.rng.choice([n.name for n in self.cluster.workers if n.name != name])
             self.faults.partition(name, peers=[peer])
             rec["peer"] = peer
-            hold = self.rng.uniform(20, 40)
+            hold = self.rng.uniform(*self.hold)
         elif kind == "rate":
             rec["mbit"] = self.rng.choice([2, 5, 10, 20])
             self.faults.rate(name, rec["mbit"])
-            hold = self.rng.uniform(20, 40)
+            hold = self.rng.uniform(*self.hold)
         elif kind == "loss":
             rec["pct"] = self.rng.choice([5, 10, 20])
             self.faults.loss(name, rec["pct"])
-            hold = self.rng.uniform(20, 40)
+            hold = self.rng.uniform(*self.hold)
         else:
             rec["ms"], rec["jitter_ms"] = self.rng.choice([20, 50, 100]), self.rng.choice([0, 10, 20])
             self.faults.delay(name, rec["ms"], rec["jitter_ms"])
-            hold = self.rng.uniform(20, 40)
+            hold = self.rng.uniform(*self.hold)
         rec["heal_after_s"] = round(hold, 1)
         self.heal_at[name] = now + hold
         self.fired.append(rec)
@@ -143,8 +160,59 @@ class Chaos:
         self.heal_at.clear()
 
 
+def chaos_job(chaos: Chaos, steps: int, ckpt_root: Path, job_id: str = "chaos-soak") -> tuple[dict[str, Any], list[str]]:
+    """One elastic job of ``steps`` on ``chaos.cluster`` (the driver connected) while ``chaos`` fires; heals every fault
+    after it, runs the single-process reference and checks the soak's contract: the job SUCCEEDED, no
+    step missing, steps run twice == the resumes' ``steps_redone``, final 10-step mean loss within 1 %
+    of the reference, no placement group left. Returns the measurements and the list of what failed.
+    The caller owns the cluster and ``chaos.faults`` (closes it) and checks for leftover processes."""
+    from ray.util import placement_group_table
+
+    problems: list[str] = []
+    t1 = time.monotonic()
+    try:
+        res, events = _run_job(job_id, _spec(str(ckpt_root / "soak"), steps), during=chaos)
+    finally:
+        chaos.heal_all()
+    soak_wall = time.monotonic() - t1
+    ref = _reference_losses(steps, str(ckpt_root / "ref"))
+    runs = [e["step"] for e in events if e["type"] == "step"]
+    last = {e["step"]: e["loss"] for e in events if e["type"] == "step"}
+    resumed = [e for e in events if e["type"] == "resumed"]
+    if res["state"] != "SUCCEEDED":
+        problems.append(f"job ended {res['state']}: {res.get('error')}")
+    if sorted(set(runs)) != list(range(1, steps + 1)):  # step events are 1-based
+        problems.append("steps missing")
+    redone = len(runs) - len(set(runs))
+    if redone != sum(e["steps_redone"] for e in resumed):
+        problems.append(f"{redone} steps run twice, resumes account for {sum(e['steps_redone'] for e in resumed)}")
+    ours = [last[s] for s in range(max(1, steps - 9), steps + 1) if s in last]
+    mean_ours, mean_ref = sum(ours) / max(1, len(ours)), sum(ref[-10:]) / 10
+    if abs(mean_ours - mean_ref) > 0.01 * mean_ref:
+        problems.append(f"final 10-step mean loss {mean_ours:.4f} vs reference {mean_ref:.4f} (> 1 %)")
+    deadline = time.monotonic() + 30  # the supervisor's stop removes its groups; give the GCS a moment
+    while True:
+        pgs = [t for t in placement_group_table().values() if t.get("state") != "REMOVED"]
+        if not pgs or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    if pgs:
+        problems.append(f"{len(pgs)} placement groups left")
+    by_kind: dict[str, int] = {}
+    for e in events:
+        if e["type"] in ("node_lost", "rank_failed", "hang", "straggler", "resumed", "recovery"):
+            by_kind[e["type"]] = by_kind.get(e["type"], 0) + 1
+    recoveries = [e["total_s"] for e in events if e["type"] == "recovery"]
+    out = {"steps": steps, "soak_s": chaos.soak_s, "soak_wall_s": round(soak_wall, 1), "faults": chaos.fired,
+           "events": by_kind, "steps_run": len(runs), "steps_redone": redone,
+           "recovery_s": [round(x, 1) for x in recoveries], "final_loss_mean10": round(mean_ours, 4),
+           "reference_loss_mean10": round(mean_ref, 4), "state": res["state"]}
+    return out, problems
+
+
 def soak(soak_s: float, every: tuple[float, float], seed: int = 0) -> dict[str, Any]:
-    """Run the soak; returns the measured result with ``ok`` and the list of what failed."""
+    """Run the soak on a cluster of its own; returns the measured result with ``ok`` and the list of
+    what failed."""
     import ray
 
     from workers.runtime.local_cluster import FAST_HEALTH_CHECK
@@ -169,44 +237,13 @@ def soak(soak_s: float, every: tuple[float, float], seed: int = 0) -> dict[str, 
         # time over 20 steps: that includes the gang's start, and the job ended long before the soak)
         steps = max(20, int(soak_s / max(sorted(base_wall)[len(base_wall) // 2], 1e-3)))
         chaos = Chaos(cluster, NetFaults(cluster), rng, every, soak_s)
-        t1 = time.monotonic()
-        res, events = _run_job("chaos-soak", _spec(str(tmp / "soak"), steps), during=chaos)
-        chaos.heal_all()
-        soak_wall = time.monotonic() - t1
-        ref = _reference_losses(steps, str(tmp / "ref"))
-        runs = [e["step"] for e in events if e["type"] == "step"]
-        last = {e["step"]: e["loss"] for e in events if e["type"] == "step"}
-        resumed = [e for e in events if e["type"] == "resumed"]
-        if res["state"] != "SUCCEEDED":
-            problems.append(f"job ended {res['state']}: {res.get('error')}")
-        if sorted(set(runs)) != list(range(1, steps + 1)):  # step events are 1-based
-            problems.append("steps missing")
-        redone = len(runs) - len(set(runs))
-        if redone != sum(e["steps_redone"] for e in resumed):
-            problems.append(f"{redone} steps run twice, resumes account for {sum(e['steps_redone'] for e in resumed)}")
-        ours = [last[s] for s in range(max(1, steps - 9), steps + 1) if s in last]
-        mean_ours, mean_ref = sum(ours) / max(1, len(ours)), sum(ref[-10:]) / 10
-        if abs(mean_ours - mean_ref) > 0.01 * mean_ref:
-            problems.append(f"final 10-step mean loss {mean_ours:.4f} vs reference {mean_ref:.4f} (> 1 %)")
-        from ray.util import placement_group_table
-
-        pgs = [t for t in placement_group_table().values() if t.get("state") != "REMOVED"]
-        if pgs:
-            problems.append(f"{len(pgs)} placement groups left")
-        by_kind: dict[str, int] = {}
-        for e in events:
-            if e["type"] in ("node_lost", "rank_failed", "hang", "straggler", "resumed", "recovery"):
-                by_kind[e["type"]] = by_kind.get(e["type"], 0) + 1
-        recoveries = [e["total_s"] for e in events if e["type"] == "recovery"]
-        out = {"steps": steps, "soak_s": soak_s, "soak_wall_s": round(soak_wall, 1), "faults": chaos.fired,
-               "events": by_kind, "steps_run": len(runs), "steps_redone": redone,
-               "recovery_s": [round(x, 1) for x in recoveries], "final_loss_mean10": round(mean_ours, 4),
-               "reference_loss_mean10": round(mean_ref, 4),
-               "load": {"start": round(load_start, 1), "max": round(max(chaos.loads, default=0.0), 1),
-                        "end": round(os.getloadavg()[0], 1), "cpus": os.cpu_count()},
-               "commit": _commit(),
-               "baseline": {"state": base_res["state"], "steps": 20, "wall_s": round(base_s, 1),
-                            "median_step_s": round(sorted(base_wall)[len(base_wall) // 2], 3)}}
+        out, problems = chaos_job(chaos, steps, tmp)
+        out.pop("state", None)
+        out.update({"load": {"start": round(load_start, 1), "max": round(max(chaos.loads, default=0.0), 1),
+                             "end": round(os.getloadavg()[0], 1), "cpus": os.cpu_count()},
+                    "commit": _commit(),
+                    "baseline": {"state": base_res["state"], "steps": 20, "wall_s": round(base_s, 1),
+                                 "median_step_s": round(sorted(base_wall)[len(base_wall) // 2], 3)}})
     finally:
         if chaos is not None:
             chaos.faults.close()  # its delay lines are children of this process
