@@ -248,10 +248,9 @@ class ReplicaStepper:
         mgr.allreduce(loss_t, reduce_op=ReduceOp.SUM).wait()
         t["reduce"] = time.time()
         self._redo = not mgr.should_commit()
-        if self._redo:
-            t["vote"] = time.time()
-            return {"event": "abort", "step": step, "participants": n, "phases": t, "error": _error(mgr)}
         t["vote"] = time.time()
+        if self._redo:
+            return {"event": "abort", "step": step, "participants": n, "phases": t, "error": _error(mgr)}
         unflatten_into(flat, grads)
         norm, lr = self.trainer.optimizer_step(step)
         self.trainer.next_step = step + 1
