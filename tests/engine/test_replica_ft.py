@@ -28,7 +28,7 @@ import pytest
 import torch
 from engine_harness import reference, text_batches, tiny_cfg
 
-from workers.engine.replica_ft import ReplicaRankSpec, micro_batch_share, read_log, spec_json
+from workers.engine.replica_ft import ReplicaRankSpec, micro_batch_share, read_log, redo_guess, spec_json
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUPS, STEPS, GLOBAL_BATCH, MICRO_BATCH, KILL_AT, SEED = 3, 10, 12, 2, 3, 1234
@@ -81,7 +81,11 @@ def run_groups(work: Path, tp: int, fault: bool, timeout_s: float = 280.0,
         for g in range(GROUPS):
             kw: dict[str, Any] = {}
             if fault:
-                kw = {"kill_at": KILL_AT} if g == GROUPS - 1 else {"gate_at": KILL_AT + 3, "gate_group": GROUPS}
+                # the survivors guess their redo's quorum wrong on purpose (the dead group in it): the
+                # guessed share is computed again for the real quorum (the Ray runtime's guess is right,
+                # tests/runtime/test_replica_groups_cluster.py)
+                kw = {"kill_at": KILL_AT} if g == GROUPS - 1 else {"gate_at": KILL_AT + 3, "gate_group": GROUPS,
+                                                                  "redo_expect": list(range(GROUPS))}
             procs += [_launch(s, work) for s in _group_specs(base, g, tp, **kw)]
         if fault:
             deadline = time.monotonic() + timeout_s
@@ -135,6 +139,15 @@ def test_micro_batch_share_covers_every_micro_batch_once() -> None:
         assert sorted(itertools.chain(*shares)) == list(range(n_micro))
 
 
+@pytest.mark.unit
+def test_redo_guess_orders_groups_as_torchft_orders_replica_ids() -> None:
+    # torchft sorts "rg{g}:{uuid}" as strings: rg10 before rg1, rg2 after both
+    assert redo_guess(1, [2, 10, 1]) == (3, 1)
+    assert redo_guess(10, [2, 10, 1]) == (3, 0)
+    assert redo_guess(2, [2, 10, 1]) == (3, 2)
+    assert redo_guess(3, [0, 1]) is None and redo_guess(0, None) is None and redo_guess(0, []) is None
+
+
 def _check(tp: int, tmp_path: Path, heartbeat_timeout_ms: int = 1000) -> None:
     clean = run_groups(tmp_path / "clean", tp, fault=False, heartbeat_timeout_ms=heartbeat_timeout_ms)
     ref_cfg = tiny_cfg(steps=STEPS, global_batch=GLOBAL_BATCH, seed=SEED)
@@ -162,7 +175,10 @@ def _check(tp: int, tmp_path: Path, heartbeat_timeout_ms: int = 1000) -> None:
         if steps == list(range(STEPS)):
             redone_by.append(g)
             # the survivors ran the lost group's micro-batches: 2 participants right after the fault
-            assert next(r for r in mine if r["step"] == KILL_AT)["participants"] == GROUPS - 1
+            redo = next(r for r in mine if r["step"] == KILL_AT)
+            assert redo["participants"] == GROUPS - 1
+            # the redo's quorum was asked in the background against a wrong guess: share computed again
+            assert redo["phases"].get("guess_ok") == 0.0, redo["phases"]
         else:
             # torchft votes commits per group: a survivor whose own vote on the interrupted step failed
             # while another survivor's passed is one step behind at the next quorum and heals from that

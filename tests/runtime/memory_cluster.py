@@ -131,7 +131,8 @@ class MemoryCluster:
         self.gangs_started += 1
         return gang
 
-    def gather(self, gang: Gang, call: str, *, deadline_s: float, step: int | None = None) -> GatherResult:
+    def gather(self, gang: Gang, call: str, *, deadline_s: float, step: int | None = None,
+               kwargs: dict[str, Any] | None = None) -> GatherResult:
         out = GatherResult()
         for r, rank in enumerate(gang.workers):
             if rank.dead or not self.machines[rank.node].alive:
@@ -208,6 +209,9 @@ class MemoryCluster:
 
     def drop_snapshots(self) -> None:
         self.holders.clear()
+
+    def refill_pool(self) -> int:
+        return 0  # no warm pool in memory
 
     def close(self) -> None:
         self.closed = True

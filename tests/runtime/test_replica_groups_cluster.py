@@ -90,7 +90,7 @@ def test_survivors_keep_stepping_and_a_replacement_heals_from_a_peer(ray_cluster
     dead = dropped[0]["nodes"]
     assert dead == [groups["2"]["node"]]
     joined = [e for e in events if e["type"] == "replica_joined"]
-    assert len(joined) == 1 and joined[0]["source"] == "peer", joined
+    assert len(joined) == 1 and joined[0]["source"] == "peer", (joined, story, reps)
     new = str(joined[0]["group"])
     assert joined[0]["from_group"] in (0, 1)
     assert groups[new]["healed_from"] in (0, 1)
@@ -105,6 +105,11 @@ def test_survivors_keep_stepping_and_a_replacement_heals_from_a_peer(ray_cluster
         result["step_attempts"]
     redone = sorted({s for g in ("0", "1") for s in groups[g]["aborted"]})
     assert redone == [KILL_AT], f"the interrupted step must be voted down and redone: {groups}"
+    # the redo asked its quorum in the background and computed the share of the step set's guess:
+    # the guess (the two survivors) was the quorum torchft formed
+    redos = [a for g in ("0", "1") for a in groups[g]["attempts"].values()
+             if a["step"] == KILL_AT and a["event"] == "step" and a["participants"] == 2]
+    assert redos and all(a.get("guess_ok") == 1.0 for a in redos), redos
 
     # every step once, each with the no-failure loss; the last step with 3 groups again
     steps, _ = _steps_with_reference_losses(spec, events, tmp_path, lambda _step: 1e-4)

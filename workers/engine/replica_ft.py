@@ -69,6 +69,7 @@ class ReplicaRankSpec:
     gate_at: int = -1  # before step gate_at, wait until group ``gate_group`` logged ``up`` (choreography)
     gate_group: int = -1
     min_step_s: float = 0.0  # pad each step (a stand-in for a real step time)
+    redo_expect: list[int] | None = None  # the step set a redo is asked with (ReplicaStepper.step_once)
 
 
 def micro_batch_share(n_micro: int, participants: int, index: int) -> list[int]:
@@ -79,6 +80,16 @@ def micro_batch_share(n_micro: int, participants: int, index: int) -> list[int]:
     base, extra = divmod(n_micro, participants)
     start = index * base + min(index, extra)
     return list(range(start, start + base + (1 if index < extra else 0)))
+
+
+def redo_guess(group: int, expect: list[int] | None) -> tuple[int, int] | None:
+    """The redo's quorum as the step set predicts it: ``(participants, this group's index)``; torchft
+    orders participants by replica id as a string, ``rg{group}:{uuid}`` (so ``rg10:`` sorts before
+    ``rg1:``); ``None`` when ``group`` is not in ``expect`` (nothing to guess)."""
+    if not expect or group not in expect:
+        return None
+    ids = sorted({f"rg{g}:" for g in expect})
+    return len(ids), ids.index(f"rg{group}:")
 
 
 class _Log:
@@ -217,27 +228,44 @@ class ReplicaStepper:
                 p.grad = torch.zeros_like(p)
         return part
 
-    def step_once(self, fault: Any = None) -> dict[str, Any]:
+    def step_once(self, fault: Any = None, expect: list[int] | None = None) -> dict[str, Any]:
         """One attempt at the next step: quorum (a joining group heals here), this group's share of
         the micro-batches, the cross-group SUM, the commit vote. ``fault(step)`` (a test hook) runs
-        after the backward pass, before the reduction. Returns ``{"event": "step" | "abort", "step",
-        "participants", ...}``; an aborted step is redone by the next call."""
+        after the backward pass, before the reduction. ``expect``: the groups the supervisor runs this
+        attempt on; in the redo of a voted-down step they are the quorum to come, so the quorum is
+        asked in the background while this group computes its share of that guess (:meth:`_redo_quorum`).
+        Returns ``{"event": "step" | "abort", "step", "participants", ...}``; an aborted step is redone
+        by the next call."""
         from torch.distributed import ReduceOp
 
         mgr = self.manager
         t = {"start": time.time()}  # the attempt's phases (time.time()): where a stall's seconds go
-        # synchronous: a joining group heals here (state, RNG, step). The redo of a voted-down step
-        # asks for a shrink-only quorum (torchft's own option): the survivors of the last quorum only, so
-        # a replacement waiting in the lighthouse joins (and heals) at the next step, not in the redo
-        mgr.start_quorum(shrink_only=self._redo)
-        t["quorum"] = time.time()
-        step = mgr.current_step()
+        guess = redo_guess(self.group, expect) if self._redo else None
+        if guess is not None:
+            step, wait = mgr.current_step(), self._redo_quorum(t)  # a shrink-only quorum: no heal, same step
+            n, idx = guess
+        else:
+            # synchronous: a joining group heals here (state, RNG, step). The redo of a voted-down step
+            # asks for a shrink-only quorum (torchft's own option): the survivors of the last quorum
+            # only, so a replacement waiting in the lighthouse joins (and heals) at the next step
+            mgr.start_quorum(shrink_only=self._redo)
+            t["quorum"] = time.time()
+            step = mgr.current_step()
+            n, idx = mgr.num_participants(), mgr.participating_rank()
         if self._healed_now:  # the peer's RNG came with its state
             self._rng, self._healed_now = torch.get_rng_state(), False
         torch.set_rng_state(self._rng)  # a redone step sees the RNG of its first attempt
-        n, idx = mgr.num_participants(), mgr.participating_rank()
         micro = micro_batch_share(self.n_micro, n, idx) if idx is not None else []
         part = self._forward_backward(step, micro)
+        if guess is not None:
+            wait()
+            got = (mgr.num_participants(), mgr.participating_rank())
+            t["guess_ok"] = float(got == guess)
+            if got != guess:  # another quorum than the step set: this group's share again, for that one
+                n, idx = got
+                torch.set_rng_state(self._rng)
+                micro = micro_batch_share(self.n_micro, n, idx) if idx is not None else []
+                part = self._forward_backward(step, micro)
         t["backward"] = time.time()
         if fault is not None:
             fault(step)
@@ -259,6 +287,32 @@ class ReplicaStepper:
                "participants": n, "micro": micro, "healed_from": self.healed_from, "phases": t}
         self.healed_from = None
         return row
+
+    def _redo_quorum(self, t: dict[str, float]) -> Any:
+        """Ask the redo's shrink-only quorum on a thread (torchft's ``start_quorum`` blocks until the
+        lighthouse answers: for a dead group, until its heartbeat is ``replica_heartbeat_timeout_s``
+        old). Returns the wait: it re-raises the quorum's error and stamps ``t["quorum"]``."""
+        import threading
+
+        box: dict[str, Any] = {}
+
+        def ask() -> None:
+            try:
+                self.manager.start_quorum(shrink_only=True)
+            except BaseException as exc:  # handed to the step's thread
+                box["error"] = exc
+            box["ts"] = time.time()
+
+        th = threading.Thread(target=ask, name="orthoplex-redo-quorum", daemon=True)
+        th.start()
+
+        def wait() -> None:
+            th.join()
+            t["quorum"] = box["ts"]
+            if "error" in box:
+                raise box["error"]
+
+        return wait
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)
@@ -342,7 +396,7 @@ class ReplicaGroupTrainer:
         while stepper.current_step() < s.steps:
             self._gate(stepper.current_step())
             t0 = time.perf_counter()
-            row = stepper.step_once(self._fault)
+            row = stepper.step_once(self._fault, s.redo_expect)
             event = row.pop("event")
             self.log(event, **row)
             self._pace(t0)

@@ -10,6 +10,7 @@ the same machine with an in-memory cluster model, and fault injection is a wrapp
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
@@ -45,9 +46,10 @@ class ClusterPort(Protocol):
         ``on_created`` gets the gang as soon as its actors exist (so an error tears them down)."""
         ...
 
-    def gather(self, gang: Gang, call: RankCall, *, deadline_s: float, step: int | None = None) -> GatherResult:
-        """Run ``call`` on every rank and wait (deadline, heartbeats); ``step`` is the global step
-        index a ``"step"`` call runs."""
+    def gather(self, gang: Gang, call: RankCall, *, deadline_s: float, step: int | None = None,
+               kwargs: dict[str, Any] | None = None) -> GatherResult:
+        """Run ``call`` on every rank (with ``kwargs``) and wait (deadline, heartbeats); ``step`` is
+        the global step index a ``"step"`` call runs."""
         ...
 
     def classify(self, result: GatherResult, gang: Gang, what: str) -> Failure:
@@ -68,6 +70,10 @@ class ClusterPort(Protocol):
         when ``None``; each rank's result is the next step to run."""
         ...
 
+    def refill_pool(self) -> int:
+        """Start the warm ranks gang starts took since the last call (how many)."""
+        ...
+
     def close(self) -> None:
         """The job is over: free what outlives gangs (the snapshot holders)."""
         ...
@@ -82,6 +88,10 @@ class RayCluster:
         self.holders = Holders(keep=settings.snapshot_keep) if settings.snapshots else None
         self.pool = WarmPool(settings.warm_ranks_per_node) if settings.warm_ranks_per_node > 0 else None
         self.down: set[str] = set()  # nodes a gang's node heartbeat found down (the GCS may still list them)
+        self._refill: set[str] = set()  # nodes whose warm pool waits for refill_pool()
+        self._pool_filled = False
+        self._replica_nodes: dict[int, set[str]] = {}  # id(gang) -> nodes, of live replica-group gangs
+        self._pool_lock = threading.Lock()  # replacement replica groups start from a background thread
         self._lighthouse: Any = None  # torchft LighthouseServer (replica groups), in this (the supervisor's) process
 
     def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[placement.NodeCapacity]:
@@ -113,14 +123,36 @@ class RayCluster:
                           collective_timeout_s=s.collective_timeout_s, start_timeout_s=s.start_timeout_s,
                           alive_nodes=placement.alive_node_ids, on_created=on_created, snapshot_targets=targets,
                           take_warm=self.pool.take if self.pool is not None else None)
-        if self.pool is not None:  # refill in the background for the next gang
-            self.pool.fill(nodes)
-        if getattr(plan, "replica_group", None) is not None:
+        replica = getattr(plan, "replica_group", None) is not None
+        if replica:  # a replica group's node needs no warm ranks: a replacement goes to a free node
+            with self._pool_lock:
+                self._replica_nodes[id(gang)] = set(gang.nodes)
+        if self.pool is not None:  # filled at the job's first start; later refilled once the gang steps
+            with self._pool_lock:
+                self._refill |= set(nodes)
+                first, self._pool_filled = not self._pool_filled, True
+            if first:
+                self.refill_pool()
+        if replica:
             self._setup_replica(gang, plan)
         if s.node_heartbeat_s > 0:
             gang.watch = NodeWatch(placement.raylet_addresses(gang.nodes), period_s=s.node_heartbeat_s,
                                    timeout_s=s.node_heartbeat_timeout_s, silent_s=s.heartbeat_timeout_s).start()
         return gang
+
+    def refill_pool(self) -> int:
+        """Start the warm ranks the last gang starts took (new processes importing torch: seconds of
+        CPU each). The supervisor calls it once a new gang has stepped, so the refill does not compete
+        with a recovery's load, first step or a replacement's join; how many started. The job's first
+        gang start fills every node at once (a replica job's later groups take from it); later refills
+        skip the nodes a replica group runs on (a replacement starts on a node no group uses)."""
+        if self.pool is None:
+            return 0
+        with self._pool_lock:
+            nodes, self._refill = self._refill, set()
+            busy = set().union(*self._replica_nodes.values())
+        alive = {n.id for n in self.nodes(exclude=self.down)}
+        return self.pool.fill(sorted((nodes & alive) - busy))
 
     def lighthouse(self) -> str:
         """The address of the job's torchft lighthouse (started on first use, in this process: the
@@ -151,9 +183,10 @@ class RayCluster:
         if not res.ok:
             raise StartFailed(self.classify(res, gang, "replica setup"))
 
-    def gather(self, gang: Gang, call: RankCall, *, deadline_s: float, step: int | None = None) -> GatherResult:
+    def gather(self, gang: Gang, call: RankCall, *, deadline_s: float, step: int | None = None,
+               kwargs: dict[str, Any] | None = None) -> GatherResult:
         s = self.settings
-        refs = {r: getattr(w, call).remote() for r, w in enumerate(gang.workers)}
+        refs = {r: getattr(w, call).remote(**(kwargs or {})) for r, w in enumerate(gang.workers)}
         return gather(refs, deadline_s=deadline_s, workers=gang.workers, heartbeat_s=s.heartbeat_s,
                       heartbeat_timeout_s=s.heartbeat_timeout_s, watch=gang.watch)
 
@@ -164,6 +197,8 @@ class RayCluster:
     def teardown(self, gang: Gang | None, *, graceful: bool = False) -> float:
         if gang is not None and gang.watch is not None:
             self.down |= gang.watch.down()
+        with self._pool_lock:
+            self._replica_nodes.pop(id(gang), None)
         return teardown(gang, graceful=graceful)
 
     def snapshots(self) -> dict[str, list[dict[str, Any]]]:

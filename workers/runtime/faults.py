@@ -126,11 +126,12 @@ class FaultInjector:
                                                amplitude=f.amplitude))
         return gang
 
-    def gather(self, gang: Gang, call: RankCall, *, deadline_s: float, step: int | None = None) -> GatherResult:
+    def gather(self, gang: Gang, call: RankCall, *, deadline_s: float, step: int | None = None,
+               kwargs: dict[str, Any] | None = None) -> GatherResult:
         if call == "step" and step is not None:
             self.last_step = step
             self._fire(gang, step)
-        return self.inner.gather(gang, call, deadline_s=deadline_s, step=step)
+        return self.inner.gather(gang, call, deadline_s=deadline_s, step=step, kwargs=kwargs)
 
     def classify(self, result: GatherResult, gang: Gang, what: str) -> Failure:
         return self.inner.classify(result, gang, what)
@@ -143,6 +144,9 @@ class FaultInjector:
 
     def restore(self, gang: Gang, choice: Choice | None, *, deadline_s: float) -> GatherResult:
         return self.inner.restore(gang, choice, deadline_s=deadline_s)
+
+    def refill_pool(self) -> int:
+        return self.inner.refill_pool()
 
     def close(self) -> None:
         try:

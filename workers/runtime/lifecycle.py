@@ -121,6 +121,7 @@ class _Run:
     walls: list[float] = field(default_factory=list)
     since_save: int = 0
     recovery: dict[str, Any] | None = None  # the switch being timed, until its first step
+    last_groups: set[int] = field(default_factory=set)  # replica groups: those the last attempt ran on
 
 
 class AttemptMachine:
@@ -339,6 +340,11 @@ class AttemptMachine:
         assert run is not None
         sw = self._train_one(run) if self.replicas is None else self._train_replicas(run, self.replicas)
         if sw is None:
+            # the warm pool refills once the gang has stepped twice and no replacement is joining: its new
+            # processes would compete with a recovery's load and first step, or a replacement's heal
+            settled = run.recovery is None and len(run.walls) >= 2
+            if settled and (self.replicas is None or not self.replicas.joining):
+                self.port.refill_pool()
             return Phase.TRAIN, f"step {run.step - 1} done"
         self._run = None
         if sw.kind in ("finished", "cancelled", "preempted"):
@@ -658,6 +664,7 @@ class AttemptMachine:
                 raise JobFailed(f"replica group {g} did not start: {exc.failure.reason}") from exc
             reps.add(g, gang)
             self._emit_started(gang, f"replica group {g}: {gang.world_size} rank actors up, torchft manager joined")
+        self.port.refill_pool()  # what the groups took, on the nodes no group runs on
         view, _ = reps.view()
         s = self.settings
         scorer = StragglerScorer({}, {}, window=s.straggler_window, threshold=s.straggler_threshold,
@@ -681,8 +688,11 @@ class AttemptMachine:
         view, owners = reps.view()
         t_launch = time.time()
         self.step_attempts[step] = self.step_attempts.get(step, 0) + 1
+        # the groups of the last attempt still here: a redo's quorum (a replacement joins after it)
+        expect = sorted({g for g, _ in owners} & run.last_groups) if run.last_groups else None
+        run.last_groups = {g for g, _ in owners}
         res = self.port.gather(view, "step", deadline_s=self._deadline_s(run.walls, first=not run.walls),
-                               step=step)
+                               step=step, kwargs={"expect": expect})
         rows = {owners[r]: row for r, row in res.results.items()}
         done = {g for (g, _), row in rows.items() if row["event"] == "step"}
         if not res.ok:
