@@ -274,6 +274,8 @@ class ReplicaStepper:
         loss_t = torch.tensor([part], dtype=torch.float64)
         mgr.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
         mgr.allreduce(loss_t, reduce_op=ReduceOp.SUM).wait()
+        if mgr.errored() is not None:
+            self._drop_cross_group_pg()
         t["reduce"] = time.time()
         self._redo = not mgr.should_commit()
         t["vote"] = time.time()
@@ -287,6 +289,21 @@ class ReplicaStepper:
                "participants": n, "micro": micro, "healed_from": self.healed_from, "phases": t}
         self.healed_from = None
         return row
+
+    def _drop_cross_group_pg(self) -> None:
+        """This attempt's cross-group reduction failed (a peer group died in it): close the gloo group
+        now. A live peer group may still be blocked in the same collective waiting on this group's
+        sockets; gloo's ``abort`` does not wake it (it would wait ``timeout_s``: measured, 20 s), but
+        closing the sockets does, within a second, so every survivor reaches the redo's quorum at
+        about the same time (one left out by the lighthouse's join timeout would ask for a
+        shrink-only quorum it is not part of, until torchft's quorum timeout). The next quorum
+        configures a new group (torchft's ``configure``), even with the same members."""
+        import gc
+
+        pg = self.manager._pg  # torchft's reconfigurable ProcessGroupGloo (make_manager)
+        pg.abort(errored=False)  # forgets the gloo group; the last reference goes with it
+        gc.collect()
+        self.manager._quorum_id = -1  # torchft configures the group when the quorum id changes
 
     def _redo_quorum(self, t: dict[str, float]) -> Any:
         """Ask the redo's shrink-only quorum on a thread (torchft's ``start_quorum`` blocks until the
