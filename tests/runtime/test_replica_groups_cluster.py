@@ -233,16 +233,20 @@ def test_two_failures_in_a_row_and_a_failure_during_the_replacements_join(ray_cl
     assert [(e["group"], e["step"]) for e in dropped] == [(2, kill1 + 1), (1, kill2 + 1)], (story, reps)
     assert dropped[0]["nodes"] == [groups["2"]["node"]] and dropped[1]["nodes"] == [groups["1"]["node"]]
     joined = [e for e in events if e["type"] == "replica_joined"]
-    assert [(e["group"], e["source"]) for e in joined] == [(3, "peer"), (5, "peer")], (joined, story)
+    # the next replacement is group 5, or a later one when group 5's try picked group 4's node before the
+    # GCS marked it dead (that try fails at once: ClusterPort.reserve probes the node's raylet)
+    assert [e["source"] for e in joined] == ["peer", "peer"] and joined[0]["group"] == 3, (joined, story)
+    last = str(joined[1]["group"])
+    assert int(last) >= 5 and all(groups[str(g)].get("error") for g in range(5, int(last))), (joined, groups)
     assert "4" in groups and groups["4"].get("error"), groups.get("4")  # killed while joining, torn down
     fired = [e for e in events if e["type"] == "fault_injected"]
     assert [e["kind"] for e in fired] == ["kill_node", "kill_node", "kill_replacement"], fired
     assert joined[0]["from_group"] in (0, 1) and groups["3"]["healed_from"] in (0, 1)
-    assert joined[1]["from_group"] in (0, 3) and groups["5"]["healed_from"] in (0, 3)
-    assert sorted(int(g) for g in reps["live"]) == [0, 3, 5]
+    assert joined[1]["from_group"] in (0, 3) and groups[last]["healed_from"] in (0, 3)
+    assert sorted(int(g) for g in reps["live"]) == [0, 3, int(last)]
 
     # the survivors: one actor each all along; three attempts voted down, each redone once
-    for g in ("0", "3", "5"):
+    for g in ("0", "3", last):
         assert len(groups[g]["pids"]) == 1, groups[g]
     aborted0 = groups["0"]["aborted"]
     assert len(aborted0) == 3 and aborted0[:2] == [kill1, kill2] and aborted0[2] >= kill2, groups["0"]

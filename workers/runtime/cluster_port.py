@@ -70,7 +70,7 @@ class ClusterPort(Protocol):
         when ``None``; each rank's result is the next step to run."""
         ...
 
-    def refill_pool(self) -> int:
+    def refill_pool(self, *, skip_busy: bool = True) -> int:
         """Start the warm ranks gang starts took since the last call (how many)."""
         ...
 
@@ -100,6 +100,10 @@ class RayCluster:
     def reserve(self, gpus: int, *, nodes: Sequence[str], name: str,
                 per_node: Mapping[str, int] | None = None) -> placement.Reservation | None:
         s = self.settings
+        if per_node and any(placement.raylet_unreachable(n) for n in per_node):
+            # a node that just died (the GCS marks it dead seconds later): its bundles would wait for
+            # the whole placement timeout; a replacement replica group picks again at its next try
+            return None
         return placement.reserve(gpus, nodes=nodes, cpu_per_bundle=s.cpu_per_bundle, timeout_s=s.placement_timeout_s,
                                  strategy=s.strategy, name=name, per_node=per_node)
 
@@ -131,8 +135,8 @@ class RayCluster:
             with self._pool_lock:
                 self._refill |= set(nodes)
                 first, self._pool_filled = not self._pool_filled, True
-            if first:
-                self.refill_pool()
+            if first:  # every node: a replacement with no free node left goes to a group's node
+                self.refill_pool(skip_busy=False)
         if replica:
             self._setup_replica(gang, plan)
         if s.node_heartbeat_s > 0:
@@ -140,7 +144,7 @@ class RayCluster:
                                    timeout_s=s.node_heartbeat_timeout_s, silent_s=s.heartbeat_timeout_s).start()
         return gang
 
-    def refill_pool(self) -> int:
+    def refill_pool(self, *, skip_busy: bool = True) -> int:
         """Start the warm ranks the last gang starts took (new processes importing torch: seconds of
         CPU each). The supervisor calls it once a new gang has stepped, so the refill does not compete
         with a recovery's load, first step or a replacement's join; how many started. The job's first
@@ -150,7 +154,7 @@ class RayCluster:
             return 0
         with self._pool_lock:
             nodes, self._refill = self._refill, set()
-            busy = set().union(*self._replica_nodes.values())
+            busy = set().union(*self._replica_nodes.values()) if skip_busy else set()
         alive = {n.id for n in self.nodes(exclude=self.down)}
         return self.pool.fill(sorted((nodes & alive) - busy))
 

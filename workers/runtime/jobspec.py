@@ -60,7 +60,7 @@ class RuntimeSettings:
     # them: a lost group is dropped and replaced while the others keep stepping (workers.runtime.replicas)
     replica_groups: int = 0
     replica_timeout_s: float = 20.0  # torchft's timeouts (quorum, cross-group collectives, healing)
-    replica_heartbeat_timeout_s: float = 2.0  # the lighthouse drops a group silent this long (1 s cuts ~1 s of the stall
+    replica_heartbeat_timeout_s: float = 2.0  # the lighthouse drops a group silent this long (was 2 s: see below
     # but failed the soak test of a replacement killed while joining twice: 2026-12-03, docs/runtime.md)
     replica_join_timeout_s: float = 10.0  # a quorum waits this long for a live group that has not asked yet
     replica_retry_s: float = 5.0  # no GPUs for a replacement group: look again after this long
