@@ -60,8 +60,8 @@ class RuntimeSettings:
     # them: a lost group is dropped and replaced while the others keep stepping (workers.runtime.replicas)
     replica_groups: int = 0
     replica_timeout_s: float = 20.0  # torchft's timeouts (quorum, cross-group collectives, healing)
-    replica_heartbeat_timeout_s: float = 2.0  # the lighthouse drops a group silent this long (was 2 s: see below
-    # but failed the soak test of a replacement killed while joining twice: 2026-12-03, docs/runtime.md)
+    replica_heartbeat_timeout_s: float = 1.0  # the lighthouse drops a group silent this long (the redo's
+    # quorum waits for it; 2 s until the dead-node reservation fix, docs/runtime.md)
     replica_join_timeout_s: float = 10.0  # a quorum waits this long for a live group that has not asked yet
     replica_retry_s: float = 5.0  # no GPUs for a replacement group: look again after this long
 
