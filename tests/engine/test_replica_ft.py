@@ -28,7 +28,14 @@ import pytest
 import torch
 from engine_harness import reference, text_batches, tiny_cfg
 
-from workers.engine.replica_ft import ReplicaRankSpec, micro_batch_share, read_log, redo_guess, spec_json
+from workers.engine.replica_ft import (
+    ReplicaRankSpec,
+    micro_batch_share,
+    read_log,
+    redo_extra,
+    redo_guess,
+    spec_json,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUPS, STEPS, GLOBAL_BATCH, MICRO_BATCH, KILL_AT, SEED = 3, 10, 12, 2, 3, 1234
@@ -146,6 +153,19 @@ def test_redo_guess_orders_groups_as_torchft_orders_replica_ids() -> None:
     assert redo_guess(10, [2, 10, 1]) == (3, 0)
     assert redo_guess(2, [2, 10, 1]) == (3, 2)
     assert redo_guess(3, [0, 1]) is None and redo_guess(0, None) is None and redo_guess(0, []) is None
+
+
+@pytest.mark.unit
+def test_redo_extra_gives_the_lost_groups_micro_batches_to_the_survivors_once() -> None:
+    assert redo_extra(6, 0, [0, 1, 2], [0, 1]) == [4] and redo_extra(6, 1, [0, 1, 2], [0, 1]) == [5]
+    assert redo_extra(6, 2, [0, 1, 2], [0, 1]) is None and redo_extra(6, 0, [0, 1], [0, 3]) is None
+    assert redo_extra(6, 0, [0, 1, 2], [0, 1, 2]) == []  # nobody lost: each keeps its own
+    for n_micro, prev, expect in [(6, [0, 1, 2], [1]), (12, [0, 1, 2, 10], [1, 10]), (4, [0, 1, 2], [0, 2]),
+                                  (2, [0, 1, 2], [0, 1])]:
+        order = [g for _, g in sorted((f"rg{g}:", g) for g in prev)]
+        own = {g: micro_batch_share(n_micro, len(order), order.index(g)) for g in expect}
+        done = [m for g in expect for m in own[g] + redo_extra(n_micro, g, prev, expect)]
+        assert sorted(done) == list(range(n_micro)), (n_micro, prev, expect, done)
 
 
 def _check(tp: int, tmp_path: Path, heartbeat_timeout_ms: int = 1000) -> None:

@@ -92,6 +92,20 @@ def redo_guess(group: int, expect: list[int] | None) -> tuple[int, int] | None:
     return len(ids), ids.index(f"rg{group}:")
 
 
+def redo_extra(n_micro: int, group: int, prev: list[int], expect: list[int]) -> list[int] | None:
+    """The micro-batches ``group`` adds in the redo of a voted-down step: the shares (of ``prev``'s
+    attempt, :func:`micro_batch_share` in torchft's order) of the groups missing from ``expect``,
+    divided among ``expect``'s groups; each keeps the gradient of its own share from that attempt.
+    Every micro-batch is counted once. ``None`` when ``expect`` is not a subset of ``prev``."""
+    if group not in expect or not set(expect) <= set(prev):
+        return None
+    before = [g for _, g in sorted((f"rg{g}:", g) for g in set(prev))]
+    now = [g for _, g in sorted((f"rg{g}:", g) for g in set(expect))]
+    lost = sorted(m for i, g in enumerate(before) if g not in now
+                  for m in micro_batch_share(n_micro, len(before), i))
+    return [lost[k] for k in micro_batch_share(len(lost), len(now), now.index(group))]
+
+
 class _Log:
     def __init__(self, path: str, group: int, rank: int) -> None:
         self.path = Path(path)
@@ -167,6 +181,7 @@ class ReplicaStepper:
         self._healed_now = False
         self._rng = torch.get_rng_state()
         self._redo = False  # the last attempt was voted down: the next one is its redo
+        self._kept: dict[str, Any] | None = None  # the voted-down attempt's own gradient sum (redo_extra)
 
     def current_step(self) -> int:
         return int(self.manager.current_step())
@@ -228,14 +243,17 @@ class ReplicaStepper:
                 p.grad = torch.zeros_like(p)
         return part
 
-    def step_once(self, fault: Any = None, expect: list[int] | None = None) -> dict[str, Any]:
+    def step_once(self, fault: Any = None, expect: list[int] | None = None,
+                  prev: list[int] | None = None) -> dict[str, Any]:
         """One attempt at the next step: quorum (a joining group heals here), this group's share of
         the micro-batches, the cross-group SUM, the commit vote. ``fault(step)`` (a test hook) runs
         after the backward pass, before the reduction. ``expect``: the groups the supervisor runs this
-        attempt on; in the redo of a voted-down step they are the quorum to come, so the quorum is
-        asked in the background while this group computes its share of that guess (:meth:`_redo_quorum`).
-        Returns ``{"event": "step" | "abort", "step", "participants", ...}``; an aborted step is redone
-        by the next call."""
+        attempt on, ``prev``: those of the attempt before. In the redo of a voted-down step ``expect``
+        is the quorum to come: the quorum is asked in the background (:meth:`_redo_quorum`) while this
+        group keeps the gradient of its own micro-batches from the voted-down attempt and computes
+        only its part of the lost groups' micro-batches (:func:`redo_extra`); when torchft's quorum
+        is another, its standard share is computed again. Returns ``{"event": "step" | "abort",
+        "step", "participants", ...}``; an aborted step is redone by the next call."""
         from torch.distributed import ReduceOp
 
         mgr = self.manager
@@ -255,8 +273,19 @@ class ReplicaStepper:
         if self._healed_now:  # the peer's RNG came with its state
             self._rng, self._healed_now = torch.get_rng_state(), False
         torch.set_rng_state(self._rng)  # a redone step sees the RNG of its first attempt
-        micro = micro_batch_share(self.n_micro, n, idx) if idx is not None else []
-        part = self._forward_backward(step, micro)
+        kept, self._kept = self._kept, None
+        extra = None
+        if guess is not None and kept is not None and kept["step"] == step and kept["standard"] \
+                and prev and (kept["n"], kept["idx"]) == redo_guess(self.group, prev):
+            extra = redo_extra(self.n_micro, self.group, prev, expect or [])
+        if extra is not None:  # own micro-batches kept: only the lost groups' share is computed
+            assert kept is not None
+            micro = kept["micro"] + extra
+            part = self._forward_backward(step, extra) + kept["part"]
+        else:
+            micro = micro_batch_share(self.n_micro, n, idx) if idx is not None else []
+            part = self._forward_backward(step, micro)
+        standard = extra is None
         if guess is not None:
             wait()
             got = (mgr.num_participants(), mgr.participating_rank())
@@ -265,12 +294,19 @@ class ReplicaStepper:
                 n, idx = got
                 torch.set_rng_state(self._rng)
                 micro = micro_batch_share(self.n_micro, n, idx) if idx is not None else []
-                part = self._forward_backward(step, micro)
+                part, extra, standard = self._forward_backward(step, micro), None, True
         t["backward"] = time.time()
         if fault is not None:
             fault(step)
         grads = [local(p.grad) for p in self.trainer.params]
         flat = flatten(grads)
+        if extra is not None:
+            assert kept is not None
+            flat += kept["flat"]
+            t["kept_micro"] = float(len(kept["micro"]))
+        # the reduction works in place: a copy of this group's own sum, kept for a redo
+        mine = {"step": step, "n": n, "idx": idx, "micro": list(micro), "part": part, "flat": flat.clone(),
+                "standard": standard}
         loss_t = torch.tensor([part], dtype=torch.float64)
         mgr.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
         mgr.allreduce(loss_t, reduce_op=ReduceOp.SUM).wait()
@@ -280,6 +316,7 @@ class ReplicaStepper:
         self._redo = not mgr.should_commit()
         t["vote"] = time.time()
         if self._redo:
+            self._kept = mine
             return {"event": "abort", "step": step, "participants": n, "phases": t, "error": _error(mgr)}
         unflatten_into(flat, grads)
         norm, lr = self.trainer.optimizer_step(step)
@@ -413,7 +450,7 @@ class ReplicaGroupTrainer:
         while stepper.current_step() < s.steps:
             self._gate(stepper.current_step())
             t0 = time.perf_counter()
-            row = stepper.step_once(self._fault, s.redo_expect)
+            row = stepper.step_once(self._fault, s.redo_expect, list(range(s.start_groups)) or None)
             event = row.pop("event")
             self.log(event, **row)
             self._pace(t0)

@@ -690,9 +690,9 @@ class AttemptMachine:
         self.step_attempts[step] = self.step_attempts.get(step, 0) + 1
         # the groups of the last attempt still here: a redo's quorum (a replacement joins after it)
         expect = sorted({g for g, _ in owners} & run.last_groups) if run.last_groups else None
-        run.last_groups = {g for g, _ in owners}
+        prev, run.last_groups = sorted(run.last_groups), {g for g, _ in owners}
         res = self.port.gather(view, "step", deadline_s=self._deadline_s(run.walls, first=not run.walls),
-                               step=step, kwargs={"expect": expect})
+                               step=step, kwargs={"expect": expect, "prev": prev})
         rows = {owners[r]: row for r, row in res.results.items()}
         done = {g for (g, _), row in rows.items() if row["event"] == "step"}
         if not res.ok:

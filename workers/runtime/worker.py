@@ -139,23 +139,24 @@ class RankWorker:
             min_replicas=min_replicas, timeout_s=timeout_s)
         return {"group": group, "step": self._replica.current_step()}
 
-    def replica_step(self, expect: list[int] | None = None) -> dict[str, Any]:
+    def replica_step(self, expect: list[int] | None = None, prev: list[int] | None = None) -> dict[str, Any]:
         """One step attempt of this rank's replica group (``ReplicaStepper.step_once``; ``expect``: the
-        groups the supervisor runs it on): committed (``event: step``) or voted down (``abort``: the
+        groups the supervisor runs it on, ``prev``: those of the attempt before): committed (``event: step``) or voted down (``abort``: the
         next call redoes it). Calls queue behind an attempt still running (one the supervisor stopped
         waiting for when a peer group died)."""
         with self._replica_lock:
             self._phase("step", self._replica.current_step())
             w0, c0 = time.perf_counter(), time.thread_time()
-            row = self._replica_attempt(w0, c0, expect)
+            row = self._replica_attempt(w0, c0, expect, prev)
             # the last commits (a supervisor that stopped waiting for one sees it here) and every abort
             row.update(recent=list(self._replica_commits), aborted_steps=list(self._replica_aborts),
                        recent_aborts=list(self._replica_abort_rows))
             self._phase("idle", row["step"])
             return row
 
-    def _replica_attempt(self, w0: float, c0: float, expect: list[int] | None) -> dict[str, Any]:
-        row = self._replica.step_once(self._mid_step_fault, expect)
+    def _replica_attempt(self, w0: float, c0: float, expect: list[int] | None,
+                         prev: list[int] | None) -> dict[str, Any]:
+        row = self._replica.step_once(self._mid_step_fault, expect, prev)
         row.update(rank=self._rank, busy_s=time.thread_time() - c0, wall_s=time.perf_counter() - w0,
                    ts=time.time(), tokens=self._trainer.cfg.global_batch * self._trainer.cfg.model.seq_len,
                    pid=os.getpid())
@@ -197,13 +198,13 @@ class RankWorker:
         stats["push_errors"] = self.snapshot_push_errors
         return stats
 
-    def step(self, expect: list[int] | None = None) -> dict[str, Any]:
+    def step(self, expect: list[int] | None = None, prev: list[int] | None = None) -> dict[str, Any]:
         """One optimizer step; the slow/jitter hooks add busy time after the step's collectives.
-        ``expect``: a replica group rank's step set (:meth:`replica_step`)."""
+        ``expect``, ``prev``: a replica group rank's step sets (:meth:`replica_step`)."""
         from workers.runtime.faults import burn_cpu
 
         if self._replica is not None:  # a rank of a replica group: one torchft step attempt
-            return self.replica_step(expect)
+            return self.replica_step(expect, prev)
         self._check_fence("run a step")
         self._phase("step", self._trainer.next_step)
         w0, c0 = time.perf_counter(), time.thread_time()
