@@ -9,6 +9,10 @@
    killed: detection, the re-plan (old → new layout with predicted throughput), the resume step and
    the recovery time by phase appear as they happen;
 6. a summary: loss curve as a PNG and in the terminal, plans used, GPU time lost.
+7. the path that does not stop the world: the same model as two replica groups under torchft on
+   this cluster (`orthoplex run --replica-groups 2`), one group's node killed in the middle of a step;
+   the timeline shows the other group stepping on, the replacement healing from it over the network
+   and joining, and no ``resumed``.
 
 Every process the demo starts is stopped at the end, also on Ctrl-C, unless ``--keep``.
 """
@@ -60,6 +64,7 @@ class DemoConfig:
     json_out: Path | None = None
     workdir: Path | None = None
     timeout_s: float = 900.0
+    replica_phase: bool = True  # then the same model as replica groups: survivors train through a kill
 
 
 @dataclass
@@ -110,6 +115,8 @@ class Demo:
             self._create_tenants_and_submit()
             self._watch()
             code = self._summary(time.monotonic() - t0)
+            if code == 0 and self.cfg.replica_phase:
+                code = self._replica_groups_phase()
             if self.cfg.json_out is not None:
                 self._write_json(self.cfg.json_out)
             if self.cfg.keep:
@@ -465,6 +472,45 @@ class Demo:
             return 1
         c.print("[bold green]demo finished: every job succeeded" if ok else "[bold red]demo finished with failures")
         return 0 if ok else 1
+
+
+    def _replica_groups_phase(self) -> int:
+        """The path that does not stop the world: the same model as 2 replica groups of one GPU each
+        under torchft (``orthoplex run --replica-groups 2`` on this cluster, a node added back for the
+        replacement), the node of one group killed in the middle of a step. The timeline shows the
+        surviving group stepping on (world 1) with the lost group's micro-batches, the replacement
+        joining from the survivor's state over the network, and no ``resumed``."""
+        c, cfg = self.console, self.cfg
+        c.rule("[bold]replica groups: the survivors keep training through a node kill")
+        assert self.cluster is not None
+        self.cluster.add_node()  # a free node for the replacement group (the REST phase killed one)
+        cli = Path(sys.executable).with_name("orthoplex")
+        cmd = [str(cli), "run", "--address", self.cluster.address, "--replica-groups", "2", "--layout-hint", "tp=1",
+               "--steps", "16", "--global-batch", str(cfg.global_batch), "--kill-node-at-step", "6",
+               "--warm-ranks", "1", "--job-id", "demo-replica-groups",
+               "--checkpoint-dir", str(self.workdir / "replica-groups")]
+        c.print("[dim]$ orthoplex run --replica-groups 2 --layout-hint tp=1 --steps 16 --kill-node-at-step 6 "
+                "--warm-ranks 1 --address <this cluster>[/]")
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "RAY_ADDRESS": self.cluster.address})
+        assert proc.stdout is not None
+        seen: list[str] = []
+        for line in proc.stdout:  # the job's own timeline; Ray's log lines stay out
+            line = line.rstrip()
+            if line.startswith(("[", "state:", "plans:", "failure", "replica groups:")):
+                seen.append(line)
+                style = "bold red" if "replica_dropped" in line else "bold green" if "replica_joined" in line else ""
+                c.print(f"[{style}]{line}[/]" if style else line, markup=bool(style), highlight=False)
+        code = proc.wait(timeout=600)
+        text = "\n".join(seen)
+        kept = "replica_dropped" in text and "replica_joined" in text and "resumed" not in text
+        if code != 0 or not kept:
+            c.print(f"[bold red]replica groups: exit {code}; dropped and joined without a restart: {kept}")
+            return 1
+        c.print(f"[bold green]replica groups: one group lost, the other kept stepping (world 1) and a replacement "
+                f"healed from it over the network: no restart, no storage read ({time.monotonic() - t0:.0f}s)")
+        return 0
 
 
 def _payload(ev: dict[str, Any]) -> dict[str, Any]:

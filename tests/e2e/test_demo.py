@@ -45,6 +45,9 @@ def test_demo_recovers_then_keep_serves_until_ctrl_c(demo: DemoStack) -> None:
     assert "Ctrl-C stops everything" in out, out[-3000:]
     assert "demo finished: every job succeeded" in out, out[-3000:]
     assert "killing node" in out and "recovered in" in out, out[-3000:]
+    # the replica-group phase: a group's node killed, the other kept stepping, a replacement joined
+    assert "replica_dropped" in out and "replica_joined" in out, out[-3000:]
+    assert "replica groups: one group lost, the other kept stepping" in out, out[-3000:]
     assert "Raylet is terminated" not in out  # Ray's driver error feed stays out of the demo's output
     url = re.search(r"API:\s+(http://127\.0\.0\.1:\d+)", out).group(1)  # type: ignore[union-attr]
     token = re.search(r"tenant 'product' token: (\S+)", out).group(1)  # type: ignore[union-attr]

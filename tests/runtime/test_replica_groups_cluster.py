@@ -132,8 +132,7 @@ def test_survivors_keep_stepping_and_a_replacement_heals_from_a_peer(ray_cluster
                       "world_sizes": [e["world_size"] for e in steps]}))
 
 
-@pytest.mark.soak  # ~1.5-2.5 min on the shared 2-core box: outside the CI budget
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900)  # in CI: 55-60 s on a quiet 2-core box (2026-12-03)
 def test_no_spare_gpus_the_job_goes_on_with_fewer_groups_and_grows_back(ray_cluster, tmp_path: Path) -> None:
     """3 groups of tp=1 on the 3 session nodes; once the job steps, the test holds every other GPU (a
     placement group of its own), then a group's node is killed: no GPUs for a replacement, so the two
@@ -188,8 +187,7 @@ def test_no_spare_gpus_the_job_goes_on_with_fewer_groups_and_grows_back(ray_clus
     print(json.dumps({"world_sizes": sizes, "joined_at_step": joined[0]["step"], "max_rel_loss_diff": rel_max}))
 
 
-@pytest.mark.soak  # 86-111 s whole (69-92 s its own) on the shared 2-core box: outside the CI budget
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900)  # in CI: 60-80 s on a quiet 2-core box (2026-12-03)
 def test_two_failures_in_a_row_and_a_failure_during_the_replacements_join(ray_cluster, tmp_path: Path) -> None:
     """Two failures in a row, and a failure during a replacement's join, in one job (session cluster
     plus two spare nodes: 5 nodes x 4 declared GPUs; 3 groups of tp=1, 40 steps):
