@@ -155,6 +155,8 @@ class RayCluster:
         with self._pool_lock:
             nodes, self._refill = self._refill, set()
             busy = set().union(*self._replica_nodes.values()) if skip_busy else set()
+        if not nodes:  # the usual case (it is asked after every step): no GCS call
+            return 0
         alive = {n.id for n in self.nodes(exclude=self.down)}
         return self.pool.fill(sorted((nodes & alive) - busy))
 
