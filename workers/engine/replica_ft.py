@@ -82,25 +82,29 @@ def micro_batch_share(n_micro: int, participants: int, index: int) -> list[int]:
     return list(range(start, start + base + (1 if index < extra else 0)))
 
 
+def torchft_order(groups: list[int]) -> list[int]:
+    """``groups`` in the order torchft ranks them: by replica id as a string, ``rg{group}:{uuid}``
+    (so ``rg10:`` sorts before ``rg1:``)."""
+    return [g for _, g in sorted((f"rg{g}:", g) for g in set(groups))]
+
+
 def redo_guess(group: int, expect: list[int] | None) -> tuple[int, int] | None:
-    """The redo's quorum as the step set predicts it: ``(participants, this group's index)``; torchft
-    orders participants by replica id as a string, ``rg{group}:{uuid}`` (so ``rg10:`` sorts before
-    ``rg1:``); ``None`` when ``group`` is not in ``expect`` (nothing to guess)."""
+    """The redo's quorum as the step set predicts it: ``(participants, this group's index)`` in
+    :func:`torchft_order`; ``None`` when ``group`` is not in ``expect`` (nothing to guess)."""
     if not expect or group not in expect:
         return None
-    ids = sorted({f"rg{g}:" for g in expect})
-    return len(ids), ids.index(f"rg{group}:")
+    order = torchft_order(expect)
+    return len(order), order.index(group)
 
 
 def redo_extra(n_micro: int, group: int, prev: list[int], expect: list[int]) -> list[int] | None:
     """The micro-batches ``group`` adds in the redo of a voted-down step: the shares (of ``prev``'s
-    attempt, :func:`micro_batch_share` in torchft's order) of the groups missing from ``expect``,
+    attempt, :func:`micro_batch_share` in :func:`torchft_order`) of the groups missing from ``expect``,
     divided among ``expect``'s groups; each keeps the gradient of its own share from that attempt.
     Every micro-batch is counted once. ``None`` when ``expect`` is not a subset of ``prev``."""
     if group not in expect or not set(expect) <= set(prev):
         return None
-    before = [g for _, g in sorted((f"rg{g}:", g) for g in set(prev))]
-    now = [g for _, g in sorted((f"rg{g}:", g) for g in set(expect))]
+    before, now = torchft_order(prev), torchft_order(expect)
     lost = sorted(m for i, g in enumerate(before) if g not in now
                   for m in micro_batch_share(n_micro, len(before), i))
     return [lost[k] for k in micro_batch_share(len(lost), len(now), now.index(group))]
@@ -182,6 +186,7 @@ class ReplicaStepper:
         self._rng = torch.get_rng_state()
         self._redo = False  # the last attempt was voted down: the next one is its redo
         self._kept: dict[str, Any] | None = None  # the voted-down attempt's own gradient sum (redo_extra)
+        self._redo_pool: Any = None  # the thread a redo's quorum is asked on (_redo_quorum)
 
     def current_step(self) -> int:
         return int(self.manager.current_step())
@@ -260,7 +265,7 @@ class ReplicaStepper:
         t = {"start": time.time()}  # the attempt's phases (time.time()): where a stall's seconds go
         guess = redo_guess(self.group, expect) if self._redo else None
         if guess is not None:
-            step, wait = mgr.current_step(), self._redo_quorum(t)  # a shrink-only quorum: no heal, same step
+            step, asked = mgr.current_step(), self._redo_quorum()  # a shrink-only quorum: no heal, same step
             n, idx = guess
         else:
             # synchronous: a joining group heals here (state, RNG, step). The redo of a voted-down step
@@ -287,7 +292,7 @@ class ReplicaStepper:
             part = self._forward_backward(step, micro)
         standard = extra is None
         if guess is not None:
-            wait()
+            t["quorum"] = asked.result()
             got = (mgr.num_participants(), mgr.participating_rank())
             t["guess_ok"] = float(got == guess)
             if got != guess:  # another quorum than the step set: this group's share again, for that one
@@ -342,33 +347,23 @@ class ReplicaStepper:
         gc.collect()
         self.manager._quorum_id = -1  # torchft configures the group when the quorum id changes
 
-    def _redo_quorum(self, t: dict[str, float]) -> Any:
+    def _redo_quorum(self) -> Any:
         """Ask the redo's shrink-only quorum on a thread (torchft's ``start_quorum`` blocks until the
         lighthouse answers: for a dead group, until its heartbeat is ``replica_heartbeat_timeout_s``
-        old). Returns the wait: it re-raises the quorum's error and stamps ``t["quorum"]``."""
-        import threading
+        old). A future of the time it formed; ``result()`` re-raises the quorum's error."""
+        from concurrent.futures import ThreadPoolExecutor
 
-        box: dict[str, Any] = {}
+        def ask() -> float:
+            self.manager.start_quorum(shrink_only=True)
+            return time.time()
 
-        def ask() -> None:
-            try:
-                self.manager.start_quorum(shrink_only=True)
-            except BaseException as exc:  # handed to the step's thread
-                box["error"] = exc
-            box["ts"] = time.time()
-
-        th = threading.Thread(target=ask, name="orthoplex-redo-quorum", daemon=True)
-        th.start()
-
-        def wait() -> None:
-            th.join()
-            t["quorum"] = box["ts"]
-            if "error" in box:
-                raise box["error"]
-
-        return wait
+        if self._redo_pool is None:
+            self._redo_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orthoplex-redo-quorum")
+        return self._redo_pool.submit(ask)
 
     def close(self) -> None:
+        if self._redo_pool is not None:
+            self._redo_pool.shutdown(wait=False)
         self.manager.shutdown(wait=False)
 
 

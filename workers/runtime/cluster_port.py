@@ -70,7 +70,7 @@ class ClusterPort(Protocol):
         when ``None``; each rank's result is the next step to run."""
         ...
 
-    def refill_pool(self, *, skip_busy: bool = True) -> int:
+    def refill_pool(self) -> int:
         """Start the warm ranks gang starts took since the last call (how many)."""
         ...
 
@@ -136,7 +136,7 @@ class RayCluster:
                 self._refill |= set(nodes)
                 first, self._pool_filled = not self._pool_filled, True
             if first:  # every node: a replacement with no free node left goes to a group's node
-                self.refill_pool(skip_busy=False)
+                self._fill_pool(skip_busy=False)
         if replica:
             self._setup_replica(gang, plan)
         if s.node_heartbeat_s > 0:
@@ -144,12 +144,15 @@ class RayCluster:
                                    timeout_s=s.node_heartbeat_timeout_s, silent_s=s.heartbeat_timeout_s).start()
         return gang
 
-    def refill_pool(self, *, skip_busy: bool = True) -> int:
+    def refill_pool(self) -> int:
         """Start the warm ranks the last gang starts took (new processes importing torch: seconds of
         CPU each). The supervisor calls it once a new gang has stepped, so the refill does not compete
         with a recovery's load, first step or a replacement's join; how many started. The job's first
         gang start fills every node at once (a replica job's later groups take from it); later refills
         skip the nodes a replica group runs on (a replacement starts on a node no group uses)."""
+        return self._fill_pool(skip_busy=True)
+
+    def _fill_pool(self, *, skip_busy: bool) -> int:
         if self.pool is None:
             return 0
         with self._pool_lock:
