@@ -344,6 +344,23 @@ def _goals_markdown(samples: list[dict[str, Any]]) -> str:
         f"{overhead_verdict(ov)} |"])
 
 
+def _carried_baseline(path: Path | None = None) -> dict[str, Any]:
+    """The restart rows of the last run that measured them (``baseline`` not rerun): the goodput
+    simulator is calibrated on them (service/goodput/recovery.py ``MEASURED``), so a partial run
+    keeps them, saying which run they come from."""
+    from bench.common import RESULTS_DIR
+
+    path = path or RESULTS_DIR / "recovery.json"
+    if not path.exists():
+        return {}
+    before = json.loads(path.read_text())
+    if "rows" not in before:
+        return {}
+    since = before.get("baseline_rows_from") or f"the run finished {before.get('finished_at', '?')} (not rerun)"
+    return {"rows": before["rows"], "ratio_raytrain_over_ours": before.get("ratio_raytrain_over_ours"),
+            "baseline_rows_from": since}
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     """Both systems, same workload and failure, one invocation; ``quick`` skips the tuned Ray Train run.
     Then replica groups (``compare``, also ``replicas``: Orthoplex tp=2 and tp=1 replica groups, Ray Train
@@ -373,6 +390,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         ratio = rows[1]["total_s"] / rows[0]["total_s"]
         out.update({"rows": rows, "ratio_raytrain_over_ours": round(ratio, 2)})
         md.append(_markdown(rows, ratio))
+    else:
+        out.update(_carried_baseline())
     if "compare" in parts or "replicas" in parts:  # ``replicas``: the old name of this part
         from bench.recovery_replicas import compare, compare_markdown
 

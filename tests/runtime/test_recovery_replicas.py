@@ -39,3 +39,22 @@ def test_peer_summary_counts_redone_steps_after_the_crash_only() -> None:
     out = summarize(rows, "torchft", 3, 2)
     assert out["steps_redone"] == 2 and out["steps_redone_after_fault"] == 1
     assert out["survivor_step_ts"]["0"][0] == [0, 1.0] and out["fault_ts"] == 4.5
+
+
+@pytest.mark.unit
+def test_a_partial_recovery_run_keeps_the_restart_rows_and_says_where_they_come_from(tmp_path) -> None:
+    import json
+
+    from bench.recovery import _carried_baseline
+
+    assert _carried_baseline(tmp_path / "none.json") == {}
+    before = tmp_path / "recovery.json"
+    rows = [{"system": "orthoplex runtime", "phases": {"detect": 1.0}}]
+    before.write_text(json.dumps({"rows": rows, "ratio_raytrain_over_ours": 9.1, "finished_at": "2026-11-29T14:41:15Z"}))
+    out = _carried_baseline(before)
+    assert out["rows"] == rows and out["ratio_raytrain_over_ours"] == 9.1
+    assert out["baseline_rows_from"] == "the run finished 2026-11-29T14:41:15Z (not rerun)"
+    before.write_text(json.dumps({**json.loads(before.read_text()), "baseline_rows_from": "2026-11-29 run"}))
+    assert _carried_baseline(before)["baseline_rows_from"] == "2026-11-29 run"  # carried again: the first date
+    before.write_text(json.dumps({"compare": {}}))  # a record without restart rows: nothing to carry
+    assert _carried_baseline(before) == {}
