@@ -68,6 +68,8 @@ def test_replan_from_memory_then_from_storage_when_the_memory_copies_are_gone(ra
     for e in (e for e in events if e["type"] == "step"):
         want = ref[e["step"] - 1]
         assert abs(e["loss"] - want) <= 1e-4 * abs(want), (e["step"], e["loss"], want)
+        # what the step waited for its snapshot, there on every step (snapshots on), within the step
+        assert e["snapshot_s"] is not None and 0.0 <= e["snapshot_s"] <= e["wall_s"], e
     assert sorted(int(k) for k in result["losses"]) == list(range(1, STEPS + 1))
     # the re-planned gangs took pre-started ranks from their node's pool (2 per node), the first none
     started = [e for e in events if e["type"] == "started"]

@@ -148,6 +148,14 @@ def test_event_log_sequence_since_and_sink(tmp_path) -> None:
     assert ev.event_from_dict(lines[1]) == stamped
 
 
+def test_a_steps_snapshot_wait_is_its_slowest_ranks_and_none_without_snapshots() -> None:
+    from workers.runtime.lifecycle import _snapshot_s
+
+    assert _snapshot_s({0: {"snapshot_s": 0.004}, 1: {"snapshot_s": 0.0123456}}) == 0.0123
+    assert _snapshot_s({0: {"snapshot_s": None}, 1: {}}) is None  # snapshots off (or a replica group's step)
+    assert ev.StepDone(step=1, loss=1.0, wall_s=0.1, busy_max_s=0.1, world_size=2, tokens_per_s=3).snapshot_s is None
+
+
 def test_events_round_trip_and_refuse_what_their_type_does_not_allow() -> None:
     step = ev.StepDone(seq=3, ts=1.5, step=0, loss=1.0, wall_s=0.1, busy_max_s=0.1, world_size=2, tokens_per_s=3)
     wire = step.to_dict()

@@ -225,6 +225,10 @@ class StepDone(Event):
     world_size: int
     tokens_per_s: float
     val_loss: float | None = None  # on the steps the job evaluates (eval_every, and the last)
+    #: the longest any rank's step waited for its in-memory snapshot (copy to host memory, and the
+    #: previous snapshot's push if still in flight); the push itself runs in the background. None
+    #: when snapshots are off.
+    snapshot_s: float | None = None
 
 
 @_register

@@ -385,7 +385,7 @@ class AttemptMachine:
         self.log.emit(ev.StepDone(step=done, loss=round(loss, 6), wall_s=round(wall, 4),
                                   busy_max_s=round(max(busy.values()), 4), world_size=gang.world_size,
                                   tokens_per_s=round(float(out[0]["tokens"]) / max(wall, 1e-9), 1),
-                                  val_loss=out[0].get("val_loss")))
+                                  val_loss=out[0].get("val_loss"), snapshot_s=_snapshot_s(out)))
         self._metrics(done, out, gang)
         self.tracking.on_step(done, out[0], gang.world_size, wall)
         if run.recovery is not None:
@@ -457,7 +457,7 @@ class AttemptMachine:
         row = {"ts": time.time(), "step": step, "loss": out[0]["loss"], "grad_norm": out[0]["grad_norm"],
                "lr": out[0]["lr"], "tokens": out[0]["tokens"], "wall_s": max(o["wall_s"] for o in out.values()),
                "busy_max_s": max(busy), "busy_median_s": median(busy), "world_size": gang.world_size,
-               "layout": gang.layout.short()}
+               "layout": gang.layout.short(), "snapshot_s": _snapshot_s(out)}
         path = Path(self.job.metrics_out)
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
@@ -847,6 +847,13 @@ class AttemptMachine:
     def _set_state(self, state: AttemptState) -> None:
         with self.lock:
             self.state = state
+
+
+def _snapshot_s(out: dict[int, dict[str, Any]]) -> float | None:
+    """The longest wait of any rank's step for its in-memory snapshot (the step ends with the slowest
+    rank); None when the ranks took no snapshot."""
+    waits = [float(o["snapshot_s"]) for o in out.values() if o.get("snapshot_s") is not None]
+    return round(max(waits), 4) if waits else None
 
 
 def _keep_phases(history: dict[str, Any], row: dict[str, Any]) -> None:

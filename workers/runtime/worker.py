@@ -211,8 +211,11 @@ class RankWorker:
         while self._hang:  # fault hook: a rank that stops making progress (no crash)
             time.sleep(0.05)
         res = self._trainer.step()
+        snap_s = None
         if self._snap is not None:  # waits for the previous snapshot, stages this one, writes it in the background
+            t_snap = time.perf_counter()
             self._snap.start()
+            snap_s = time.perf_counter() - t_snap  # what the step waited for its snapshot (the rest is background)
         busy = time.thread_time() - c0
         extra = busy * (self._slow_factor - 1.0)
         if self._jitter:
@@ -228,6 +231,7 @@ class RankWorker:
             "seconds": res.seconds,
             "busy_s": time.thread_time() - c0,
             "wall_s": time.perf_counter() - w0,
+            "snapshot_s": snap_s,
         }
         # after the step's timing (straggler scores and tokens/s see the step only): the job's
         # validation loss every eval_every steps and after the last, and its HF export after the last
