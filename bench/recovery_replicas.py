@@ -195,6 +195,12 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "-" if a is None or not b else f"{a / b:.2f}x"
 
 
+def _steps(stall: float | None, step: float | None) -> str:
+    """The stall in the system's own steady steps: comparable across systems whose steps differ in
+    length (the peers' padded 0.3 s, Orthoplex's CPU-bound tp=2 step); the verdicts use seconds."""
+    return "-" if stall is None or not step else f"{stall / step:.1f}"
+
+
 def compare_markdown(r: dict[str, Any]) -> str:
     runs = r["runs"]
     ft = runs["torchft"]
@@ -203,17 +209,17 @@ def compare_markdown(r: dict[str, Any]) -> str:
              f"{REP_GPUS} declared GPUs, {REP_GROUPS} groups, the last group's node killed at 0-based step {REP_KILL})",
              "",
              "| system | group size | survivors' longest stall, kill -> full strength (s) | steady median step (s) | "
-             "stall / torchft | steps redone | redone / torchft | kill -> full strength (s) | full / torchft | "
-             "final loss | max rel. loss diff vs no-fault | steps |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "stall in steady steps | stall / torchft | steps redone | redone / torchft | kill -> full strength (s) | "
+             "full / torchft | final loss | max rel. loss diff vs no-fault | steps |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         diff = x.get("max_rel_loss_diff_vs_no_fault")
         if x.get("extra_groups_dropped"):
             lines.append(f"| {x['system']}: **{x['extra_groups_dropped']} more group(s) dropped than the killed one** "
-                         f"({x['dropped']}; stall from {x['stall_from']}) | | | | | | | | | | | |")
+                         f"({x['dropped']}; stall from {x['stall_from']}) | | | | | | | | | | | | |")
         lines.append(
             f"| {x['system']} | {x['group_size']} | {_fmt(x['stall_s'])} | {_fmt(x['steady_step_s'], '.3f')} | "
-            f"{_ratio(x['stall_s'], ft['stall_s'])} | {x['steps_redone']} | "
+            f"{_steps(x['stall_s'], x['steady_step_s'])} | {_ratio(x['stall_s'], ft['stall_s'])} | {x['steps_redone']} | "
             f"{x['steps_redone']} vs {ft['steps_redone']} | {_fmt(x.get('full_strength_s'))} | "
             f"{_ratio(x.get('full_strength_s'), ft['full_strength_s'])} | {x['final_loss']:.6f} | "
             f"{'not measured' if diff is None else f'{diff:.1e}'} | {x['steps']} |")
@@ -233,8 +239,9 @@ def compare_markdown(r: dict[str, Any]) -> str:
               f"{GLOBAL_BATCH}, engine optimizer and data, but with their own plain-torch loop, every step padded to "
               f"{ft['min_step_s']} s (their unpadded ~40 ms step is shorter than a replacement's start), over "
               f"{ft['steps']} steps (Orthoplex: {REP_STEPS} unpadded steps) so the replacement can join; the "
-              "peers' node is killed *before* step 6 by the group's own worker, Orthoplex's in step 6 by the "
-              "fault hook. While a group is missing, torchft's survivors average their own rows only (smaller "
+              f"killed group's node dies in 0-based step {REP_KILL} after its backward pass, before the "
+              "cross-group reduction, in all systems (the peers: by the group's own worker; Orthoplex: by the "
+              "fault hook). While a group is missing, torchft's survivors average their own rows only (smaller "
               "batch), so its loss curve is not the no-fault one; no no-fault peer run is done here, hence "
               "'not measured'. Restart: a Ray Train checkpoint every 2 steps. Peer stall over the whole rest of "
               f"the run after the kill (their own summary's window): torchft {_fmt(ft.get('stall_s_whole_run_after_kill'))} s, "
