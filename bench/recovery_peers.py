@@ -325,7 +325,8 @@ def _release_ray_train_actors(sigint: Any) -> None:
 
 def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster: Any = None,
              work: Path | None = None, timeout_s: float = 30.0,
-             gpus_per_group: int = GPUS_PER_GROUP, min_step_s: float = MIN_STEP_S) -> dict[str, Any]:
+             gpus_per_group: int = GPUS_PER_GROUP, min_step_s: float = MIN_STEP_S,
+             heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS) -> dict[str, Any]:
     """Train ``steps`` steps under the peer ``kind`` on a local cluster, crash the last group's node
     before ``kill_at``, and return the numbers of :func:`summarize` plus ``wall_s``.
 
@@ -358,7 +359,7 @@ def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster
 
         fn = _torchft_train_fn
         torch_config: Any = TorchftConfig(
-            lighthouse_kwargs={"min_replicas": MIN_REPLICAS, "heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS},
+            lighthouse_kwargs={"min_replicas": MIN_REPLICAS, "heartbeat_timeout_ms": heartbeat_timeout_ms},
             backend="gloo")
     else:
         fn, torch_config = _restart_train_fn, TorchConfig(backend="gloo")
@@ -384,7 +385,8 @@ def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster
         if tmp:
             shutil.rmtree(work, ignore_errors=True)
     return {**out, "wall_s": round(wall, 2), "steps": steps, "groups": GROUPS,
-            "global_batch": GLOBAL_BATCH, "min_step_s": min_step_s}
+            "global_batch": GLOBAL_BATCH, "min_step_s": min_step_s,
+            **({"heartbeat_timeout_ms": heartbeat_timeout_ms} if kind == "torchft" else {})}
 
 
 def _markdown(rows: list[dict[str, Any]]) -> str:

@@ -32,6 +32,8 @@ from typing import Any
 
 REP_NODES, REP_GPUS, REP_GROUPS, REP_TP, REP_STEPS, REP_KILL, GLOBAL_BATCH = 4, 2, 3, 2, 16, 6, 12
 START_GAPS = 2  # gaps to steps 1 and 2 (0-based): the job's start, excluded from the steady median
+#: the second torchft run's lighthouse heartbeat timeout: Orthoplex's (``replica_heartbeat_timeout_s``)
+TORCHFT_FAST_HEARTBEAT_MS = 1000
 PEER_STEPS, PEER_STEPS_QUICK = 60, 50  # 30 was too few: torchft's replacement had not joined (2026-12-03)
 
 
@@ -138,11 +140,11 @@ def stall_breakdown(groups: dict[str, Any], survivors: list[str], dropped: list[
     return {"dropped_s": [rel(e["ts"]) for e in dropped], "attempts": att}
 
 
-def _peer(kind: str, cluster: Any, work: Path, quick: bool) -> dict[str, Any]:
+def _peer(kind: str, cluster: Any, work: Path, quick: bool, **kw: Any) -> dict[str, Any]:
     from bench.recovery_peers import run_peer
 
     out = run_peer(kind, steps=PEER_STEPS_QUICK if quick else PEER_STEPS, kill_at=REP_KILL,  # type: ignore[arg-type]
-                   cluster=cluster, work=work, gpus_per_group=REP_GPUS)
+                   cluster=cluster, work=work, gpus_per_group=REP_GPUS, **kw)
     out["stall_s_whole_run_after_kill"] = out["stall_s"]  # summarize's own (unbounded) window, for reference
     out["steps_redone_whole_run"] = out["steps_redone"]  # with attempts redone before the kill (load, start)
     out["steps_redone"] = out["steps_redone_after_fault"]
@@ -176,6 +178,11 @@ def compare(quick: bool) -> dict[str, Any]:
             runs[kind] = _peer(kind, cluster, work, quick)
             loads.append(os.getloadavg()[0])
             cluster.restore()
+        if not quick:  # torchft at Orthoplex's lighthouse heartbeat timeout (1 s; the peer's default here: 2 s)
+            runs["torchft-1s"] = _peer("torchft", cluster, work, quick, heartbeat_timeout_ms=TORCHFT_FAST_HEARTBEAT_MS)
+            runs["torchft-1s"]["system"] += f", heartbeat timeout {TORCHFT_FAST_HEARTBEAT_MS / 1000:g} s"
+            loads.append(os.getloadavg()[0])
+            cluster.restore()
     finally:
         cluster.shutdown()
         shutil.rmtree(work, ignore_errors=True)
@@ -204,7 +211,8 @@ def _steps(stall: float | None, step: float | None) -> str:
 def compare_markdown(r: dict[str, Any]) -> str:
     runs = r["runs"]
     ft = runs["torchft"]
-    rows = [runs["tp2-fault"], runs["tp1-fault"], ft, runs["restart"]]
+    rows = [runs["tp2-fault"], runs["tp1-fault"], ft, *([runs["torchft-1s"]] if "torchft-1s" in runs else []),
+            runs["restart"]]
     lines = [f"### Replica groups vs Ray Train + torchft vs Ray Train restart (one invocation, {REP_NODES} nodes x "
              f"{REP_GPUS} declared GPUs, {REP_GROUPS} groups, the last group's node killed at 0-based step {REP_KILL})",
              "",
@@ -266,9 +274,16 @@ def goals_markdown(r: dict[str, Any]) -> str:
     def yes(ok: bool) -> str:
         return "yes" if ok else "**no**"
 
-    def as_good(x: dict[str, Any]) -> bool:
-        return (x["stall_s"] <= ft["stall_s"] and x["steps_redone"] <= ft["steps_redone"]
+    def as_good(x: dict[str, Any], peer: dict[str, Any] = ft) -> bool:
+        return (x["stall_s"] <= peer["stall_s"] and x["steps_redone"] <= peer["steps_redone"]
                 and not x.get("extra_groups_dropped"))
+
+    fast = runs.get("torchft-1s")
+    vs_fast = [] if fast is None else [
+        f"| the same against torchft at Orthoplex's heartbeat timeout ({fast['heartbeat_timeout_ms'] / 1000:g} s) | "
+        f"tp=2: stall {f['stall_s']:.2f} vs {fast['stall_s']:.2f} s, redone {f['steps_redone']} vs "
+        f"{fast['steps_redone']}; tp=1: stall {one['stall_s']:.2f} s, redone {one['steps_redone']} | "
+        f"{yes(as_good(f, fast))} (tp=1: {yes(as_good(one, fast))}) |"]
 
     back = f.get("groups_at_end") == REP_GROUPS and bool(f.get("replacement_on_spare_node"))
     extra = int(f.get("extra_groups_dropped") or 0)
@@ -289,4 +304,5 @@ def goals_markdown(r: dict[str, Any]) -> str:
         f"| no storage read | `resumed` events: {f['resumed_events']} | {yes(f['resumed_events'] == 0)} |",
         f"| at least as good as Ray Train + torchft (same run) on stall and steps lost | tp=2: stall {f['stall_s']:.2f} "
         f"vs {ft['stall_s']:.2f} s, redone {f['steps_redone']} vs {ft['steps_redone']}; tp=1 (same group size): "
-        f"stall {one['stall_s']:.2f} s, redone {one['steps_redone']} | {yes(as_good(f))} (tp=1: {yes(as_good(one))}) |"])
+        f"stall {one['stall_s']:.2f} s, redone {one['steps_redone']} | {yes(as_good(f))} (tp=1: {yes(as_good(one))}) |",
+        *vs_fast])
