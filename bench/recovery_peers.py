@@ -16,12 +16,11 @@ batch, replica group ``g`` of ``G`` takes rows ``g*B/G .. (g+1)*B/G``. Gradients
 are averaged over the groups in the step's quorum, so with all groups present a step is the
 engine's data-parallel step on the same global batch.
 
-Failure: before step ``kill_at`` the last group's worker SIGKILLs its node's raylet (the hook the
-Orthoplex benchmark uses), once per run (a marker file keeps the replacement from doing it again).
-Orthoplex's ``kill_node`` fault in a replica group strikes later in the step: after the backward
-pass, before the cross-group reduction. Killing the peer there too was tried (2026-12-04): in 2 of 3
-runs Ray Train + torchft never started the replacement and ``fit()`` never returned (the survivors
-finished all their steps at 2 groups), so the peer is killed between steps, where it is reliable.
+Failure: in step ``kill_at``, after its backward pass and before the cross-group reduction, the last
+group's worker SIGKILLs its node's raylet (the hook the Orthoplex benchmark uses, at the same point of
+the step as Orthoplex's ``kill_node`` fault in a replica group: the survivors have done the step's
+work and wait in the reduction), once per run (a marker file keeps the replacement from doing it
+again).
 
 Measured from the ranks' own logs (one JSON line per event, wall clock of the one machine):
 ``stall_s`` the survivors' longest gap between two of their committed steps that ends after the
@@ -114,8 +113,9 @@ class _Run:
                                 "pid": os.getpid(), **kw}) + "\n")
 
     def maybe_kill(self, step: int) -> None:
-        """The benchmark's failure: this group's node crashes before ``kill_at`` (once per run; ``>=``:
-        a group that joined late may have healed past it)."""
+        """The benchmark's failure: this group's node crashes in step ``kill_at`` (the callers: after the
+        backward pass, before the reduction; once per run; ``>=``: a group that joined late may have
+        healed past it)."""
         if step >= self.kill_at and self.group == self.kill_group and not self.marker.exists():
             from workers.runtime.worker import _kill_own_node
 
@@ -189,10 +189,10 @@ def _torchft_train_fn(config: dict[str, Any]) -> None:
         run.wait_for_all("manager_up", timeout_s=config["timeout_s"])
     while manager.current_step() < run.cfg.steps and not run.done.exists():
         step = manager.current_step()
-        run.maybe_kill(step)  # between steps (the module docstring says why not mid-step)
         manager.start_quorum()
         loss = run.forward_backward(step)
         flat = run.flat_grads()
+        run.maybe_kill(step)  # the step's work done, before the cross-group reduction
         manager.allreduce(flat).wait()  # AVG over the quorum's participating groups
         manager.allreduce(loss).wait()
         participants = manager.num_participants()
@@ -228,9 +228,9 @@ def _restart_train_fn(config: dict[str, Any]) -> None:
         start = int(state["next_step"])
     run.note("restored", step=start)
     for step in range(start, run.cfg.steps):
-        run.maybe_kill(step)
         loss = run.forward_backward(step)
         flat = run.flat_grads()
+        run.maybe_kill(step)  # the step's work done, before the reduction
         dist.all_reduce(flat)
         flat /= run.groups
         dist.all_reduce(loss)
