@@ -272,10 +272,10 @@ def _replan(quick: bool) -> dict[str, Any]:
     for off, on in pairs:
         off_s, on_s = _median(off["step_walls"][steady]), _median(on["step_walls"][steady])
         waits = [w for w in on["snapshot_waits"][steady] if w is not None]
+        blocked = _median(waits) if waits else None  # inside the snapshots-on job: its steps' wait for the snapshot
         overheads.append({"off_s": round(off_s, 4), "on_s": round(on_s, 4), "overhead": round(on_s / off_s - 1.0, 4),
-                          # measured inside the snapshots-on job: what its steps waited for the snapshot
-                          "blocked_s": round(_median(waits), 4) if waits else None,
-                          "blocked_share": round(_median(waits) / on_s, 4) if waits else None})
+                          "blocked_s": None if blocked is None else round(blocked, 4),
+                          "blocked_share": None if blocked is None else round(blocked / on_s, 4)})
     out = {"steps": steps, "kill_step": KILL_STEP, "hint": RE_HINT, "checkpoint_every_max": CKPT_EVERY,
            "step_s_snapshots_off": overheads[0]["off_s"], "step_s_snapshots_on": overheads[0]["on_s"],
            "snapshot_overhead": overheads[0]["overhead"], "overhead_pairs": overheads,

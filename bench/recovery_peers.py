@@ -334,7 +334,7 @@ def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster
              gpus_per_group: int = GPUS_PER_GROUP, min_step_s: float = MIN_STEP_S,
              heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS) -> dict[str, Any]:
     """Train ``steps`` steps under the peer ``kind`` on a local cluster, crash the last group's node
-    before ``kill_at``, and return the numbers of :func:`summarize` plus ``wall_s``.
+    in step ``kill_at`` (after its backward pass), and return the numbers of :func:`summarize` plus ``wall_s``.
 
     ``cluster``: a connected Ray cluster with ``GROUPS + 1`` alive nodes of ``gpus_per_group``
     declared GPUs (one group per node, one spare); ``None`` starts (and shuts down) the benchmark's

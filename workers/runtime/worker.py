@@ -211,11 +211,9 @@ class RankWorker:
         while self._hang:  # fault hook: a rank that stops making progress (no crash)
             time.sleep(0.05)
         res = self._trainer.step()
-        snap_s = None
+        snap_s = None  # what the step waited for its snapshot (the push runs in the background)
         if self._snap is not None:  # waits for the previous snapshot, stages this one, writes it in the background
-            t_snap = time.perf_counter()
-            self._snap.start()
-            snap_s = time.perf_counter() - t_snap  # what the step waited for its snapshot (the rest is background)
+            snap_s = self._snap.start()
         busy = time.thread_time() - c0
         extra = busy * (self._slow_factor - 1.0)
         if self._jitter:

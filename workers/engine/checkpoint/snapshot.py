@@ -260,8 +260,11 @@ class Snapshotter:
         self.stats["plans"] += 1
         return plan_layout(global_plans, metadata, self.rank, signature)
 
-    def start(self) -> None:
-        """Snapshot the state after the last step; returns once it is copied into host memory."""
+    def start(self) -> float:
+        """Snapshot the state after the last step; returns once it is copied into host memory, with the
+        seconds the caller was held (the wait for the previous push included; the push of this one
+        runs in the background)."""
+        t_enter = time.perf_counter()
         self.wait()
         t0 = time.perf_counter()
         step = int(self.trainer.next_step)
@@ -297,6 +300,7 @@ class Snapshotter:
             return step
 
         self._pending = self._executor.submit(finish)
+        return time.perf_counter() - t_enter
 
     def wait(self) -> int | None:
         """Block until the snapshot in flight (if any) is pushed; its step, re-raising its error."""
