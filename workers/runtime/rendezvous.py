@@ -63,17 +63,18 @@ def join(rdzv: Rendezvous, rank: int, world_size: int) -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
-    kwargs = {}
     if rdzv.backend == "nccl":
         torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
-        kwargs["device_id"] = torch.device("cuda", 0)
+    # no ``device_id``: with it the default group is bound to the device and DeviceMesh builds its
+    # groups with ``split_group``, which crashed the process (SIGSEGV) at the second rendezvous of
+    # one process, as a warm-pool actor does (seen on an H200, torch 2.11); without it three
+    # rendezvous in one process run (tests/gpu: test_one_process_survives_three_rendezvous)
     dist.init_process_group(
         rdzv.backend,
         init_method=rdzv.init_method,
         rank=rank,
         world_size=world_size,
         timeout=timedelta(seconds=rdzv.timeout_s),
-        **kwargs,
     )
 
 

@@ -112,7 +112,9 @@ class Checkpointer:
         self.keep = max(int(keep), MIN_KEEP)
         self._own_async_group = False
         self.async_group = async_group
-        if async_save and async_group is None and _dist.active() and self.world_size > 1:
+        # also with one rank: DCP's async_save needs a process group with a CPU backend, and a job's
+        # default group on GPUs is NCCL only (found by the gpu tier: "A CPU backend must be enabled")
+        if async_save and async_group is None and _dist.active():
             ranks = dist.get_process_group_ranks(group) if group is not None else None
             self.async_group = dist.new_group(ranks=ranks, backend="gloo", timeout=timedelta(seconds=timeout_s))
             self._own_async_group = True
