@@ -25,8 +25,11 @@ again).
 Known problem (2026-12-04): of four torchft runs that day, three never started the replacement and
 ``fit()`` never returned (the survivors finished all their steps at 2 groups, then nothing): two with
 this kill point and one with the kill before the step (the kill point before that day), while the
-first run of the day and every run of the days before joined the replacement. The cause is not found;
-a hung peer hangs the benchmark (no timeout around ``fit()`` yet).
+first run of the day and every run of the days before joined the replacement. The cause is not found.
+A hung peer no longer hangs the benchmark: ``fit()`` gets ``fit_timeout_s`` (:func:`fit_with_deadline`:
+then Ray Train's own Ctrl-C path aborts the run), and the run is reported with ``fit_hung`` set, its
+numbers taken from the ranks' logs as far as they go (the stall is measured; the time to full
+strength is none when the replacement never committed a step).
 
 Measured from the ranks' own logs (one JSON line per event, wall clock of the one machine):
 ``stall_s`` the survivors' longest gap between two of their committed steps that ends after the
@@ -45,7 +48,9 @@ import shutil
 import signal
 import statistics
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -329,10 +334,39 @@ def _release_ray_train_actors(sigint: Any) -> None:
         ray.kill(ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator"))
 
 
+def fit_with_deadline(fit: Callable[[], Any], timeout_s: float, grace_s: float = 20.0) -> bool:
+    """Run ``fit()`` on this (the main) thread; past ``timeout_s`` interrupt it as Ctrl-C would: SIGINT
+    to this thread, whose handler (Ray Train's: the first aborts the run through its controller, the
+    third exits) ends it; again every ``grace_s`` until it does. True when ``fit()`` returned by
+    itself; False when it was interrupted (whatever it raised then is swallowed)."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("fit_with_deadline must run on the main thread (it interrupts it with SIGINT)")
+    done, fired = threading.Event(), threading.Event()
+    main = threading.main_thread().ident
+
+    def watchdog() -> None:
+        if done.wait(timeout_s):
+            return
+        fired.set()
+        while not done.is_set():
+            signal.pthread_kill(main, signal.SIGINT)  # type: ignore[arg-type]
+            done.wait(grace_s)
+
+    threading.Thread(target=watchdog, name="fit-deadline", daemon=True).start()
+    try:
+        fit()
+    except (KeyboardInterrupt, SystemExit, Exception):
+        if not fired.is_set():
+            raise
+    finally:
+        done.set()
+    return not fired.is_set()
+
+
 def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster: Any = None,
              work: Path | None = None, timeout_s: float = 30.0,
              gpus_per_group: int = GPUS_PER_GROUP, min_step_s: float = MIN_STEP_S,
-             heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS) -> dict[str, Any]:
+             heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS, fit_timeout_s: float = 240.0) -> dict[str, Any]:
     """Train ``steps`` steps under the peer ``kind`` on a local cluster, crash the last group's node
     in step ``kill_at`` (after its backward pass), and return the numbers of :func:`summarize` plus ``wall_s``.
 
@@ -380,10 +414,11 @@ def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster
     t0 = time.time()
     sigint = signal.getsignal(signal.SIGINT)
     try:
-        trainer.fit()
+        returned = fit_with_deadline(trainer.fit, fit_timeout_s)
         wall = time.time() - t0
         rows = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
         out = summarize(rows, kind, GROUPS, GROUPS - 1)
+        out["fit_hung"] = not returned
     finally:
         _release_ray_train_actors(sigint)
         if own:

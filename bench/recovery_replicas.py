@@ -257,6 +257,11 @@ def compare_markdown(r: dict[str, Any]) -> str:
               f"before the kill too: torchft {ft.get('steps_redone_whole_run')}, restart "
               f"{runs['restart'].get('steps_redone_whole_run')}; Orthoplex tp=2 aborted before the kill: "
               f"{runs['tp2-fault'].get('aborted_before_kill')}, tp=1: {runs['tp1-fault'].get('aborted_before_kill')}."]
+    for x in rows:
+        if x.get("fit_hung"):
+            lines += ["", f"**{x['system']}: `fit()` did not return within its deadline** (the replacement "
+                      f"{'joined' if x.get('full_strength_s') is not None else 'never committed a step'}); the run "
+                      "was aborted through Ray Train's own Ctrl-C path and its numbers are the ranks' logs up to then."]
     if r.get("quick"):
         lines += ["", "_Quick mode: no tp=1 no-fault run (its loss check is not measured), peers "
                   f"{PEER_STEPS_QUICK} steps._"]

@@ -74,3 +74,40 @@ def test_torchft_peer_replaces_a_lost_replica_group(ray_cluster) -> None:  # typ
     assert out["degraded_steps"], "the survivors never committed a step without the lost group"
     assert out["full_strength_s"] is not None, f"never back at {GROUPS} groups: {out}"
     assert all(math.isfinite(x) for x in out["losses"])
+
+
+@pytest.mark.unit
+def test_fit_with_deadline_interrupts_a_hung_fit_and_leaves_a_quick_one_alone() -> None:
+    """The benchmark's guard around Ray Train's ``fit()``: past the deadline it sends SIGINT to the main
+    thread as Ctrl-C would (Ray Train's handler then aborts the run); a fit that ignores the first
+    SIGINT gets another; one that returns in time is untouched and its errors propagate."""
+    import signal
+    import time
+
+    from bench.recovery_peers import fit_with_deadline
+
+    calls: list[str] = []
+    interrupts: list[float] = []
+
+    def handler(_sig: int, _frame: object) -> None:
+        interrupts.append(time.monotonic())
+        if len(interrupts) >= 2:  # like Ray Train's handler, the first does not end fit() at once
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        t0 = time.monotonic()
+
+        def hung() -> None:
+            while True:
+                time.sleep(0.01)
+
+        assert fit_with_deadline(hung, timeout_s=0.3, grace_s=0.2) is False
+        assert len(interrupts) == 2 and interrupts[0] - t0 >= 0.3
+        assert fit_with_deadline(lambda: calls.append("ran"), timeout_s=5.0) is True and calls == ["ran"]
+        with pytest.raises(ValueError):
+            fit_with_deadline(lambda: (_ for _ in ()).throw(ValueError("boom")), timeout_s=5.0)
+        time.sleep(0.3)
+        assert len(interrupts) == 2  # no stray SIGINT after a fit that returned
+    finally:
+        signal.signal(signal.SIGINT, previous)

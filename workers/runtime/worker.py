@@ -114,7 +114,10 @@ class RankWorker:
         def push(step: int, files: dict[str, bytes]) -> None:
             import ray
 
-            for ref in [h.put.remote(epoch, step, world, files) for h in holders]:
+            # serialised into this node's object store once, whatever the number of holders (an
+            # argument passed by value would be serialised once per call); each holder pulls it
+            payload = ray.put(files)
+            for ref in [h.put.remote(epoch, step, world, payload) for h in holders]:
                 try:  # best effort per copy: a holder whose node died must not fail this rank
                     ray.get(ref, timeout=60)
                 except Exception:
