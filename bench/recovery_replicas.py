@@ -288,7 +288,7 @@ def goals_markdown(r: dict[str, Any]) -> str:
         f"| the same against torchft at Orthoplex's heartbeat timeout ({fast['heartbeat_timeout_ms'] / 1000:g} s) | "
         f"tp=2: stall {f['stall_s']:.2f} vs {fast['stall_s']:.2f} s, redone {f['steps_redone']} vs "
         f"{fast['steps_redone']}; tp=1: stall {one['stall_s']:.2f} s, redone {one['steps_redone']} | "
-        f"{yes(as_good(f, fast))} (tp=1: {yes(as_good(one, fast))}) |"]
+        f"{yes(as_good(f, fast))} (tp=1: {yes(as_good(one, fast))}){hung_note(fast)} |"]
 
     back = f.get("groups_at_end") == REP_GROUPS and bool(f.get("replacement_on_spare_node"))
     extra = int(f.get("extra_groups_dropped") or 0)
@@ -309,5 +309,12 @@ def goals_markdown(r: dict[str, Any]) -> str:
         f"| no storage read | `resumed` events: {f['resumed_events']} | {yes(f['resumed_events'] == 0)} |",
         f"| at least as good as Ray Train + torchft (same run) on stall and steps lost | tp=2: stall {f['stall_s']:.2f} "
         f"vs {ft['stall_s']:.2f} s, redone {f['steps_redone']} vs {ft['steps_redone']}; tp=1 (same group size): "
-        f"stall {one['stall_s']:.2f} s, redone {one['steps_redone']} | {yes(as_good(f))} (tp=1: {yes(as_good(one))}) |",
+        f"stall {one['stall_s']:.2f} s, redone {one['steps_redone']} | {yes(as_good(f))} (tp=1: {yes(as_good(one))})"
+        f"{hung_note(ft)} |",
         *vs_fast])
+
+
+def hung_note(peer: dict[str, Any]) -> str:
+    """A verdict against a peer run whose ``fit()`` hung is no fair verdict: say so next to it."""
+    return ("; **the peer's run hung** (`fit()` ended by the deadline), so this verdict says little"
+            if peer.get("fit_hung") else "")
