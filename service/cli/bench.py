@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-BENCHES = ("planner", "scheduler", "engine", "checkpoint", "api", "recovery", "recovery_peers", "simulate", "data",
-           "dashboard", "netchaos")
+BENCHES = ("planner", "scheduler", "engine", "checkpoint", "api", "recovery", "recovery_peers", "snapshot_cpu",
+           "simulate", "data", "dashboard", "netchaos")
 EXPLICIT_ONLY = ("netchaos",)  # root and 10+ minutes: never part of "all"
 
 
