@@ -183,6 +183,15 @@ def compare(quick: bool) -> dict[str, Any]:
             runs["torchft-1s"]["system"] += f", heartbeat timeout {TORCHFT_FAST_HEARTBEAT_MS / 1000:g} s"
             loads.append(os.getloadavg()[0])
             cluster.restore()
+            # the same, every step padded to Orthoplex tp=2's own no-fault steady step of this run: a
+            # stall in seconds then compares recovery, not step lengths (0.3 s vs a CPU-bound tp=2 step)
+            matched = runs["tp2-clean"]["steady_step_s"]
+            runs["torchft-1s-matched"] = _peer("torchft", cluster, work, quick, min_step_s=matched,
+                                               heartbeat_timeout_ms=TORCHFT_FAST_HEARTBEAT_MS)
+            runs["torchft-1s-matched"]["system"] += (f", heartbeat timeout {TORCHFT_FAST_HEARTBEAT_MS / 1000:g} s, "
+                                                     f"step padded to tp=2's {matched:.2f} s")
+            loads.append(os.getloadavg()[0])
+            cluster.restore()
     finally:
         cluster.shutdown()
         shutil.rmtree(work, ignore_errors=True)
@@ -211,8 +220,8 @@ def _steps(stall: float | None, step: float | None) -> str:
 def compare_markdown(r: dict[str, Any]) -> str:
     runs = r["runs"]
     ft = runs["torchft"]
-    rows = [runs["tp2-fault"], runs["tp1-fault"], ft, *([runs["torchft-1s"]] if "torchft-1s" in runs else []),
-            runs["restart"]]
+    rows = [runs["tp2-fault"], runs["tp1-fault"], ft,
+            *[runs[k] for k in ("torchft-1s", "torchft-1s-matched") if k in runs], runs["restart"]]
     lines = [f"### Replica groups vs Ray Train + torchft vs Ray Train restart (one invocation, {REP_NODES} nodes x "
              f"{REP_GPUS} declared GPUs, {REP_GROUPS} groups, the last group's node killed at 0-based step {REP_KILL})",
              "",
@@ -245,7 +254,8 @@ def compare_markdown(r: dict[str, Any]) -> str:
               "peer group is 1 process holding the whole model on 2 declared GPUs (Orthoplex tp=2: 2 ranks per "
               "group; tp=1: 1 rank per group, 1 GPU). The peers train the same tiny model, global batch "
               f"{GLOBAL_BATCH}, engine optimizer and data, but with their own plain-torch loop, every step padded to "
-              f"{ft['min_step_s']} s (their unpadded ~40 ms step is shorter than a replacement's start), over "
+              f"{ft['min_step_s']} s (their unpadded ~40 ms step is shorter than a replacement's start; the "
+              "'step padded to' row: to Orthoplex tp=2's no-fault steady step of this run), over "
               f"{ft['steps']} steps (Orthoplex: {REP_STEPS} unpadded steps) so the replacement can join; the "
               f"killed group's node dies in 0-based step {REP_KILL} after its backward pass, before the "
               "cross-group reduction, in all systems (the peers: by the group's own worker; Orthoplex: by the "
@@ -289,6 +299,14 @@ def goals_markdown(r: dict[str, Any]) -> str:
         f"tp=2: stall {f['stall_s']:.2f} vs {fast['stall_s']:.2f} s, redone {f['steps_redone']} vs "
         f"{fast['steps_redone']}; tp=1: stall {one['stall_s']:.2f} s, redone {one['steps_redone']} | "
         f"{yes(as_good(f, fast))} (tp=1: {yes(as_good(one, fast))}){hung_note(fast)} |"]
+    matched = runs.get("torchft-1s-matched")
+    if matched is not None:
+        vs_fast.append(
+            f"| the same, torchft's steps padded to tp=2's own step ({matched['min_step_s']:.2f} s; steady "
+            f"{_fmt(matched['steady_step_s'], '.3f')} vs {_fmt(f['steady_step_s'], '.3f')} s) | tp=2: stall "
+            f"{f['stall_s']:.2f} vs {matched['stall_s']:.2f} s, redone {f['steps_redone']} vs {matched['steps_redone']}, "
+            f"kill -> full strength {_fmt(f.get('full_strength_s'))} vs {_fmt(matched.get('full_strength_s'))} s | "
+            f"{yes(as_good(f, matched))}{hung_note(matched)} |")
 
     back = f.get("groups_at_end") == REP_GROUPS and bool(f.get("replacement_on_spare_node"))
     extra = int(f.get("extra_groups_dropped") or 0)

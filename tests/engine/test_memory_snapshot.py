@@ -20,7 +20,8 @@ def _train_with_snapshots(rank: int, world: int, spec: str, root: str) -> dict:
     batches = random_batches(cfg, 5, seed=7)
     t = RankTrainer(cfg, fast_layout(spec), rank, world)
     kept: dict[int, dict[str, bytes]] = {}
-    snap = Snapshotter(t, lambda step, files: kept.setdefault(step, {}).update(files), tag=f"t{world}")
+    snap = Snapshotter(t, lambda step, files: kept.setdefault(step, {}).update(
+        {n: b"".join(parts) for n, parts in files.items()}), tag=f"t{world}")
     losses = []
     for b in batches:
         losses.append(t.train_batch(b).loss)

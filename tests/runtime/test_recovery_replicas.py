@@ -58,3 +58,32 @@ def test_a_partial_recovery_run_keeps_the_restart_rows_and_says_where_they_come_
     assert _carried_baseline(before)["baseline_rows_from"] == "2026-11-29 run"  # carried again: the first date
     before.write_text(json.dumps({"compare": {}}))  # a record without restart rows: nothing to carry
     assert _carried_baseline(before) == {}
+
+
+def _run(system: str, stall: float, redone: int, step: float, **kw: object) -> dict:
+    return {"system": system, "group_size": 1, "stall_s": stall, "steady_step_s": step, "steps_redone": redone,
+            "full_strength_s": 4.0, "final_loss": 3.0, "steps": 16, **kw}
+
+
+def test_goal_verdicts_name_each_torchft_run_and_the_step_it_was_padded_to() -> None:
+    """The goals table judges tp=2 against every torchft run of the invocation, the step-matched one
+    included (its padding stated), and a verdict follows the numbers, not the row's order."""
+    from bench.recovery_replicas import compare_markdown
+
+    tp2 = _run("Orthoplex tp=2 x 3 groups", 2.2, 1, 0.8, group_size=2, redone_steps=[6], stall_ends_step=6,
+               resumed_events=0, groups_at_end=3, replacement_on_spare_node=True, healed_from=0,
+               max_rel_loss_diff_vs_no_fault=1e-7, aborted_before_kill=[])
+    runs = {"tp2-fault": tp2, "tp2-clean": _run("clean", 0.0, 0, 0.79),
+            "tp1-fault": _run("Orthoplex tp=1 x 3 groups", 1.2, 1, 0.07, aborted_before_kill=[]),
+            "torchft": _run("Ray Train + torchft", 3.0, 2, 0.3, min_step_s=0.3),
+            "torchft-1s": _run("torchft 1 s", 1.4, 3, 0.3, min_step_s=0.3, heartbeat_timeout_ms=1000),
+            "torchft-1s-matched": _run("torchft 1 s matched", 2.5, 3, 0.8, min_step_s=0.79, heartbeat_timeout_ms=1000),
+            "restart": _run("restart", 15.0, 2, 0.28, min_step_s=0.3)}
+    md = compare_markdown({"runs": runs, "quick": False, "load_average_1min": [1.0]})
+    goals = md[md.index("#### Goals"):]
+    rows = [line for line in goals.splitlines() if "torchft" in line]
+    assert len(rows) == 3
+    assert rows[0].endswith("| yes (tp=1: yes) |")  # 2.2 <= 3.0 s, 1 <= 2 redone
+    assert "tp=2: stall 2.20 vs 1.40 s" in rows[1] and rows[1].endswith("| **no** (tp=1: yes) |")
+    assert "padded to tp=2's own step (0.79 s" in rows[2] and rows[2].endswith("| yes |")
+    assert "torchft 1 s matched" in md[:md.index("#### Goals")]

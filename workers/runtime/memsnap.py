@@ -2,7 +2,9 @@
 
 Every rank snapshots its shard after every step (``workers.engine.checkpoint.snapshot``) and pushes
 the bytes to two :class:`SnapshotHolder` actors: the one on its own node and the one on the next
-node of the ring (:func:`buddy_of`), so a snapshot survives the loss of any one node. Holders are
+node of the ring (:func:`buddy_of`), so a snapshot survives the loss of any one node. The bytes go
+over a plain TCP link per (rank, holder) (``workers.runtime.snapshot_wire``: a fraction of the CPU
+Ray's object store costs per push); :meth:`SnapshotHolder.address` says where a holder listens. Holders are
 plain Ray actors, one per node per job, owned by the job's supervisor (they die with it) and killed
 at the job's end; they keep the newest ``keep`` snapshots (by step).
 
@@ -96,6 +98,29 @@ class SnapshotHolder:
         self.keep = keep
         self.snaps: dict[SnapshotKey, dict[str, Any]] = {}
         self._lock = threading.Lock()  # a threaded actor: pushes of several ranks arrive at once
+        self._receiver: Any = None
+
+    def address(self, host: str | None = None) -> tuple[str, int, str]:
+        """Where ranks push to this holder (``snapshot_wire``): ``(host, port, token hex)``. The
+        listener starts on the first call, on this node's IP (``host`` overrides), with a fresh
+        random token: only a rank given the address through Ray can store into this holder."""
+        import secrets
+
+        from workers.runtime.snapshot_wire import TOKEN_BYTES, Receiver
+
+        with self._lock:
+            if self._receiver is None:
+                if host is None:
+                    import ray
+
+                    host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+                self._receiver = Receiver(self.put, secrets.token_bytes(TOKEN_BYTES), host)
+            return self._receiver.address.as_tuple()
+
+    def close(self) -> None:
+        """Stop listening (an actor's process exit does it too)."""
+        if self._receiver is not None:
+            self._receiver.close()
 
     def node(self) -> str:
         import ray

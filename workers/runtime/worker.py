@@ -37,6 +37,7 @@ class RankWorker:
         self._hang = False
         self._fence: tuple[str, int] | None = None  # (checkpoint_dir, gang epoch)
         self._snap: Any = None  # Snapshotter: this rank's shard to two nodes' memory after every step
+        self._snap_links: list[Any] = []  # its snapshot_wire.Sender (one per gang; closed with the next)
         self.snapshot_push_errors = 0
         self._rng = random.Random(os.getpid())
         self._rdzv: dict[str, Any] | None = None
@@ -102,6 +103,7 @@ class RankWorker:
         t1 = time.perf_counter()
         self._trainer = RankTrainer(TrainConfig.from_dict(cfg), Layout.from_dict(layout), rank, world_size,
                                     collective_timeout_s=collective_timeout_s)
+        self._close_snap_links()
         if snapshot_to is not None:
             from workers.engine.checkpoint.snapshot import Snapshotter
 
@@ -111,19 +113,33 @@ class RankWorker:
         return {"join_s": t1 - t0, "build_s": time.perf_counter() - t1}
 
     def _pusher(self, epoch: int, world: int, holders: list[Any]) -> Any:
-        def push(step: int, files: dict[str, bytes]) -> None:
+        """The snapshotter's push: this rank's files to each holder over its own TCP link
+        (``snapshot_wire``; the holders' addresses are asked through Ray on the first push, in the
+        background). Best effort per copy: a holder that fails is dropped and counted, the rank
+        goes on."""
+        from workers.runtime.snapshot_wire import Sender
+
+        link = self._snap_links
+
+        def push(step: int, files: dict[str, list[Any]]) -> None:
             import ray
 
-            # serialised into this node's object store once, whatever the number of holders (an
-            # argument passed by value would be serialised once per call); each holder pulls it
-            payload = ray.put(files)
-            for ref in [h.put.remote(epoch, step, world, payload) for h in holders]:
-                try:  # best effort per copy: a holder whose node died must not fail this rank
-                    ray.get(ref, timeout=60)
-                except Exception:
-                    self.snapshot_push_errors += 1
+            if not link:
+                addresses = []
+                for ref in [h.address.remote() for h in holders]:
+                    try:
+                        addresses.append(ray.get(ref, timeout=60))
+                    except Exception:  # its node died: one copy fewer
+                        self.snapshot_push_errors += 1
+                link.append(Sender(addresses, timeout_s=60.0))
+            self.snapshot_push_errors += link[0].push(epoch, step, world, files)
 
         return push
+
+    def _close_snap_links(self) -> None:
+        links, self._snap_links = self._snap_links, []
+        for link in links:
+            link.close()
 
     # ---------------------------------------------------------------- replica groups (torchft)
     def setup_replica(self, group: int, lighthouse: str, min_replicas: int, timeout_s: float) -> dict[str, Any]:
@@ -271,6 +287,7 @@ class RankWorker:
         if self._snap is not None:
             self._snap.close()
             self._snap = None
+        self._close_snap_links()
         if self._trainer is not None:
             self._trainer.close()
             self._trainer = None

@@ -61,7 +61,9 @@ from workers.engine.checkpoint.state import ModelOptimizerState
 log = logging.getLogger("orthoplex.snapshot")
 METADATA = ".metadata"
 FORMAT = "orthoplex-flat-1"
-Push = Callable[[int, dict[str, bytes]], None]  # (steps completed, {file name: bytes}) -> None
+# (steps completed, {file name: its bytes-like parts, back to back}) -> None; the parts may view the
+# snapshotter's staging buffer: valid during the call only (send or copy them before returning)
+Push = Callable[[int, dict[str, list[Any]]], None]
 Fetch = Callable[[Mapping[str, Any]], dict[str, bytes]]  # {name: handle} -> {name: bytes}
 _HEADER = struct.Struct("<Q")
 _ALIGN = 64
@@ -219,9 +221,15 @@ def stage(layout: _Layout, planner: DefaultSavePlanner, buf: torch.Tensor) -> by
                         protocol=pickle.HIGHEST_PROTOCOL)
 
 
+def pack_parts(objects: bytes, buf: torch.Tensor) -> list[Any]:
+    """A rank file as parts, without copying the tensor bytes: header length and the pickled
+    non-tensor items, then a view of ``buf``."""
+    return [_HEADER.pack(len(objects)) + objects, memoryview(buf.numpy())]
+
+
 def pack(objects: bytes, buf: torch.Tensor) -> bytes:
     """A rank file: header length, the pickled non-tensor items, the tensor bytes."""
-    return _HEADER.pack(len(objects)) + objects + buf.numpy().tobytes()
+    return b"".join(pack_parts(objects, buf))
 
 
 class Snapshotter:
@@ -290,13 +298,13 @@ class Snapshotter:
 
         def finish() -> int:
             t1 = time.perf_counter()
-            files = {shard_name(self.rank): pack(objects, buf)}
+            files = {shard_name(self.rank): pack_parts(objects, buf)}
             if self.rank == 0:
-                files[METADATA] = layout.metadata
+                files[METADATA] = [layout.metadata]
             self.push(step, files)
             self.stats["background_s"] += time.perf_counter() - t1
             self.stats["snapshots"] += 1
-            self.stats["bytes"] += sum(len(b) for b in files.values())
+            self.stats["bytes"] += sum(memoryview(p).nbytes for parts in files.values() for p in parts)
             return step
 
         self._pending = self._executor.submit(finish)
