@@ -8,7 +8,14 @@ import threading
 import numpy as np
 
 from workers.runtime.memsnap import SnapshotHolder, choose
-from workers.runtime.snapshot_wire import TOKEN_BYTES, Receiver, Sender
+from workers.runtime.snapshot_wire import (
+    TOKEN_BYTES,
+    LocalCopy,
+    Receiver,
+    Sender,
+    local_name,
+    parse_local_name,
+)
 
 
 def _receiver(token: bytes = b"t" * TOKEN_BYTES) -> tuple[Receiver, list]:
@@ -56,15 +63,33 @@ def test_a_wrong_token_a_dead_and_a_silent_holder_each_fail_one_copy() -> None:
     assert [s for _, s, _, _ in got] == [1, 2] and not other_got and other.rejected == 1
 
 
-def test_a_holder_stores_what_its_listener_receives() -> None:
-    h = SnapshotHolder(keep=2)
-    sender = Sender([h.address(host="127.0.0.1")])
+def test_a_holder_lists_and_serves_the_wire_copies_and_its_own_nodes_files(tmp_path) -> None:
+    """Rank 1 (another node) pushes over the wire, rank 0 (the holder's node) writes into the holder's
+    directory; the holder's inventory merges both, keeps the newest ``keep`` steps of each, serves
+    either kind, and closing it removes the directory."""
+    h = SnapshotHolder(keep=2, directory=str(tmp_path / "holder"))
+    addr = h.address(host="127.0.0.1")
+    assert addr["keep"] == 2 and addr["dir"] == str(tmp_path / "holder")
+    sender, local = Sender([addr]), LocalCopy(addr["dir"], addr["keep"])
     try:
         for step in (1, 2, 3):
-            assert sender.push(5, step, 1, {"__0_0.distcp": [b"x" * step], ".metadata": [b"m"]}) == 0
+            assert sender.push(5, step, 2, {"__1_0.distcp": [b"y" * step]}) == 0
+            assert local.push(5, step, 2, {"__0_0.distcp": [b"x", b"x" * step], ".metadata": [b"m"]}) == 0
+        inv = h.inventory()
+        assert sorted(e["step"] for e in inv) == [2, 3]
+        assert [e["files"] for e in inv if e["step"] == 3] == [[".metadata", "__0_0.distcp", "__1_0.distcp"]]
+        assert len(list((tmp_path / "holder").iterdir())) == 4  # 2 files x the newest 2 steps, no temp file
+        got = h.get(5, 3, ["__0_0.distcp", "__1_0.distcp"])
+        assert bytes(got["__0_0.distcp"]) == b"xxxx" and bytes(got["__1_0.distcp"]) == b"yyy"
+        assert choose({"n": inv}).key.step == 3
     finally:
         sender.close()
         h.close()
-    assert sorted(e["step"] for e in h.inventory()) == [2, 3]
-    assert bytes(h.get(5, 3, ["__0_0.distcp"])["__0_0.distcp"]) == b"xxx"
-    assert choose({"n": h.inventory()}).key.step == 3
+    assert not (tmp_path / "holder").exists()
+    assert local.push(5, 4, 2, {"__0_0.distcp": [b"z"]}) == 1 and local.dead  # its holder closed: counted
+
+
+def test_local_names_round_trip_and_temp_files_are_not_snapshots() -> None:
+    assert parse_local_name(local_name(3, 17, 8, "__5_0.distcp")) == (3, 17, 8, "__5_0.distcp")
+    assert parse_local_name(local_name(0, 1, 2, ".metadata")) == (0, 1, 2, ".metadata")
+    assert parse_local_name("tmp.__5_0.distcp") is None and parse_local_name("1_2_x") is None

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 METADATA = ".metadata"
@@ -89,21 +92,41 @@ def buddy_of(node: str, nodes: Iterable[str]) -> str | None:
     return ring[(ring.index(node) + 1) % len(ring)]
 
 
-class SnapshotHolder:
-    """One node's memory for a job's snapshots (a Ray actor; see :class:`Holders`)."""
+def local_dir(holder_id: str) -> Path:
+    """The node-local directory (in memory: ``/dev/shm`` where there is one) of the holder whose
+    Ray actor id is ``holder_id``: its own node's ranks write their copies there."""
+    shm = Path("/dev/shm")
+    return (shm if shm.is_dir() else Path(tempfile.gettempdir())) / f"orthoplex-snap-{holder_id}"
 
-    def __init__(self, keep: int = 3) -> None:
+
+class SnapshotHolder:
+    """One node's memory for a job's snapshots (a Ray actor; see :class:`Holders`): what ranks of
+    other nodes push over the wire (``snapshot_wire.Receiver``, kept in this process) and what this
+    node's own ranks write into its directory in the node's memory (``snapshot_wire.LocalCopy``)."""
+
+    def __init__(self, keep: int = 3, directory: str | None = None) -> None:
         import threading
 
         self.keep = keep
         self.snaps: dict[SnapshotKey, dict[str, Any]] = {}
         self._lock = threading.Lock()  # a threaded actor: pushes of several ranks arrive at once
         self._receiver: Any = None
+        self._dir = Path(directory) if directory else None
+        self._refs: dict[SnapshotKey, dict[str, Any]] = {}  # handles already put, per snapshot
 
-    def address(self, host: str | None = None) -> tuple[str, int, str]:
-        """Where ranks push to this holder (``snapshot_wire``): ``(host, port, token hex)``. The
-        listener starts on the first call, on this node's IP (``host`` overrides), with a fresh
-        random token: only a rank given the address through Ray can store into this holder."""
+    def _directory(self) -> Path:
+        if self._dir is None:
+            import ray
+
+            self._dir = local_dir(ray.get_runtime_context().get_actor_id())
+        self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return self._dir
+
+    def address(self, host: str | None = None) -> dict[str, Any]:
+        """Where ranks push to this holder: ``host``/``port``/``token`` (hex) of its listener
+        (``snapshot_wire``: a fresh random token, so only a rank given the address through Ray can
+        store into it), its ``node`` and the ``dir`` its own node's ranks write into. The listener
+        starts on the first call, on this node's IP (``host`` overrides)."""
         import secrets
 
         from workers.runtime.snapshot_wire import TOKEN_BYTES, Receiver
@@ -115,19 +138,27 @@ class SnapshotHolder:
 
                     host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
                 self._receiver = Receiver(self.put, secrets.token_bytes(TOKEN_BYTES), host)
-            return self._receiver.address.as_tuple()
+            host, port, token = self._receiver.address.as_tuple()
+        return {"host": host, "port": port, "token": token, "node": self.node(), "dir": str(self._directory()),
+                "keep": self.keep}
 
     def close(self) -> None:
-        """Stop listening (an actor's process exit does it too)."""
+        """Stop listening and drop the node-local copies (an actor's exit stops the listener too, but
+        leaves the directory: :class:`Holders` removes it)."""
         if self._receiver is not None:
             self._receiver.close()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def node(self) -> str:
-        import ray
+        try:
+            import ray
 
-        return ray.get_runtime_context().get_node_id()
+            return ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+        except Exception:
+            return "local"
 
-    def put(self, epoch: int, step: int, world: int, files: dict[str, bytes]) -> int:
+    def put(self, epoch: int, step: int, world: int, files: dict[str, Any]) -> int:
         key = SnapshotKey(epoch, step)
         with self._lock:
             entry = self.snaps.setdefault(key, {"world": world, "files": {}})
@@ -136,15 +167,36 @@ class SnapshotHolder:
                 del self.snaps[old]
         return sum(len(b) for b in files.values())
 
+    def _local(self) -> dict[SnapshotKey, dict[str, Any]]:
+        """The node-local copies: key -> ``{"world", "files": {name: path}}`` (the newest ``keep``)."""
+        from workers.runtime.snapshot_wire import parse_local_name
+
+        found: dict[SnapshotKey, dict[str, Any]] = {}
+        if self._dir is None or not self._dir.is_dir():
+            return found
+        for f in self._dir.iterdir():
+            parsed = parse_local_name(f.name)
+            if parsed is not None:
+                epoch, step, world, name = parsed
+                found.setdefault(SnapshotKey(epoch, step), {"world": world, "files": {}})["files"][name] = f
+        newest = sorted(found, key=lambda k: (k.step, k.epoch))[-self.keep:]
+        return {k: found[k] for k in newest}
+
+    def _merged(self) -> dict[SnapshotKey, dict[str, Any]]:
+        out = {k: {"world": e["world"], "files": dict(e["files"])} for k, e in self._local().items()}
+        for k, e in self.snaps.items():
+            out.setdefault(k, {"world": e["world"], "files": {}})["files"].update(e["files"])
+        return out
+
     def inventory(self) -> list[dict[str, Any]]:
         with self._lock:
             return [{"epoch": k.epoch, "step": k.step, "world": e["world"], "files": sorted(e["files"])}
-                    for k, e in self.snaps.items()]
+                    for k, e in self._merged().items()]
 
-    def get(self, epoch: int, step: int, names: list[str]) -> dict[str, bytes]:
+    def get(self, epoch: int, step: int, names: list[str]) -> dict[str, Any]:
         with self._lock:
-            files = self.snaps[SnapshotKey(epoch, step)]["files"]
-            return {n: files[n] for n in names}
+            files = self._merged()[SnapshotKey(epoch, step)]["files"]
+        return {n: (files[n].read_bytes() if isinstance(files[n], Path) else files[n]) for n in names}
 
     def refs(self, epoch: int, step: int, names: list[str]) -> dict[str, Any]:
         """Handles (Ray ``ObjectRef``s owned by this holder) to files of a snapshot: a restoring rank
@@ -153,13 +205,13 @@ class SnapshotHolder:
         into this node's object store on its first request (never while snapshots only arrive)."""
         import ray
 
+        key = SnapshotKey(epoch, step)
         with self._lock:
-            entry = self.snaps[SnapshotKey(epoch, step)]
-            cache = entry.setdefault("refs", {})
-            for n in names:
-                if n not in cache:
-                    cache[n] = ray.put(entry["files"][n])
-            return {n: cache[n] for n in names}
+            cache = self._refs.setdefault(key, {})
+        missing = [n for n in names if n not in cache]
+        for n, data in self.get(epoch, step, missing).items():
+            cache[n] = ray.put(data)
+        return {n: cache[n] for n in names}
 
 
 @dataclass
@@ -201,7 +253,7 @@ class Holders:
         for n in set(nodes) & set(self.actors):
             with contextlib.suppress(Exception):
                 ray.kill(self.actors[n], no_restart=True)
-            del self.actors[n]
+            _drop_local_dir(self.actors.pop(n))
 
     def alive(self, timeout_s: float = 2.0) -> dict[str, Any]:
         """The holders that answer within ``timeout_s`` (a dead node's holder is dropped)."""
@@ -218,7 +270,7 @@ class Holders:
         for n in set(self.actors) - set(ok):  # dead, or too slow to trust: replaced by a fresh one
             with contextlib.suppress(Exception):
                 ray.kill(self.actors[n], no_restart=True)
-            del self.actors[n]
+            _drop_local_dir(self.actors.pop(n))
         return ok
 
     def inventories(self, timeout_s: float = 5.0) -> dict[str, list[dict[str, Any]]]:
@@ -239,9 +291,22 @@ class Holders:
         return out
 
     def kill(self) -> None:
+        """Close every holder (its node-local copies go), then kill it."""
         import ray
 
+        closing = [a.close.remote() for a in self.actors.values()]
+        with contextlib.suppress(Exception):
+            ray.wait(closing, num_returns=len(closing), timeout=5.0)
         for a in self.actors.values():
             with contextlib.suppress(Exception):
                 ray.kill(a, no_restart=True)
+            _drop_local_dir(a)
         self.actors = {}
+
+
+def _drop_local_dir(actor: Any) -> None:
+    """Remove a killed holder's node-local directory where this process can see it. On a real cluster
+    a lost node's memory is gone with it; nodes simulated on one host share ``/dev/shm``, and a
+    holder killed without :meth:`SnapshotHolder.close` would leave its copies there."""
+    with contextlib.suppress(Exception):
+        shutil.rmtree(local_dir(actor._actor_id.hex()), ignore_errors=True)

@@ -15,19 +15,28 @@ holder answers each frame with one byte (``ACK``, or ``NAK`` for a wrong token, 
 sender sends all frames of a snapshot to every live holder, then reads the answers; a holder that
 fails (refused, reset, silent for ``timeout_s``) is dropped for good: the next gang gets new links.
 
-Pure Python (standard library): :class:`Receiver` runs inside a holder, :class:`Sender` in a rank.
+The copy for the holder on the rank's own node needs no network: :class:`LocalCopy` writes it into
+that holder's directory in the node's memory (``/dev/shm``), which outlives the rank and goes with
+the node, as the holder's memory does.
+
+Pure Python (standard library and numpy): :class:`Receiver` runs inside a holder, :class:`Sender`
+and :class:`LocalCopy` in a rank.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import struct
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 log = logging.getLogger("orthoplex.snapshot_wire")
 TOKEN_BYTES = 16
@@ -50,24 +59,27 @@ class Address:
         return self.host, self.port, self.token.hex()
 
     @classmethod
-    def of(cls, value: Address | Sequence[Any]) -> Address:
+    def of(cls, value: Address | Mapping[str, Any] | Sequence[Any]) -> Address:
         if isinstance(value, Address):
             return value
+        if isinstance(value, Mapping):
+            value = (value["host"], value["port"], value["token"])
         host, port, token = value
         return cls(str(host), int(port), bytes.fromhex(token) if isinstance(token, str) else bytes(token))
 
 
-def _recv_exact(conn: socket.socket, n: int) -> bytearray | None:
-    """``n`` bytes from ``conn`` into a new buffer; ``None`` if the peer closed first."""
-    buf = bytearray(n)
+def _recv_exact(conn: socket.socket, n: int, *, small: bool = False) -> Any:
+    """``n`` bytes from ``conn``; ``None`` if the peer closed first. ``small``: as ``bytes`` (headers,
+    names, answers); else into a new uninitialised array (no zero-filling pass before the copy)."""
+    buf: Any = bytearray(n) if small else np.empty(n, dtype=np.uint8)
     view = memoryview(buf)
     got = 0
     while got < n:
-        k = conn.recv_into(view[got:], min(n - got, 1 << 20))
+        k = conn.recv_into(view[got:], n - got)
         if not k:
             return None
         got += k
-    return buf
+    return bytes(buf) if small else buf
 
 
 class Receiver:
@@ -79,6 +91,7 @@ class Receiver:
             raise ValueError(f"token must be {TOKEN_BYTES} bytes")
         self.store, self.token = store, token
         self._server = socket.create_server((host, 0), backlog=64)
+        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.address = Address(host, int(self._server.getsockname()[1]), token)
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -99,7 +112,7 @@ class Receiver:
     def _serve(self, conn: socket.socket) -> None:
         try:
             while True:
-                head = _recv_exact(conn, FRAME.size)
+                head = _recv_exact(conn, FRAME.size, small=True)
                 if head is None:
                     return
                 token, epoch, step, world, name_len, data_len = FRAME.unpack(head)
@@ -107,7 +120,7 @@ class Receiver:
                     self.rejected += 1
                     conn.sendall(NAK)
                     return
-                name = _recv_exact(conn, name_len)
+                name = _recv_exact(conn, name_len, small=True)
                 data = _recv_exact(conn, data_len) if name is not None else None
                 if data is None:
                     return
@@ -134,6 +147,59 @@ class Receiver:
             c.close()
 
 
+def local_name(epoch: int, step: int, world: int, name: str) -> str:
+    """A snapshot file's name in a holder's node-local directory (see :class:`LocalCopy`)."""
+    return f"{epoch}_{step}_{world}_{name}"
+
+
+def parse_local_name(fname: str) -> tuple[int, int, int, str] | None:
+    """``(epoch, step, world, name)`` of a :func:`local_name`; ``None`` for anything else."""
+    parts = fname.split("_", 3)
+    if len(parts) != 4 or not all(p.isdigit() for p in parts[:3]):
+        return None
+    return int(parts[0]), int(parts[1]), int(parts[2]), parts[3]
+
+
+class LocalCopy:
+    """A rank's copy for the holder of its own node: files written into the holder's directory in the
+    node's memory (``/dev/shm``), under :func:`local_name`, renamed into place once whole; the copies
+    of a file older than the newest ``keep`` steps are removed. It outlives the rank's process (a
+    crashed or re-planned rank) and goes with the node; the holder lists and serves it. No socket,
+    no holder CPU: one write of the bytes."""
+
+    def __init__(self, directory: str, keep: int) -> None:
+        self.dir = Path(directory)
+        self.keep = max(1, keep)
+        self._written: dict[str, list[str]] = {}
+        self.dead = False
+
+    def push(self, epoch: int, step: int, world: int, files: Mapping[str, Buffers]) -> int:
+        if self.dead:
+            return 0
+        try:
+            for name, parts in files.items():
+                final = self.dir / local_name(epoch, step, world, name)
+                tmp = self.dir / f"tmp.{name}"
+                with open(tmp, "wb") as f:
+                    for p in parts:
+                        f.write(p)
+                os.replace(tmp, final)
+                mine = self._written.setdefault(name, [])
+                mine.append(final.name)
+                for old in mine[:-self.keep]:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.dir / old)
+                del mine[:-self.keep]
+        except OSError as e:  # the directory went (the holder closed): this copy is gone
+            log.warning("snapshot copy in %s dropped: %r", self.dir, e)
+            self.dead = True
+            return 1
+        return 0
+
+    def close(self) -> None:
+        """Nothing to release: the files are the holder's (it removes them when it closes)."""
+
+
 class Sender:
     """A rank's links to its holders; :meth:`push` sends one snapshot to every live one."""
 
@@ -154,6 +220,7 @@ class Sender:
             s = socket.create_connection((a.host, a.port), timeout=self.connect_timeout_s)
             s.settimeout(self.timeout_s)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
             self._socks[i] = s
         return s
 
@@ -187,7 +254,7 @@ class Sender:
         for i in sent:
             try:
                 for _ in files:
-                    answer = _recv_exact(self._sock(i), 1)
+                    answer = _recv_exact(self._sock(i), 1, small=True)
                     if answer != ACK:
                         raise ConnectionError("holder refused the snapshot" if answer == NAK else "holder closed")
             except OSError as e:

@@ -113,26 +113,34 @@ class RankWorker:
         return {"join_s": t1 - t0, "build_s": time.perf_counter() - t1}
 
     def _pusher(self, epoch: int, world: int, holders: list[Any]) -> Any:
-        """The snapshotter's push: this rank's files to each holder over its own TCP link
-        (``snapshot_wire``; the holders' addresses are asked through Ray on the first push, in the
+        """The snapshotter's push: this rank's files to each holder (``snapshot_wire``): written into
+        the directory of its own node's holder (node memory, no copy through a socket), sent over a
+        TCP link to the others (the addresses are asked through Ray on the first push, in the
         background). Best effort per copy: a holder that fails is dropped and counted, the rank
         goes on."""
-        from workers.runtime.snapshot_wire import Sender
+        from workers.runtime.snapshot_wire import LocalCopy, Sender
 
-        link = self._snap_links
+        links = self._snap_links
 
         def push(step: int, files: dict[str, list[Any]]) -> None:
             import ray
 
-            if not link:
-                addresses = []
+            if not links:
+                here = ray.get_runtime_context().get_node_id()
+                remote = []
                 for ref in [h.address.remote() for h in holders]:
                     try:
-                        addresses.append(ray.get(ref, timeout=60))
+                        addr = ray.get(ref, timeout=60)
                     except Exception:  # its node died: one copy fewer
                         self.snapshot_push_errors += 1
-                link.append(Sender(addresses, timeout_s=60.0))
-            self.snapshot_push_errors += link[0].push(epoch, step, world, files)
+                        continue
+                    if addr["node"] == here:
+                        links.append(LocalCopy(addr["dir"], int(addr["keep"])))
+                    else:
+                        remote.append(addr)
+                links.append(Sender(remote, timeout_s=60.0))
+            for link in links:
+                self.snapshot_push_errors += link.push(epoch, world=world, step=step, files=files)
 
         return push
 
