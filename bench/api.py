@@ -38,6 +38,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from workers.runtime import procfs
+
 RATE = 200.0  # req/s of the main phases
 SECONDS = 12.0  # measured seconds per main phase (2,400 requests at 200 req/s: 24 beyond p99)
 WARMUP_S = 1.5  # unmeasured seconds at the phase's rate before each phase
@@ -84,11 +86,8 @@ def _load() -> float:
 
 def _proc_cpu_s(pid: int | None) -> float | None:
     """CPU seconds (user + system, all threads) of process ``pid`` from /proc; None off Linux."""
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()  # noqa: SIM115
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
+    fields = procfs.stat_fields(pid) if pid is not None else None
+    return procfs.cpu_seconds(fields) if fields else None
 
 
 def _machine_busy_s() -> float | None:

@@ -14,7 +14,6 @@ Run ``python -m bench.snapshot_cpu`` or ``orthoplex bench snapshot_cpu`` (``--qu
 
 from __future__ import annotations
 
-import os
 import statistics
 import tempfile
 import threading
@@ -22,6 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from workers.runtime import procfs
 
 KINDS = ("SnapshotHolder", "RankWorker", "JobSupervisor", "raylet", "gcs_server", "dashboard", "log_monitor",
          "runtime_env", "ray::IDLE")
@@ -38,19 +39,16 @@ def process_kind(cmdline: str) -> str:
 
 def read_processes() -> Reading:
     """Every process's command line and user + system CPU seconds, from ``/proc``."""
-    tick = os.sysconf("SC_CLK_TCK")
     out: Reading = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
+    for pid in procfs.pids():
+        fields = procfs.stat_fields(pid)
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        out[pid] = (cmd, (int(fields[11]) + int(fields[12])) / tick)
+        if fields:
+            out[str(pid)] = (cmd, procfs.cpu_seconds(fields))
     return out
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.runtime import procfs
 from workers.runtime.rank_env import minimal_env
 
 # Fast failure detection for local clusters (defaults would take ~15 s to mark a node dead).
@@ -279,7 +280,5 @@ def cluster_down(data_dir: Path | None = None, *, timeout_s: float = 20.0) -> in
 
 
 def _zombie(pid: int) -> bool:
-    try:
-        return "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except OSError:
-        return True
+    """Gone or a zombie (not a live process)."""
+    return not procfs.alive(pid)

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.runtime import procfs
 from workers.runtime.local_cluster import FAST_HEALTH_CHECK, local_env
 
 log = logging.getLogger(__name__)
@@ -363,27 +364,11 @@ def _pids_in_netns(netns: str) -> list[int]:
 
 
 def _pids_in_sessions(sids: set[int]) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()
-        with contextlib.suppress(IndexError, ValueError):
-            if int(fields[3]) in sids and int(entry.name) != os.getpid():  # fields: state ppid pgrp session
-                out.append(int(entry.name))
-    return out
+    return procfs.in_sessions(sids)
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    return procfs.alive(pid)
 
 
 def _kill_all(pids: list[int], grace_s: float) -> None:

@@ -327,6 +327,8 @@ def _kill_own_node(whole_node: bool = False) -> None:
     ``whole_node``: every other worker process of the raylet first, as a crashed host loses them all
     at once (otherwise they notice the raylet's death on their own, seconds later on a loaded host:
     a replica group's other rank would keep its torchft manager heartbeating meanwhile)."""
+    from workers.runtime.procfs import children
+
     raylet = os.getppid()
     try:
         with open(f"/proc/{raylet}/comm") as f:
@@ -335,23 +337,8 @@ def _kill_own_node(whole_node: bool = False) -> None:
         is_raylet = False
     if is_raylet:
         if whole_node:
-            for pid in _children(raylet) - {os.getpid()}:
+            for pid in children(raylet) - {os.getpid()}:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
         os.kill(raylet, signal.SIGKILL)
     os._exit(1)
-
-
-def _children(parent: int) -> set[int]:
-    out = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent:  # the field after the state is the parent pid
-            out.add(int(entry))
-    return out
