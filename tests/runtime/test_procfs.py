@@ -5,7 +5,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from workers.runtime import procfs
+
+pytestmark = pytest.mark.unit
 
 
 def test_stat_fields_of_live_zombie_and_gone_processes() -> None:

@@ -65,6 +65,7 @@ def _run(system: str, stall: float, redone: int, step: float, **kw: object) -> d
             "full_strength_s": 4.0, "final_loss": 3.0, "steps": 16, **kw}
 
 
+@pytest.mark.unit
 def test_goal_verdicts_name_each_torchft_run_and_the_step_it_was_padded_to() -> None:
     """The goals table judges tp=2 against every torchft run of the invocation, the step-matched one
     included (its padding stated), and a verdict follows the numbers, not the row's order."""

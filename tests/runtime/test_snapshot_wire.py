@@ -6,6 +6,7 @@ import socket
 import threading
 
 import numpy as np
+import pytest
 
 from workers.runtime.memsnap import SnapshotHolder, choose
 from workers.runtime.snapshot_wire import (
@@ -16,6 +17,8 @@ from workers.runtime.snapshot_wire import (
     local_name,
     parse_local_name,
 )
+
+pytestmark = pytest.mark.unit
 
 
 def _receiver(token: bytes = b"t" * TOKEN_BYTES) -> tuple[Receiver, list]:
