@@ -192,7 +192,7 @@ def test_no_spare_gpus_the_job_goes_on_with_fewer_groups_and_grows_back(ray_clus
 @pytest.mark.timeout(900)
 def test_two_failures_in_a_row_and_a_failure_during_the_replacements_join(ray_cluster, tmp_path: Path) -> None:
     """Two failures in a row, and a failure during a replacement's join, in one job (session cluster
-    plus two spare nodes: 5 nodes x 4 declared GPUs; 3 groups of tp=1, 40 steps):
+    plus two spare nodes: 5 nodes x 4 declared GPUs; 3 groups of tp=1, 100 steps):
 
     - group 2's node is killed in step 4 (``kill_node``, last rank); replacement group 3 starts on a
       spare node and joins from a peer;
@@ -214,7 +214,9 @@ def test_two_failures_in_a_row_and_a_failure_during_the_replacements_join(ray_cl
     call 69, 89 and 92 s). In all three, group 3 (warm) joined in step 4's redo, group 4 (warm) was up within the dead
     group's heartbeat timeout and died in step 9's redo (step 9 launched three times), group 5 joined at
     step 15, 13 and 16; losses within 8e-7 relative."""
-    steps, kill1, kill2 = 40, 3, 8  # 0-based steps the kills interrupt (reported as steps 4 and 9)
+    # 100 steps: on a quiet box a tp=1 step takes ~0.08 s, and 40 steps ended before the replacement
+    # after group 4 (started replica_retry_s after its death) could join (seen 2026-12-05, twice)
+    steps, kill1, kill2 = 100, 3, 8  # 0-based steps the kills interrupt (reported as steps 4 and 9)
     ray_cluster.add_node()
     ray_cluster.add_node()
     spec = _spec(tmp_path) | {"steps": steps, "faults": [
@@ -260,7 +262,8 @@ def test_two_failures_in_a_row_and_a_failure_during_the_replacements_join(ray_cl
     assert {int(k): v for k, v in result["step_attempts"].items() if v > 1} == want, result["step_attempts"]
 
     # every step once, each with the no-failure loss; the last step with 3 groups again
-    steps_ev, rel_max = _steps_with_reference_losses(spec, events, tmp_path, lambda _step: 1e-4)
+    # 1e-4 relative over the first 40 steps, 1e-3 after (float reassociation, as in the no-spare test)
+    steps_ev, rel_max = _steps_with_reference_losses(spec, events, tmp_path, lambda step: 1e-4 if step <= 40 else 1e-3)
     assert steps_ev[-1]["world_size"] == 3
 
     ts = {e["step"]: e["ts"] for e in steps_ev}
