@@ -2,9 +2,10 @@
 
 Every rank snapshots its shard after every step (``workers.engine.checkpoint.snapshot``) and pushes
 the bytes to two :class:`SnapshotHolder` actors: the one on its own node and the one on the next
-node of the ring (:func:`buddy_of`), so a snapshot survives the loss of any one node. The bytes go
-over a plain TCP link per (rank, holder) (``workers.runtime.snapshot_wire``: a fraction of the CPU
-Ray's object store costs per push); :meth:`SnapshotHolder.address` says where a holder listens. Holders are
+node of the ring (:func:`buddy_of`), so a snapshot survives the loss of any one node. The bytes do
+not go through Ray (``workers.runtime.snapshot_wire``: a fraction of the CPU Ray's object store costs
+per push): to the buddy over a TCP link per (rank, holder), to the own node's holder as files in its
+directory in node memory (:func:`local_dir`); :meth:`SnapshotHolder.address` says where. Holders are
 plain Ray actors, one per node per job, owned by the job's supervisor (they die with it) and killed
 at the job's end; they keep the newest ``keep`` snapshots (by step).
 
