@@ -37,7 +37,7 @@ class RankWorker:
         self._hang = False
         self._fence: tuple[str, int] | None = None  # (checkpoint_dir, gang epoch)
         self._snap: Any = None  # Snapshotter: this rank's shard to two nodes' memory after every step
-        self._snap_links: list[Any] = []  # its snapshot_wire.Sender (one per gang; closed with the next)
+        self._snap_links: list[Any] = []  # its snapshot_wire LocalCopy and Sender (per gang; closed with the next)
         self.snapshot_push_errors = 0
         self._rng = random.Random(os.getpid())
         self._rdzv: dict[str, Any] | None = None
