@@ -134,10 +134,15 @@ def stall_breakdown(groups: dict[str, Any], survivors: list[str], dropped: list[
     for g in survivors:
         rows = [a for a in groups[g].get("attempts", {}).values() if a.get("vote", a["start"]) >= kill_ts - 0.2]
         att[g] = [{"step": a["step"], "event": a["event"], "participants": a["participants"],
-                   **{k: rel(a[k]) for k in ("start", "quorum", "backward", "reduce", "vote") if k in a},
+                   **{k: rel(a[k]) for k in ("start", "quorum", "backward", "reduced", "reduce", "vote") if k in a},
                    **({"error": a["error"][:160]} if a.get("error") else {})}
                   for a in sorted(rows, key=lambda a: a["start"])][:5]
-    return {"dropped_s": [rel(e["ts"]) for e in dropped], "attempts": att}
+    # the replacements' first (healing) attempt: the step they join in is a survivor's gap too
+    joined = {g: [{"step": a["step"], "event": a["event"], "participants": a["participants"],
+                   **{k: rel(a[k]) for k in ("start", "quorum", "backward", "reduce", "vote") if k in a}}
+                  for a in sorted(h.get("attempts", {}).values(), key=lambda a: a["start"])][:1]
+              for g, h in groups.items() if h.get("healed_from") is not None}
+    return {"dropped_s": [rel(e["ts"]) for e in dropped], "attempts": att, "replacements": joined}
 
 
 def _peer(kind: str, cluster: Any, work: Path, quick: bool, **kw: Any) -> dict[str, Any]:

@@ -52,3 +52,4 @@ def test_an_excused_group_is_blamed_when_no_step_commits_for_long() -> None:
     out = [raised_to_drop(reps, {0}, set(), []) for _ in range(FRUITLESS_LIMIT + 1)]
     assert out[:FRUITLESS_LIMIT - 1] == [[]] * (FRUITLESS_LIMIT - 1)
     assert out[-1] == [0]
+

@@ -34,6 +34,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -158,6 +159,45 @@ def make_manager(*, group: int, rank: int, tp: int, store_addr: str, store_port:
     )
 
 
+def forward_backward(trainer: Any, sampler: Any, step: int, micro: list[int], micro_batch: int,
+                     global_batch: int) -> float:
+    """Gradients of ``sum_m loss_m * rows_m / global_batch`` over micro-batches ``micro`` of step
+    ``step``'s global batch in ``.grad`` (zeros if none); returns that partial loss."""
+    for p in trainer.params:
+        p.grad = None
+    batch = sampler.batch(step)
+    model = trainer.parts.modules[0]
+    part = 0.0
+    for m in micro:
+        rows = batch[m * micro_batch:(m + 1) * micro_batch]
+        x, y = trainer.local_inputs(rows, already_dp_local=True)
+        loss = trainer._loss_fn(model(x), y)
+        (loss * (rows.shape[0] / global_batch)).backward()
+        part += float(loss.detach()) * rows.shape[0] / global_batch
+    fix_partial_grads(trainer.params)
+    for p in trainer.params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return part
+
+
+def warm_up(trainer: Any, sampler: Any, micro_batch: int, global_batch: int) -> float:
+    """One forward and backward pass over micro-batch 0 of step 0, thrown away (parameters, RNG and the
+    optimizer untouched, gradients cleared), on every rank of a group together (the pass runs the
+    group's TP collectives), before the group's torchft manager exists. A new rank's first pass
+    (allocator, autograd, the first TP collectives) took about twice a steady one here, and a
+    replacement's first pass is part of the step it joins in, which the survivors wait for. Before
+    the manager: a manager heartbeats to the lighthouse at once, and a group that heartbeats but has
+    not asked for a quorum holds every changed quorum (a redo's too) up to the join timeout.
+    Seconds spent."""
+    t0, rng = time.perf_counter(), torch.get_rng_state()
+    forward_backward(trainer, sampler, 0, [0], micro_batch, global_batch)
+    for p in trainer.params:
+        p.grad = None
+    torch.set_rng_state(rng)
+    return time.perf_counter() - t0
+
+
 class ReplicaStepper:
     """One rank of one replica group: the engine's ``RankTrainer`` (its group's TP layout, on the
     group's default process group) and a torchft manager between groups. Shared by the OS-process
@@ -172,7 +212,7 @@ class ReplicaStepper:
         self.trainer = trainer
         self.model = trainer.parts.modules[0]
         self.sampler = sampler
-        self.group, self.rank = group, rank
+        self.group, self.rank, self.tp = group, rank, tp
         self.global_batch, self.micro_batch = global_batch, micro_batch
         if global_batch % micro_batch:
             raise ValueError(f"global batch {global_batch} is not a multiple of the micro-batch {micro_batch}")
@@ -187,9 +227,18 @@ class ReplicaStepper:
         self._redo = False  # the last attempt was voted down: the next one is its redo
         self._kept: dict[str, Any] | None = None  # the voted-down attempt's own gradient sum (redo_extra)
         self._redo_pool: Any = None  # the thread a redo's quorum is asked on (_redo_quorum)
+        self._dead_groups: set[int] = set()  # groups the supervisor found down (peers_lost)
+        self._wake: threading.Event | None = None  # set to stop waiting for the running reduction
 
     def current_step(self) -> int:
         return int(self.manager.current_step())
+
+    def quorum_groups(self) -> list[int]:
+        """The groups of this rank's last quorum, in torchft's order. torchft configures the cross-group
+        process group with the quorum's global ranks (a replica id's trailing digits times the group
+        size plus the group rank, in replica-id order: ``Manager._async_quorum``) and keeps them on it."""
+        ranks = getattr(self.manager._pg, "_global_ranks", None) or []
+        return [(int(r) - self.rank) // self.tp for r in ranks]
 
     # ------------------------------------------------------------------ state over the network
     def state_dict(self) -> dict[str, Any]:
@@ -229,24 +278,7 @@ class ReplicaStepper:
 
     # ------------------------------------------------------------------ one step
     def _forward_backward(self, step: int, micro: list[int]) -> float:
-        """Gradients of ``sum_m loss_m * rows_m / global_batch`` over this group's micro-batches in
-        ``.grad`` (zeros if none); returns that partial loss."""
-        for p in self.trainer.params:
-            p.grad = None
-        batch = self.sampler.batch(step)
-        mb = self.micro_batch
-        part = 0.0
-        for m in micro:
-            rows = batch[m * mb:(m + 1) * mb]
-            x, y = self.trainer.local_inputs(rows, already_dp_local=True)
-            loss = self.trainer._loss_fn(self.model(x), y)
-            (loss * (rows.shape[0] / self.global_batch)).backward()
-            part += float(loss.detach()) * rows.shape[0] / self.global_batch
-        fix_partial_grads(self.trainer.params)
-        for p in self.trainer.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        return part
+        return forward_backward(self.trainer, self.sampler, step, micro, self.micro_batch, self.global_batch)
 
     def step_once(self, fault: Any = None, expect: list[int] | None = None,
                   prev: list[int] | None = None) -> dict[str, Any]:
@@ -257,22 +289,34 @@ class ReplicaStepper:
         is the quorum to come: the quorum is asked in the background (:meth:`_redo_quorum`) while this
         group keeps the gradient of its own micro-batches from the voted-down attempt and computes
         only its part of the lost groups' micro-batches (:func:`redo_extra`); when torchft's quorum
-        is another, its standard share is computed again. Returns ``{"event": "step" | "abort",
+        is another, its standard share is computed again. A redo without ``expect`` (the rank's own,
+        right after the vote: ``RankWorker.replica_step``) takes the step set from the supervisor's
+        :meth:`peers_lost` if that comes before the quorum (:meth:`_redo_hint`), else keeps its own
+        micro-batches for the quorum torchft formed. The cross-group reduction stops waiting when
+        :meth:`peers_lost` names a group of its quorum. Returns ``{"event": "step" | "abort",
         "step", "participants", ...}``; an aborted step is redone by the next call."""
         from torch.distributed import ReduceOp
 
         mgr = self.manager
         t = {"start": time.time()}  # the attempt's phases (time.time()): where a stall's seconds go
-        guess = redo_guess(self.group, expect) if self._redo else None
+        guess, asked = None, None
+        if self._redo:
+            # the redo of a voted-down step asks for a shrink-only quorum (torchft's own option), in the
+            # background: the survivors of the last quorum only (a replacement waiting in the lighthouse
+            # joins, and heals, at the next step), no heal, the same step
+            asked = self._redo_quorum()
+            if expect is None:  # the rank's own redo: a step set once the supervisor names the dead groups
+                expect, prev = self._redo_hint(asked)
+            guess = redo_guess(self.group, expect)
         if guess is not None:
-            step, asked = mgr.current_step(), self._redo_quorum()  # a shrink-only quorum: no heal, same step
+            step = mgr.current_step()
             n, idx = guess
         else:
-            # synchronous: a joining group heals here (state, RNG, step). The redo of a voted-down step
-            # asks for a shrink-only quorum (torchft's own option): the survivors of the last quorum
-            # only, so a replacement waiting in the lighthouse joins (and heals) at the next step
-            mgr.start_quorum(shrink_only=self._redo)
-            t["quorum"] = time.time()
+            if asked is not None:
+                t["quorum"] = asked.result()
+            else:  # synchronous: a joining group heals here (state, RNG, step)
+                mgr.start_quorum()
+                t["quorum"] = time.time()
             step = mgr.current_step()
             n, idx = mgr.num_participants(), mgr.participating_rank()
         if self._healed_now:  # the peer's RNG came with its state
@@ -283,6 +327,13 @@ class ReplicaStepper:
         if guess is not None and kept is not None and kept["step"] == step and kept["standard"] \
                 and prev and (kept["n"], kept["idx"]) == redo_guess(self.group, prev):
             extra = redo_extra(self.n_micro, self.group, prev, expect or [])
+        elif guess is None and self._redo and kept is not None and kept["step"] == step and kept["standard"] \
+                and idx is not None:
+            # a redo without the supervisor's step set (the rank redoes at once, RankWorker.replica_step):
+            # the quorum has formed, so its groups are known, and the lost groups' share is all to compute
+            now = self.quorum_groups()
+            if len(now) == n and self.group in now and now.index(self.group) == idx:
+                extra = redo_extra(self.n_micro, self.group, kept["groups"], now)
         if extra is not None:  # own micro-batches kept: only the lost groups' share is computed
             assert kept is not None
             micro = kept["micro"] + extra
@@ -311,10 +362,11 @@ class ReplicaStepper:
             t["kept_micro"] = float(len(kept["micro"]))
         # the reduction works in place: a copy of this group's own sum, kept for a redo
         mine = {"step": step, "n": n, "idx": idx, "micro": list(micro), "part": part, "flat": flat.clone(),
-                "standard": standard}
+                "standard": standard, "groups": self.quorum_groups()}
         loss_t = torch.tensor([part], dtype=torch.float64)
-        mgr.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
-        mgr.allreduce(loss_t, reduce_op=ReduceOp.SUM).wait()
+        self._reduce(mgr.allreduce(flat, reduce_op=ReduceOp.SUM), mine["groups"])
+        self._reduce(mgr.allreduce(loss_t, reduce_op=ReduceOp.SUM), mine["groups"])
+        t["reduced"] = time.time()
         if mgr.errored() is not None:
             self._drop_cross_group_pg()
         t["reduce"] = time.time()
@@ -332,6 +384,61 @@ class ReplicaStepper:
         self.healed_from = None
         return row
 
+    def _redo_hint(self, asked: Any) -> tuple[list[int] | None, list[int] | None]:
+        """A redo the rank started itself (``RankWorker.replica_step``): wait until its quorum forms or
+        the supervisor names dead groups of the voted-down attempt's quorum (:meth:`peers_lost`),
+        whichever comes first. Named first: the step set (``expect``: that quorum without them) and
+        that quorum (``prev``), so the lost share is computed while the quorum forms; else ``(None,
+        None)`` (the share follows the quorum torchft formed)."""
+        kept = self._kept
+        if kept is None:
+            return None, None
+        groups = list(kept["groups"])
+        wake = threading.Event()
+        self._wake = wake
+        try:
+            asked.add_done_callback(lambda _fut: wake.set())
+            while not asked.done() and not self._dead_groups & set(groups):
+                wake.wait()
+                wake.clear()
+        finally:
+            self._wake = None
+        dead = self._dead_groups & set(groups)
+        if asked.done() or not dead:
+            return None, None
+        return [g for g in groups if g not in dead], groups
+
+    def peers_lost(self, groups: list[int]) -> None:
+        """The supervisor found the node of ``groups`` down (called from another thread while a step
+        runs): an attempt whose quorum holds one of them stops waiting for its cross-group reduction
+        now, rather than until gloo sees the dead peer's sockets close (a killed process's teardown,
+        0.3-0.9 s on this loaded host) or, for a host that went silent, until its collective timeout.
+        The attempt is voted down and redone without them; an attempt without them is not touched."""
+        self._dead_groups |= {int(g) for g in groups}
+        wake = self._wake
+        if wake is not None:
+            wake.set()
+
+    def _reduce(self, work: Any, quorum: list[int]) -> None:
+        """Wait for a cross-group reduction (torchft's managed work), or until :meth:`peers_lost` names
+        a group of ``quorum``: then the error is torchft's (``report_error``: the step is voted down)
+        and the gloo work is left to fail on its own (it holds its process group until then)."""
+        inner = getattr(work, "_work", None)  # the process group's own work (torchft's _ManagedWork)
+        if inner is not None:
+            wake = threading.Event()
+            self._wake = wake
+            try:
+                inner.get_future().add_done_callback(lambda _fut: wake.set())
+                if not self._dead_groups & set(quorum):
+                    wake.wait()
+            finally:
+                self._wake = None
+            dead = sorted(self._dead_groups & set(quorum))
+            if dead and not inner.is_completed():
+                self.manager.report_error(RuntimeError(f"the node of replica group(s) {dead} is down (supervisor)"))
+                return
+        work.wait()
+
     def _drop_cross_group_pg(self) -> None:
         """This attempt's cross-group reduction failed (a peer group died in it): close the gloo group
         now. A live peer group may still be blocked in the same collective waiting on this group's
@@ -343,8 +450,10 @@ class ReplicaStepper:
         import gc
 
         pg = self.manager._pg  # torchft's reconfigurable ProcessGroupGloo (make_manager)
-        pg.abort(errored=False)  # forgets the gloo group; the last reference goes with it
-        gc.collect()
+        # what torchft's abort(errored=False) does, without gloo's own abort: that one does not wake a
+        # blocked peer, and it waited for the work in flight (0.27 s once here)
+        pg._pg = None
+        gc.collect()  # the group sits in reference cycles; fast: setup froze what existed (freeze_heap)
         self.manager._quorum_id = -1  # torchft configures the group when the quorum id changes
 
     def _redo_quorum(self) -> Any:

@@ -22,7 +22,7 @@ from workers.runtime.warm_pool import WarmPool
 from workers.runtime.watchdog import Failure, GatherResult, NodeWatch, classify, gather
 
 #: the per-rank calls a supervisor gathers (``RankWorker`` methods)
-RankCall = Literal["restore", "step", "save"]
+RankCall = Literal["restore", "step", "save", "replica_peers_lost"]
 
 
 class ClusterPort(Protocol):
@@ -140,7 +140,8 @@ class RayCluster:
         if replica:
             self._setup_replica(gang, plan)
         if s.node_heartbeat_s > 0:
-            gang.watch = NodeWatch(placement.raylet_addresses(gang.nodes), period_s=s.node_heartbeat_s,
+            period = s.replica_node_heartbeat_s if replica else s.node_heartbeat_s
+            gang.watch = NodeWatch(placement.raylet_addresses(gang.nodes), period_s=period,
                                    timeout_s=s.node_heartbeat_timeout_s, silent_s=s.heartbeat_timeout_s).start()
         return gang
 
@@ -196,8 +197,10 @@ class RayCluster:
                kwargs: dict[str, Any] | None = None) -> GatherResult:
         s = self.settings
         refs = {r: getattr(w, call).remote(**(kwargs or {})) for r, w in enumerate(gang.workers)}
+        replica = getattr(gang.plan, "replica_group", None) is not None
         return gather(refs, deadline_s=deadline_s, workers=gang.workers, heartbeat_s=s.heartbeat_s,
-                      heartbeat_timeout_s=s.heartbeat_timeout_s, watch=gang.watch)
+                      heartbeat_timeout_s=s.heartbeat_timeout_s, watch=gang.watch,
+                      poll_s=s.replica_node_heartbeat_s if replica else 0.25)
 
     def classify(self, result: GatherResult, gang: Gang, what: str) -> Failure:
         return classify(result, gang.rank_nodes, alive_nodes=placement.alive_node_ids,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -161,7 +162,11 @@ class AttemptMachine:
         # replica groups (runtime option replica_groups >= 2): the groups, dropped and replaced while
         # the others keep stepping (workers.runtime.replicas); None for a job re-planned as one gang
         self.replicas: ReplicaSet | None = None
-        self.step_attempts: dict[int, int] = {}  # replica groups: 0-based step -> times launched
+        # replica groups: 0-based step -> attempts at it (1 + the survivors' voted-down attempts, or the
+        # supervisor's launches that raised, whichever is more); counted from what the ranks report,
+        # since a rank redoes a voted-down attempt at once, itself
+        self.step_attempts: dict[int, int] = {}
+        self._failed_tries: Counter[int] = Counter()  # step -> voted-down attempts (most of any group)
 
     # ------------------------------------------------------------------ requests (from other threads)
     def request_resize(self, gpus: int, placement: dict[str, int] | None = None) -> dict[str, Any]:
@@ -687,12 +692,13 @@ class AttemptMachine:
             return Switch("cancelled")
         view, owners = reps.view()
         t_launch = time.time()
-        self.step_attempts[step] = self.step_attempts.get(step, 0) + 1
         # the groups of the last attempt still here: a redo's quorum (a replacement joins after it)
         expect = sorted({g for g, _ in owners} & run.last_groups) if run.last_groups else None
         prev, run.last_groups = sorted(run.last_groups), {g for g, _ in owners}
         res = self.port.gather(view, "step", deadline_s=self._deadline_s(run.walls, first=not run.walls),
                                step=step, kwargs={"expect": expect, "prev": prev})
+        if res.lost_nodes:
+            self._tell_survivors(reps, res.lost_nodes)
         rows = {owners[r]: row for r, row in res.results.items()}
         done = {g for (g, _), row in rows.items() if row["event"] == "step"}
         if not res.ok:
@@ -700,7 +706,12 @@ class AttemptMachine:
         else:
             raised_to_drop(reps, set(), done, [])
         live = set(reps.groups)
+        if ({owners[r][0] for r in res.errors if r < len(owners)} & live) - done:
+            self._failed_tries[step] += 1  # a group that stays raised in it: the next gather launches it again
         for (g, r), row in rows.items():
+            if r == 0:
+                for st, k in Counter(int(x) for x in row.get("aborted_steps", [])).items():
+                    self._failed_tries[st] = max(self._failed_tries[st], k)
             if r == 0 and g in reps.history:
                 reps.history[g].update(aborted=list(row["aborted_steps"]), pids=sorted(
                     {int(x["pid"]) for (gg, _), x in rows.items() if gg == g}))
@@ -726,6 +737,7 @@ class AttemptMachine:
                 # the group's own commit times (0-based step -> time.time()): the survivors' stalls
                 reps.history[g].setdefault("commit_ts", {}).update({str(x["step"]): x["ts"] for x in row["recent"]})
         for st in sorted(k for k in recent if k >= step):
+            self.step_attempts[st] = 1 + self._failed_tries[st]
             self._replica_step_done(run, recent[st], committed, reps)
         run.step = max(recent) + 1
         if run.step >= self.job.steps or self.preempt_requested:
@@ -788,6 +800,16 @@ class AttemptMachine:
             raise JobFailed("replica groups: every group was lost (no re-plan path for replica groups yet)")
         reps.start_replacements(self.port, self.replanner.excluded, 0.0, lambda g: None)
 
+    def _tell_survivors(self, reps: ReplicaSet, nodes: list[str]) -> None:
+        """The node heartbeat found ``nodes`` down: the other groups' ranks stop waiting for a
+        cross-group reduction with the groups there (``RankWorker.replica_peers_lost``) before the
+        failure is classified and the groups torn down, so the redo starts without waiting for gloo
+        to notice (or, for a host gone silent, for its collective timeout)."""
+        lost = reps.on_nodes(nodes)
+        if lost and len(lost) < reps.size:
+            view, _ = reps.view(exclude=lost)
+            self.port.gather(view, "replica_peers_lost", deadline_s=10.0, kwargs={"groups": lost})
+
     def _adopt_replacements(self, reps: ReplicaSet) -> None:
         """Replacements done starting: the ones that healed from a peer and stepped join the step set
         (``replica_joined``); a failed one is torn down (another is tried after ``replica_retry_s``)."""
@@ -804,6 +826,7 @@ class AttemptMachine:
                                          commit_ts={str(row["step"]): row["ts"]},
                                          pids=sorted({int(r["pid"]) for r in j.first.values()}),
                                          warm_ranks=int(gang.timings.get("warm_ranks", 0)))
+            _keep_phases(reps.history[j.group], row)  # the replacement's first (healing) attempt
             self._emit_started(gang, f"replacement replica group {j.group} on node {j.node[:8]}")
             healed = row["healed_from"]
             self.log.emit(ev.ReplicaJoined(reason=f"replica group {j.group} took the state of group {healed} over "

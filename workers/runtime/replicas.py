@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,11 +144,11 @@ class ReplicaSet:
                                             "aborted": [], "healed_from": None})
             self.next_id = max(self.next_id, group + 1)
 
-    def view(self) -> tuple[Gang, list[tuple[int, int]]]:
-        """One ``Gang`` over every live group's ranks (group-major) and, per combined rank,
-        ``(group, rank in group)``."""
+    def view(self, exclude: Iterable[int] = ()) -> tuple[Gang, list[tuple[int, int]]]:
+        """One ``Gang`` over every live group's ranks but ``exclude``'s (group-major) and, per combined
+        rank, ``(group, rank in group)``."""
         with self.lock:
-            items = sorted(self.groups.items())
+            items = sorted((g, gang) for g, gang in self.groups.items() if g not in set(exclude))
         workers: list[Any] = []
         nodes: list[str] = []
         owners: list[tuple[int, int]] = []
@@ -169,10 +170,14 @@ class ReplicaSet:
         torchft quorum or collective error: a peer group died, or the box is slow) is alive: its
         group stays and redoes the step."""
         if failure.kind == "node_lost":
-            with self.lock:
-                return sorted(g for g, gang in self.groups.items() if set(gang.rank_nodes) & set(failure.nodes))
+            return self.on_nodes(failure.nodes)
         ranks = failure.ranks if failure.kind == "rank_failed" and failure.died else unresponsive
         return sorted({owners[r][0] for r in ranks if r < len(owners)})
+
+    def on_nodes(self, nodes: Iterable[str]) -> list[int]:
+        """The live groups with a rank on one of ``nodes``."""
+        with self.lock:
+            return sorted(g for g, gang in self.groups.items() if set(gang.rank_nodes) & set(nodes))
 
     def drop(self, group: int) -> Gang | None:
         with self.lock:
