@@ -99,6 +99,7 @@ class _Run:
         self.marker = Path(config["log"] + ".killed")
         self.done = Path(config["log"] + ".done")  # a survivor finished: a late replacement stops
         self.min_step_s = float(config.get("min_step_s", 0.0))
+        self.pad = str(config.get("pad", "sleep"))  # how a step is padded to min_step_s: "sleep" | "compute"
         self.t_step = time.perf_counter()
 
     def wait_for_all(self, event: str, timeout_s: float) -> None:
@@ -110,6 +111,17 @@ class _Run:
             if len({r["group"] for r in rows if r["event"] == event}) >= self.groups:
                 return
             time.sleep(0.1)
+
+    def compute_pad(self) -> None:
+        """``pad: compute``: spin until the step has taken ``min_step_s``, before the reduction, as a
+        CPU-bound step's own compute would; a sleeping pad (``pace``) lets the failure's detection (a
+        killed process's sockets close only once the kernel has torn it down) happen during it."""
+        if self.pad != "compute":
+            return
+        end, x = self.t_step + self.min_step_s, 1.0001
+        while time.perf_counter() < end:
+            for _ in range(2000):
+                x = x * 1.0000001 + 1e-9
 
     def pace(self) -> None:
         """Pad the step that began at the last ``pace()`` to ``min_step_s``."""
@@ -203,6 +215,7 @@ def _torchft_train_fn(config: dict[str, Any]) -> None:
         manager.start_quorum()
         loss = run.forward_backward(step)
         flat = run.flat_grads()
+        run.compute_pad()
         run.maybe_kill(step)  # the step's work done, before the cross-group reduction
         manager.allreduce(flat).wait()  # AVG over the quorum's participating groups
         manager.allreduce(loss).wait()
@@ -366,9 +379,12 @@ def fit_with_deadline(fit: Callable[[], Any], timeout_s: float, grace_s: float =
 def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster: Any = None,
              work: Path | None = None, timeout_s: float = 30.0,
              gpus_per_group: int = GPUS_PER_GROUP, min_step_s: float = MIN_STEP_S,
-             heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS, fit_timeout_s: float = 240.0) -> dict[str, Any]:
+             heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS, fit_timeout_s: float = 240.0,
+             pad: str = "sleep") -> dict[str, Any]:
     """Train ``steps`` steps under the peer ``kind`` on a local cluster, crash the last group's node
     in step ``kill_at`` (after its backward pass), and return the numbers of :func:`summarize` plus ``wall_s``.
+    Every step takes at least ``min_step_s``: slept after the step (``pad="sleep"``) or spun before
+    the reduction (``pad="compute"``, torchft only: a CPU-bound step of that length).
 
     ``cluster``: a connected Ray cluster with ``GROUPS + 1`` alive nodes of ``gpus_per_group``
     declared GPUs (one group per node, one spare); ``None`` starts (and shuts down) the benchmark's
@@ -393,7 +409,9 @@ def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster
         Path(str(log) + marker).unlink(missing_ok=True)
     config = {"train": _train_config(steps, work, kind), "log": str(log), "kill_at": kill_at,
               "kill_group": GROUPS - 1, "save_every": SAVE_EVERY, "timeout_s": timeout_s,
-              "min_replicas": MIN_REPLICAS, "min_step_s": min_step_s}
+              "min_replicas": MIN_REPLICAS, "min_step_s": min_step_s, "pad": pad}
+    if pad not in ("sleep", "compute"):
+        raise ValueError(f"pad must be 'sleep' or 'compute', got {pad!r}")
     if kind == "torchft":
         from ray.train.v2.torch.torchft_config import TorchftConfig
 
@@ -426,7 +444,7 @@ def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster
         if tmp:
             shutil.rmtree(work, ignore_errors=True)
     return {**out, "wall_s": round(wall, 2), "steps": steps, "groups": GROUPS,
-            "global_batch": GLOBAL_BATCH, "min_step_s": min_step_s,
+            "global_batch": GLOBAL_BATCH, "min_step_s": min_step_s, "pad": pad,
             **({"heartbeat_timeout_ms": heartbeat_timeout_ms} if kind == "torchft" else {})}
 
 

@@ -30,10 +30,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from workers.runtime.jobspec import RuntimeSettings
+
 REP_NODES, REP_GPUS, REP_GROUPS, REP_TP, REP_STEPS, REP_KILL, GLOBAL_BATCH = 4, 2, 3, 2, 16, 6, 12
 START_GAPS = 2  # gaps to steps 1 and 2 (0-based): the job's start, excluded from the steady median
-#: the second torchft run's lighthouse heartbeat timeout: Orthoplex's (``replica_heartbeat_timeout_s``)
-TORCHFT_FAST_HEARTBEAT_MS = 1000
+#: the later torchft runs' lighthouse heartbeat timeout: Orthoplex's (``replica_heartbeat_timeout_s``)
+TORCHFT_FAST_HEARTBEAT_MS = int(RuntimeSettings().replica_heartbeat_timeout_s * 1000)
 PEER_STEPS, PEER_STEPS_QUICK = 60, 50  # 30 was too few: torchft's replacement had not joined (2026-12-03)
 
 
@@ -184,17 +186,25 @@ def compare(quick: bool) -> dict[str, Any]:
             loads.append(os.getloadavg()[0])
             cluster.restore()
         if not quick:  # torchft at Orthoplex's lighthouse heartbeat timeout (1 s; the peer's default here: 2 s)
-            runs["torchft-1s"] = _peer("torchft", cluster, work, quick, heartbeat_timeout_ms=TORCHFT_FAST_HEARTBEAT_MS)
-            runs["torchft-1s"]["system"] += f", heartbeat timeout {TORCHFT_FAST_HEARTBEAT_MS / 1000:g} s"
+            runs["torchft-fast"] = _peer("torchft", cluster, work, quick, heartbeat_timeout_ms=TORCHFT_FAST_HEARTBEAT_MS)
+            runs["torchft-fast"]["system"] += f", heartbeat timeout {TORCHFT_FAST_HEARTBEAT_MS / 1000:g} s"
             loads.append(os.getloadavg()[0])
             cluster.restore()
             # the same, every step padded to Orthoplex tp=2's own no-fault steady step of this run: a
             # stall in seconds then compares recovery, not step lengths (0.3 s vs a CPU-bound tp=2 step)
             matched = runs["tp2-clean"]["steady_step_s"]
-            runs["torchft-1s-matched"] = _peer("torchft", cluster, work, quick, min_step_s=matched,
+            runs["torchft-matched"] = _peer("torchft", cluster, work, quick, min_step_s=matched,
                                                heartbeat_timeout_ms=TORCHFT_FAST_HEARTBEAT_MS)
-            runs["torchft-1s-matched"]["system"] += (f", heartbeat timeout {TORCHFT_FAST_HEARTBEAT_MS / 1000:g} s, "
+            runs["torchft-matched"]["system"] += (f", heartbeat timeout {TORCHFT_FAST_HEARTBEAT_MS / 1000:g} s, "
                                                      f"step padded to tp=2's {matched:.2f} s")
+            loads.append(os.getloadavg()[0])
+            cluster.restore()
+            # the same with the pad spent computing before the reduction (a CPU-bound step, as
+            # Orthoplex's is here), not asleep after it: a sleep hides the failure's detection
+            runs["torchft-matched-compute"] = _peer("torchft", cluster, work, quick, min_step_s=matched, pad="compute",
+                                                    heartbeat_timeout_ms=TORCHFT_FAST_HEARTBEAT_MS)
+            runs["torchft-matched-compute"]["system"] += (
+                f", heartbeat timeout {TORCHFT_FAST_HEARTBEAT_MS / 1000:g} s, step of {matched:.2f} s of compute")
             loads.append(os.getloadavg()[0])
             cluster.restore()
     finally:
@@ -226,7 +236,8 @@ def compare_markdown(r: dict[str, Any]) -> str:
     runs = r["runs"]
     ft = runs["torchft"]
     rows = [runs["tp2-fault"], runs["tp1-fault"], ft,
-            *[runs[k] for k in ("torchft-1s", "torchft-1s-matched") if k in runs], runs["restart"]]
+            *[runs[k] for k in ("torchft-fast", "torchft-matched", "torchft-matched-compute") if k in runs],
+            runs["restart"]]
     lines = [f"### Replica groups vs Ray Train + torchft vs Ray Train restart (one invocation, {REP_NODES} nodes x "
              f"{REP_GPUS} declared GPUs, {REP_GROUPS} groups, the last group's node killed at 0-based step {REP_KILL})",
              "",
@@ -245,22 +256,25 @@ def compare_markdown(r: dict[str, Any]) -> str:
             f"{x['steps_redone']} vs {ft['steps_redone']} | {_fmt(x.get('full_strength_s'))} | "
             f"{_ratio(x.get('full_strength_s'), ft['full_strength_s'])} | {x['final_loss']:.6f} | "
             f"{'not measured' if diff is None else f'{diff:.1e}'} | {x['steps']} |")
-    lines += ["", "How each number is taken, the same for all four: from the surviving groups' own per-step "
+    lines += ["", "How each number is taken, the same for every system: from the surviving groups' own per-step "
               "commit timestamps (Orthoplex: each group's commit time returned by its rank 0; the peers: the "
               "ranks' own step log rows). Stall: the longest gap between two consecutive commits of a survivor "
               "that ends after the kill and starts before the first commit with every group back (the end of "
               "the run if never back). **The job's start is excluded**: the kill comes after "
               f"{REP_KILL} steps, and the steady median leaves out the first {START_GAPS} gaps of the run (the warm "
               "pool importing torch, the first quorum) and the stall window. Steps redone: the worst survivor's "
-              "step attempts after the kill that redo a step (Orthoplex: steps the job launched again; torchft: "
+              "step attempts after the kill that redo a step (Orthoplex: a step's attempts beyond the first, from the "
+              "ranks' voted-down attempts (a rank redoes one at once); torchft: "
               "aborted attempts + repeated commits; restart: steps rerun since the checkpoint); attempts redone "
               "*before* the kill (the loaded host, the start) are not counted here, see below.", "",
               "Differences, stated: Ray Train's `TorchftConfig` makes each worker its own replica group, so a "
               "peer group is 1 process holding the whole model on 2 declared GPUs (Orthoplex tp=2: 2 ranks per "
               "group; tp=1: 1 rank per group, 1 GPU). The peers train the same tiny model, global batch "
               f"{GLOBAL_BATCH}, engine optimizer and data, but with their own plain-torch loop, every step padded to "
-              f"{ft['min_step_s']} s (their unpadded ~40 ms step is shorter than a replacement's start; the "
-              "'step padded to' row: to Orthoplex tp=2's no-fault steady step of this run), over "
+              f"{ft['min_step_s']} s by sleeping after it (their unpadded ~40 ms step is shorter than a "
+              "replacement's start; the 'step padded to' row: slept to Orthoplex tp=2's no-fault steady step of "
+              "this run; the 'of compute' row: the same length spent spinning before the reduction, a CPU-bound "
+              "step like Orthoplex's: asleep, a survivor waits out the dead peer's teardown inside its pad), over "
               f"{ft['steps']} steps (Orthoplex: {REP_STEPS} unpadded steps) so the replacement can join; the "
               f"killed group's node dies in 0-based step {REP_KILL} after its backward pass, before the "
               "cross-group reduction, in all systems (the peers: by the group's own worker; Orthoplex: by the "
@@ -298,20 +312,34 @@ def goals_markdown(r: dict[str, Any]) -> str:
         return (x["stall_s"] <= peer["stall_s"] and x["steps_redone"] <= peer["steps_redone"]
                 and not x.get("extra_groups_dropped"))
 
-    fast = runs.get("torchft-1s")
-    vs_fast = [] if fast is None else [
-        f"| the same against torchft at Orthoplex's heartbeat timeout ({fast['heartbeat_timeout_ms'] / 1000:g} s) | "
-        f"tp=2: stall {f['stall_s']:.2f} vs {fast['stall_s']:.2f} s, redone {f['steps_redone']} vs "
-        f"{fast['steps_redone']}; tp=1: stall {one['stall_s']:.2f} s, redone {one['steps_redone']} | "
-        f"{yes(as_good(f, fast))} (tp=1: {yes(as_good(one, fast))}){hung_note(fast)} |"]
-    matched = runs.get("torchft-1s-matched")
-    if matched is not None:
-        vs_fast.append(
-            f"| the same, torchft's steps padded to tp=2's own step ({matched['min_step_s']:.2f} s; steady "
-            f"{_fmt(matched['steady_step_s'], '.3f')} vs {_fmt(f['steady_step_s'], '.3f')} s) | tp=2: stall "
-            f"{f['stall_s']:.2f} vs {matched['stall_s']:.2f} s, redone {f['steps_redone']} vs {matched['steps_redone']}, "
-            f"kill -> full strength {_fmt(f.get('full_strength_s'))} vs {_fmt(matched.get('full_strength_s'))} s | "
-            f"{yes(as_good(f, matched))}{hung_note(matched)} |")
+    def vs(label: str, peer: dict[str, Any] | None, extra: str = "", tp1: bool = True) -> list[str]:
+        if peer is None:
+            return []
+        tp1_text = (f"; tp=1 (same group size): stall {one['stall_s']:.2f} s, redone {one['steps_redone']}"
+                    if tp1 else "")
+        one_ok = f" (tp=1: {yes(as_good(one, peer))})" if tp1 else ""
+        return [f"| {label} | tp=2: stall {f['stall_s']:.2f} vs {peer['stall_s']:.2f} s "
+                f"({_steps(f['stall_s'], f['steady_step_s'])} vs {_steps(peer['stall_s'], peer['steady_step_s'])} "
+                f"steady steps), redone {f['steps_redone']} vs {peer['steps_redone']}{extra}{tp1_text}"
+                f" | {yes(as_good(f, peer))}{one_ok}{hung_note(peer)} |"]
+
+    def matched_extra(peer: dict[str, Any] | None) -> str:
+        if peer is None:
+            return ""
+        return (f", kill -> full strength {_fmt(f.get('full_strength_s'))} vs {_fmt(peer.get('full_strength_s'))} s; "
+                f"steady step {_fmt(peer['steady_step_s'], '.3f')} vs {_fmt(f['steady_step_s'], '.3f')} s")
+
+    fast, matched, compute = runs.get("torchft-fast"), runs.get("torchft-matched"), runs.get("torchft-matched-compute")
+    peers = [*vs("at least as good as Ray Train + torchft (same run) on stall and steps lost: torchft as configured "
+                 f"(heartbeat timeout {ft.get('heartbeat_timeout_ms', 0) / 1000:g} s, steps slept to "
+                 f"{ft.get('min_step_s', 0):.2f} s)", ft),
+             *vs("the same against torchft at Orthoplex's heartbeat timeout "
+                 f"({(fast or {}).get('heartbeat_timeout_ms', 0) / 1000:g} s)", fast),
+             *vs("the same, torchft's steps slept to tp=2's own no-fault step "
+                 f"({(matched or {}).get('min_step_s', 0):.2f} s)", matched, matched_extra(matched), tp1=False),
+             *vs("the same, torchft's steps spent computing to tp=2's own no-fault step "
+                 f"({(compute or {}).get('min_step_s', 0):.2f} s; a CPU-bound step, as tp=2's is)", compute,
+                 matched_extra(compute), tp1=False)]
 
     back = f.get("groups_at_end") == REP_GROUPS and bool(f.get("replacement_on_spare_node"))
     extra = int(f.get("extra_groups_dropped") or 0)
@@ -330,11 +358,7 @@ def goals_markdown(r: dict[str, Any]) -> str:
         f"kill -> full strength {_fmt(f.get('full_strength_s'))} s, healed from group {f.get('healed_from')}, "
         f"spare node: {f.get('replacement_on_spare_node')} | {yes(back)} |",
         f"| no storage read | `resumed` events: {f['resumed_events']} | {yes(f['resumed_events'] == 0)} |",
-        f"| at least as good as Ray Train + torchft (same run) on stall and steps lost | tp=2: stall {f['stall_s']:.2f} "
-        f"vs {ft['stall_s']:.2f} s, redone {f['steps_redone']} vs {ft['steps_redone']}; tp=1 (same group size): "
-        f"stall {one['stall_s']:.2f} s, redone {one['steps_redone']} | {yes(as_good(f))} (tp=1: {yes(as_good(one))})"
-        f"{hung_note(ft)} |",
-        *vs_fast])
+        *peers])
 
 
 def hung_note(peer: dict[str, Any]) -> str:

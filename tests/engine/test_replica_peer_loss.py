@@ -122,3 +122,31 @@ def test_the_rank_s_own_redo_follows_torchft_when_the_quorum_comes_first() -> No
     th.join(timeout=5)
     assert out["value"] == (None, None)
     assert _stepper(kept_groups=None)._redo_hint(asked) == (None, None)  # nothing kept: nothing to guess
+
+
+@pytest.mark.engine
+def test_the_warm_up_pass_leaves_parameters_optimizer_and_rng_as_they_were(tmp_path) -> None:
+    """``replica_ft.warm_up`` (a replica rank's thrown-away first pass, before its torchft manager):
+    a real ``RankTrainer`` in a gloo group of one; nothing a step depends on may change."""
+    import torch.distributed as dist
+    from engine_harness import tiny_cfg
+
+    from planner.layout import Layout
+    from workers.engine.replica_ft import warm_up
+    from workers.engine.trainer import RankTrainer
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        cfg = tiny_cfg(steps=2, global_batch=4)
+        trainer = RankTrainer(cfg, Layout(micro_batch=2).with_global_batch(4), 0, 1)
+        params = [p.detach().clone() for p in trainer.params]
+        rng = torch.get_rng_state()
+        assert warm_up(trainer, trainer._data(), 2, 4) > 0
+        assert all(p.grad is None for p in trainer.params)
+        assert not trainer.optimizer.state  # no optimizer step, no state made
+        assert torch.equal(torch.get_rng_state(), rng)
+        for a, b in zip(trainer.params, params, strict=True):
+            assert torch.equal(a.detach(), b)
+        trainer.close()
+    finally:
+        dist.destroy_process_group()

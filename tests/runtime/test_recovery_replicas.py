@@ -77,14 +77,19 @@ def test_goal_verdicts_name_each_torchft_run_and_the_step_it_was_padded_to() -> 
     runs = {"tp2-fault": tp2, "tp2-clean": _run("clean", 0.0, 0, 0.79),
             "tp1-fault": _run("Orthoplex tp=1 x 3 groups", 1.2, 1, 0.07, aborted_before_kill=[]),
             "torchft": _run("Ray Train + torchft", 3.0, 2, 0.3, min_step_s=0.3),
-            "torchft-1s": _run("torchft 1 s", 1.4, 3, 0.3, min_step_s=0.3, heartbeat_timeout_ms=1000),
-            "torchft-1s-matched": _run("torchft 1 s matched", 2.5, 3, 0.8, min_step_s=0.79, heartbeat_timeout_ms=1000),
+            "torchft-fast": _run("torchft 0.5 s", 1.4, 3, 0.3, min_step_s=0.3, heartbeat_timeout_ms=500),
+            "torchft-matched": _run("torchft 0.5 s matched", 2.5, 3, 0.8, min_step_s=0.79, heartbeat_timeout_ms=500),
+            "torchft-matched-compute": _run("torchft 0.5 s compute", 2.1, 1, 0.8, min_step_s=0.79, pad="compute",
+                                            heartbeat_timeout_ms=500),
             "restart": _run("restart", 15.0, 2, 0.28, min_step_s=0.3)}
     md = compare_markdown({"runs": runs, "quick": False, "load_average_1min": [1.0]})
     goals = md[md.index("#### Goals"):]
     rows = [line for line in goals.splitlines() if "torchft" in line]
-    assert len(rows) == 3
-    assert rows[0].endswith("| yes (tp=1: yes) |")  # 2.2 <= 3.0 s, 1 <= 2 redone
+    assert len(rows) == 4
+    assert "steps slept to 0.30 s" in rows[0] and rows[0].endswith("| yes (tp=1: yes) |")  # 2.2 <= 3.0 s, 1 <= 2
+    assert "(2.8 vs 10.0 steady steps)" in rows[0]  # each stall in the system's own steady steps
     assert "tp=2: stall 2.20 vs 1.40 s" in rows[1] and rows[1].endswith("| **no** (tp=1: yes) |")
-    assert "padded to tp=2's own step (0.79 s" in rows[2] and rows[2].endswith("| yes |")
-    assert "torchft 1 s matched" in md[:md.index("#### Goals")]
+    assert "slept to tp=2's own no-fault step (0.79 s)" in rows[2] and rows[2].endswith("| yes |")
+    # 2.2 s > 2.1 s: not as good, though it redid no more steps
+    assert "spent computing to tp=2's own no-fault step (0.79 s" in rows[3] and rows[3].endswith("| **no** |")
+    assert "torchft 0.5 s matched" in md[:md.index("#### Goals")] and "torchft 0.5 s compute" in md
