@@ -156,7 +156,7 @@ RE_NODES, RE_GPUS, RE_STEPS, KILL_STEP, CKPT_EVERY, RE_HINT = 3, 4, 40, 15, 10, 
 
 
 def _replan_run(tag: str, work: Path, *, steps: int, snapshots: bool, fault: bool, drop: bool,
-                warm: int) -> dict[str, Any]:
+                warm: int, every: int = 1) -> dict[str, Any]:
     import ray
 
     from workers.runtime.launch import start_supervisor, stop_supervisor
@@ -169,8 +169,8 @@ def _replan_run(tag: str, work: Path, *, steps: int, snapshots: bool, fault: boo
     spec = {"model": "tiny", "steps": steps, "global_batch": GLOBAL_BATCH, "checkpoint_dir": str(work / tag),
             "layout_hint": RE_HINT, "min_gpus": 1, "max_gpus": 8,
             "checkpoint": {"min_every_steps": 1, "max_every_steps": CKPT_EVERY},
-            "runtime": {"snapshots": snapshots, "warm_ranks_per_node": warm, "hang_timeout_s": 120,
-                        "start_timeout_s": 600},
+            "runtime": {"snapshots": snapshots, "snapshot_every": every, "warm_ranks_per_node": warm,
+                        "hang_timeout_s": 120, "start_timeout_s": 600},
             "faults": faults}
     job = f"bench-replan-{tag}"
     handle = start_supervisor(job, 1, spec, enable_fault_injection=bool(faults))
@@ -185,7 +185,9 @@ def _replan_run(tag: str, work: Path, *, steps: int, snapshots: bool, fault: boo
         losses[e["step"]] = e["loss"]  # the last run of a redone step
     row: dict[str, Any] = {"run": tag, "snapshots": snapshots, "losses": losses, "final_loss": result["final_loss"],
                            "step_walls": [e["wall_s"] for e in steps_ev],
+                           "step_numbers": [e["step"] for e in steps_ev],
                            "snapshot_waits": [e.get("snapshot_s") for e in steps_ev],
+                           "snapshot_pushes": [e.get("snapshot_push_s") for e in steps_ev],
                            "all_step_losses": [(e["step"], e["loss"]) for e in steps_ev]}
     row["resumes"] = [(e["cause"], e["source"], e["from_step"]) for e in events if e["type"] == "resumed"]
     lost = next((e for e in events if e["type"] == "node_lost"), None)
@@ -209,6 +211,31 @@ def _median(xs: list[float]) -> float:
     return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2
 
 
+INJOB_EVERY = 3  # the in-job measure's cadence: a step that snapshots, the one its push overlaps, a clean one
+
+
+def in_job_overhead(steps: list[int], walls: list[float], every: int = INJOB_EVERY,
+                    first: int = 6) -> list[float]:
+    """What a snapshot after *every* step would cost, per step, estimated inside one job that snapshots
+    after every ``every``-th step (``every`` >= 3), so that clean steps run between the snapshot
+    steps, on the same gang at the same time. Each snapshot costs the step that takes it (``S``: the
+    copy into host memory) and the one its background push overlaps (``P``); a step with neither
+    (``C``) is the baseline. Per snapshot at step ``S``: ``(T_S + T_P - 2 T_C) / T_C`` with ``T_C`` the
+    mean of the clean steps just before ``S`` and just after ``P`` (a slow drift of the host cancels);
+    steps before ``first`` (the gang's warm-up) are left out. A push that outlasts ``P`` would leak
+    into the next clean step and be under-counted: the caller checks the pushes against ``T_P``."""
+    if every < 3:
+        raise ValueError("in_job_overhead: every must be >= 3 (a clean step between two snapshot steps)")
+    wall = dict(zip(steps, walls, strict=True))
+    out = []
+    for s in sorted(wall):
+        if s % every or s - 1 < first or not all(k in wall for k in (s - 1, s + 1, s + 2)):
+            continue
+        clean = (wall[s - 1] + wall[s + 2]) / 2
+        out.append((wall[s] + wall[s + 1] - 2 * clean) / clean)
+    return out
+
+
 def _restore_trace(path: Path) -> dict[str, Any]:
     """What the ranks' snapshot restores did (``ORTHOPLEX_SNAPSHOT_TRACE`` lines, see ``snapshot``)."""
     if not path.exists():
@@ -228,11 +255,16 @@ def _replan(quick: bool) -> dict[str, Any]:
     """The four runs on one cluster; the overhead pair (off, on) ``RECOVERY_OVERHEAD_REPS`` times
     (default 3: off, on before the fault runs, then on, off and off, on after them, so neither setting
     always runs first; ``quick``: 1, to keep the quick bench short). One pair's difference is within
-    this host's run-to-run noise (+-10 % seen), so the goal is judged on the median of the pairs."""
+    this host's run-to-run noise (+-10 % seen), so the goal is judged on the median of the pairs,
+    and also inside ``RECOVERY_INJOB_RUNS`` jobs (default 2; ``quick``: 1) that snapshot after every
+    ``INJOB_EVERY``-th step (:func:`in_job_overhead`: no job-to-job swing)."""
     from workers.runtime.local_cluster import InProcessCluster
 
     steps = 20 if quick else RE_STEPS
     reps = int(os.environ.get("RECOVERY_OVERHEAD_REPS", "1" if quick else "3"))
+    # the in-job measure: jobs that snapshot every INJOB_EVERY-th step, long enough for 15+ snapshots each
+    injob_runs = int(os.environ.get("RECOVERY_INJOB_RUNS", "1" if quick else "2"))
+    injob_steps = 30 if quick else 61
     work = Path(tempfile.mkdtemp(prefix="orthoplex-bench-replan-"))
     trace = work / "restores.jsonl"
     os.environ["ORTHOPLEX_SNAPSHOT_TRACE"] = str(trace)  # inherited by the cluster's workers
@@ -251,6 +283,12 @@ def _replan(quick: bool) -> dict[str, Any]:
         cluster.restore()
         runs["storage"] = _replan_run("storage", work, steps=steps, snapshots=True, fault=True, drop=True, warm=4)
         loads.append(os.getloadavg()[0])
+        injob = []
+        for i in range(injob_runs):
+            cluster.restore()
+            injob.append(_replan_run(f"every{INJOB_EVERY}-{i + 1}", work, steps=injob_steps, snapshots=True,
+                                     fault=False, drop=False, warm=0, every=INJOB_EVERY))
+            loads.append(os.getloadavg()[0])
         for i in range(1, reps):
             cluster.restore()
             pair = {}
@@ -287,7 +325,35 @@ def _replan(quick: bool) -> dict[str, Any]:
     shares = [o["blocked_share"] for o in overheads if o["blocked_share"] is not None]
     if shares:
         out["snapshot_blocked_share_median"] = round(_median(shares), 4)
+    if injob:
+        out["in_job"] = _in_job_summary(injob, steps=injob_steps)
     return out
+
+
+def _in_job_summary(jobs: list[dict[str, Any]], *, steps: int) -> dict[str, Any]:
+    """The in-job estimate over ``jobs`` (each a :func:`_replan_run` row of a job snapshotting every
+    ``INJOB_EVERY``-th step), with the checks its model needs: each push against the step it overlaps."""
+    per_job, pushes_over = [], 0
+    all_est: list[float] = []
+    for job in jobs:
+        nums, walls = job["step_numbers"], job["step_walls"]
+        est = in_job_overhead(nums, walls)
+        all_est += est
+        wall = dict(zip(nums, walls, strict=True))
+        # step s reports the push of the snapshot taken INJOB_EVERY steps before; it overlapped step s - every + 1
+        push = {s: p for s, p in zip(nums, job["snapshot_pushes"], strict=True) if p is not None}
+        over = [s for s, p in push.items() if s - INJOB_EVERY + 1 in wall and p > wall[s - INJOB_EVERY + 1]]
+        pushes_over += len(over)
+        stage = [w for s, w in zip(nums, job["snapshot_waits"], strict=True) if w is not None and s >= 6]
+        clean = [wall[s] for s in nums if s % INJOB_EVERY == 2 and s >= 6]
+        per_job.append({"run": job["run"], "snapshots_timed": len(est), "median": round(_median(est), 4),
+                        "clean_step_s": round(_median(clean), 4),
+                        "stage_s_median": round(_median(stage), 4) if stage else None,
+                        "push_s_median": round(_median(list(push.values())), 4) if push else None,
+                        "push_s_max": round(max(push.values()), 4) if push else None,
+                        "pushes_longer_than_their_step": len(over)})
+    return {"every": INJOB_EVERY, "steps": steps, "jobs": per_job, "estimates": [round(x, 4) for x in all_est],
+            "median": round(_median(all_est), 4), "pushes_longer_than_their_step": pushes_over}
 
 
 def _replan_markdown(r: dict[str, Any]) -> str:
@@ -320,6 +386,20 @@ def _replan_markdown(r: dict[str, Any]) -> str:
                   + f"; median **{100 * r['snapshot_blocked_share_median']:.1f}%**. This is the time the steps stop "
                   "for the snapshot; the background push's CPU (which on this 2-core host competes with the ranks) "
                   "is in the off/on pairs only."]
+    ij = r.get("in_job")
+    if ij:
+        lines += ["", f"**In-job measure** ({len(ij['jobs'])} job(s) of {ij['steps']} steps snapshotting after every "
+                  f"{ij['every']}rd step, no fault, same cluster and invocation): per snapshot, the step that takes it "
+                  "and the step its push overlaps, against the clean steps just before and just after, "
+                  "`(T_S + T_P - 2 T_C) / T_C`: what snapshotting after every step costs per step, with the baseline "
+                  "measured between the snapshots on the same gang (no job-to-job swing). "
+                  + "; ".join(f"{j['run']}: {j['snapshots_timed']} snapshots, median **{100 * j['median']:+.1f}%** "
+                              f"(clean step {j['clean_step_s']:.3f} s, copy to host memory "
+                              f"{1000 * (j['stage_s_median'] or 0):.0f} ms, push median {1000 * (j['push_s_median'] or 0):.0f} ms, "
+                              f"max {1000 * (j['push_s_max'] or 0):.0f} ms)" for j in ij["jobs"])
+                  + f"; all snapshots: median **{100 * ij['median']:+.1f}%** (spread "
+                  f"{100 * min(ij['estimates']):+.1f} to {100 * max(ij['estimates']):+.1f}%). Pushes longer than the "
+                  f"step they overlap (the model's assumption broken): {ij['pushes_longer_than_their_step']}."]
     rest = mem.get("restore") or {}
     if rest:
         lines += ["", f"Memory restore, per rank: files fetched {rest['files_fetched']} of {rest['files_of']} "
@@ -352,6 +432,17 @@ def _goals_markdown(samples: list[dict[str, Any]]) -> str:
             return f"**no** (median {100 * med:+.1f}%)"
         return f"yes (median {100 * med:+.1f}%)" + (" (single pairs above 5%: noise)" if any(o > 0.05 for o in xs) else "")
 
+    injob = [s["in_job"] for s in samples if s.get("in_job")]
+    injob_row = []
+    if injob:
+        meds = [x["median"] for x in injob]
+        broken = sum(x["pushes_longer_than_their_step"] for x in injob)
+        ok = all(m <= 0.05 for m in meds) and not broken
+        injob_row = [
+            f"| snapshot overhead <= 5% of step time, in-job (snapshots every {injob[0]['every']}rd step; the clean steps "
+            f"between them are the baseline) | median of {sum(len(x['estimates']) for x in injob)} snapshots "
+            f"{', '.join(f'{100 * m:+.1f}%' for m in meds)}; pushes outlasting their step: {broken} | {yes(ok)} |"]
+
     return "\n".join([
         "### Goals (issue 14, re-plan path)", "", "| goal | measured | met? |", "|---|---|---|",
         f"| node_lost -> resumed <= 5 s, from memory | {secs(mem)} (storage: {secs(sto)}) | "
@@ -359,8 +450,8 @@ def _goals_markdown(samples: list[dict[str, Any]]) -> str:
         f"| at most one step redone | memory {', '.join(str(m['steps_redone']) for m in mem)} "
         f"(storage {', '.join(str(s['steps_redone']) for s in sto)}) | {yes(all(m['steps_redone'] <= 1 for m in mem))} |",
         f"| every step's loss within 1e-4 of the no-fault run | max rel. diff {loss:.1e} | {yes(loss <= 1e-4)} |",
-        f"| snapshot overhead <= 5% of step time | off/on pairs {', '.join(f'{100 * o:+.1f}%' for o in ov)}"
-        f"{blocked} | {overhead_verdict(ov)} |"])
+        f"| snapshot overhead <= 5% of step time, job vs job | off/on pairs {', '.join(f'{100 * o:+.1f}%' for o in ov)}"
+        f"{blocked} | {overhead_verdict(ov)} |", *injob_row])
 
 
 def _carried_baseline(path: Path | None = None) -> dict[str, Any]:

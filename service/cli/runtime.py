@@ -33,6 +33,7 @@ def build_spec(
     hang_timeout_s: float,
     max_gpus: int | None = None,
     snapshots: bool = False,
+    snapshot_every: int = 1,
     warm_ranks: int = 0,
     replica_groups: int = 0,
     faults: list[dict[str, Any]] | None = None,
@@ -53,7 +54,8 @@ def build_spec(
         "min_gpus": min_gpus,
         "checkpoint_dir": checkpoint_dir,
         "checkpoint": {"min_every_steps": 1, "max_every_steps": max_checkpoint_every},
-        "runtime": {"hang_timeout_s": hang_timeout_s, "snapshots": snapshots, "warm_ranks_per_node": warm_ranks},
+        "runtime": {"hang_timeout_s": hang_timeout_s, "snapshots": snapshots, "snapshot_every": snapshot_every,
+                    "warm_ranks_per_node": warm_ranks},
         "faults": faults,
     }
     if max_gpus is not None:
@@ -179,6 +181,8 @@ def register(app: typer.Typer) -> None:
                                             help="Use at most this many GPUs (also after a re-plan)."),
         snapshots: bool = typer.Option(False, "--snapshots/--no-snapshots",
                                        help="Snapshot every step into two nodes' memory; re-plans restore from it."),
+        snapshot_every: int = typer.Option(1, "--snapshot-every", min=1,
+                                           help="With --snapshots: after every N-th step only (at most N steps lost)."),
         warm_ranks: int = typer.Option(0, "--warm-ranks", min=0,
                                        help="Pre-started rank actors kept idle per node (a re-plan's ranks start warm)."),
         layout_hint: str | None = typer.Option(None, "--layout-hint", help="Fix fields of the first plan, e.g. tp=2,pp=2."),
@@ -211,6 +215,7 @@ def register(app: typer.Typer) -> None:
                           slow_node_at_step=slow_node_at_step, slow_factor=slow_factor, events_out=events_out,
                           metrics_out=metrics_out, max_checkpoint_every=max_checkpoint_every,
                           hang_timeout_s=hang_timeout_s, max_gpus=max_gpus, snapshots=snapshots,
+                          snapshot_every=snapshot_every,
                           warm_ranks=warm_ranks, replica_groups=replica_groups, faults=extra)
         result = run_job(spec, address=address, nodes=nodes, gpus_per_node=gpus_per_node,
                          job_id=job_id or f"run-{int(time.time())}")

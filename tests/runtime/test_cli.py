@@ -33,6 +33,9 @@ def test_run_options_become_a_spec_with_faults_only_when_asked() -> None:
     assert "max_gpus" not in plain and plain["runtime"]["snapshots"] is False  # opt-in
     capped = build_spec(kill_node_at_step=None, slow_node_at_step=None, max_gpus=8, snapshots=True, **kw)
     assert capped["max_gpus"] == 8 and capped["runtime"]["snapshots"] is True
+    assert capped["runtime"]["snapshot_every"] == 1
+    assert build_spec(kill_node_at_step=None, slow_node_at_step=None, snapshots=True, snapshot_every=3,
+                      **kw)["runtime"]["snapshot_every"] == 3
     with pytest.raises(ValueError, match="max-gpus"):
         build_spec(kill_node_at_step=None, slow_node_at_step=None, max_gpus=2, **kw)
 
@@ -41,6 +44,12 @@ def test_run_options_become_a_spec_with_faults_only_when_asked() -> None:
 def test_run_refuses_max_gpus_below_min_gpus_with_exit_2() -> None:
     res = CliRunner().invoke(_app(), ["run", "--min-gpus", "4", "--max-gpus", "2"])
     assert res.exit_code == 2 and "--max-gpus" in res.output, res.output
+
+
+@pytest.mark.unit
+def test_run_refuses_a_snapshot_cadence_below_one_with_exit_2() -> None:
+    res = CliRunner().invoke(_app(), ["run", "--snapshots", "--snapshot-every", "0"])
+    assert res.exit_code == 2 and "--snapshot-every" in res.output, res.output
 
 
 @pytest.mark.unit

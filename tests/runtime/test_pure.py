@@ -153,6 +153,7 @@ def test_a_steps_snapshot_wait_is_its_slowest_ranks_and_none_without_snapshots()
 
     assert _snapshot_s({0: {"snapshot_s": 0.004}, 1: {"snapshot_s": 0.0123456}}) == 0.0123
     assert _snapshot_s({0: {"snapshot_s": None}, 1: {}}) is None  # snapshots off (or a replica group's step)
+    assert _snapshot_s({0: {"snapshot_push_s": 0.02}, 1: {"snapshot_push_s": 0.031}}, "snapshot_push_s") == 0.031
     assert ev.StepDone(step=1, loss=1.0, wall_s=0.1, busy_max_s=0.1, world_size=2, tokens_per_s=3).snapshot_s is None
 
 

@@ -93,3 +93,32 @@ def test_goal_verdicts_name_each_torchft_run_and_the_step_it_was_padded_to() -> 
     # 2.2 s > 2.1 s: not as good, though it redid no more steps
     assert "spent computing to tp=2's own no-fault step (0.79 s" in rows[3] and rows[3].endswith("| **no** |")
     assert "torchft 0.5 s matched" in md[:md.index("#### Goals")] and "torchft 0.5 s compute" in md
+
+
+def test_the_in_job_snapshot_estimate_charges_the_copy_and_the_push_against_the_clean_steps_around() -> None:
+    from bench.recovery import in_job_overhead
+
+    # a job snapshotting after every 3rd step: the snapshot step costs +0.02 s, the step its push
+    # overlaps +0.01 s, on a host drifting from 1.00 to 1.12 s a step (the drift must cancel)
+    steps = list(range(1, 31))
+    walls = [1.0 + 0.004 * s + (0.02 if s % 3 == 0 else 0.01 if s % 3 == 1 else 0.0) for s in steps]
+    est = in_job_overhead(steps, walls)
+    assert len(est) == 7  # snapshots at 9 .. 27 (6's clean step before it, 5, is in the warm-up)
+    for x in est:
+        assert abs(x - 0.03 / 1.0) < 0.004, est  # 3 % of a step, to within the drift's 0.4 %
+    with pytest.raises(ValueError, match="every must be >= 3"):
+        in_job_overhead(steps, walls, every=2)
+
+
+def test_the_overhead_goal_reads_the_in_job_measure_and_refuses_a_push_that_outlasts_its_step() -> None:
+    from bench.recovery import _goals_markdown
+
+    run = {"runs": {"memory": {"node_lost_to_resumed_s": 2.5, "steps_redone": 0, "max_rel_loss_diff_vs_no_fault": 1e-7},
+                    "storage": {"node_lost_to_resumed_s": 3.5, "steps_redone": 5, "max_rel_loss_diff_vs_no_fault": 1e-7}},
+           "snapshot_overhead": 0.09, "overhead_pairs": [{"overhead": 0.09}, {"overhead": -0.02}, {"overhead": 0.12}],
+           "in_job": {"every": 3, "estimates": [0.02, 0.03, 0.04], "median": 0.03, "pushes_longer_than_their_step": 0}}
+    md = _goals_markdown([run])
+    assert "job vs job | off/on pairs +9.0%, -2.0%, +12.0% | **no** (median +9.0%)" in md
+    assert "median of 3 snapshots +3.0%; pushes outlasting their step: 0 | yes |" in md
+    run["in_job"]["pushes_longer_than_their_step"] = 1
+    assert "pushes outlasting their step: 1 | **no** |" in _goals_markdown([run])

@@ -126,6 +126,7 @@ class RayCluster:
         gang = start_gang(plan, reservation, self.train, plan_nodes=plan_nodes(plan), cpu_per_bundle=s.cpu_per_bundle,
                           collective_timeout_s=s.collective_timeout_s, start_timeout_s=s.start_timeout_s,
                           alive_nodes=placement.alive_node_ids, on_created=on_created, snapshot_targets=targets,
+                          snapshot_every=s.snapshot_every,
                           take_warm=self.pool.take if self.pool is not None else None)
         replica = getattr(plan, "replica_group", None) is not None
         if replica:  # a replica group's node needs no warm ranks: a replacement goes to a free node

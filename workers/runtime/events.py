@@ -229,6 +229,10 @@ class StepDone(Event):
     #: previous snapshot's push if still in flight); the push itself runs in the background. None
     #: when snapshots are off.
     snapshot_s: float | None = None
+    #: on a step that took a snapshot: how long the *previous* snapshot's background push took, on
+    #: the slowest rank (a push longer than the steps between two snapshots holds the next one up).
+    #: None when the step took none, or it is the gang's first.
+    snapshot_push_s: float | None = None
 
 
 @_register

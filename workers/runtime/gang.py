@@ -69,10 +69,12 @@ def start_gang(
     alive_nodes: Any,
     on_created: Any = None,
     snapshot_targets: Any = None,
+    snapshot_every: int = 1,
     take_warm: Any = None,
 ) -> Gang:
     """Actors up, ranks mapped, process group joined, trainers built; raises ``StartFailed``.
-    ``snapshot_targets(node)``: the snapshot holders a rank on ``node`` pushes to (``None``: no snapshots).
+    ``snapshot_targets(node)``: the snapshot holders a rank on ``node`` pushes to (``None``: no snapshots),
+    after every ``snapshot_every``-th step.
     ``take_warm(node)``: a pre-started rank actor on ``node``, or ``None`` (``warm_pool``)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -120,7 +122,7 @@ def start_gang(
     epoch = ((fencing.current(ckpt_dir) if shared else 0) or fencing.advance(ckpt_dir)) if ckpt_dir else None
     refs = {
         r: w.setup.remote(rdzv, train_cfg, layout.to_dict(), r, layout.world_size, collective_timeout_s,
-                          fence_epoch=epoch,
+                          fence_epoch=epoch, snapshot_every=snapshot_every,
                           snapshot_to=None if snapshot_targets is None else snapshot_targets(rank_map.rank_to_node[r]))
         for r, w in enumerate(gang.workers)
     }

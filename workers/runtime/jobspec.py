@@ -55,6 +55,9 @@ class RuntimeSettings:
     # storage, overhead not yet within 5%)
     snapshots: bool = False
     snapshot_keep: int = 3  # snapshots (steps) each node's holder keeps
+    # a snapshot after every n-th step (lost work at most n steps; the push of one overlaps the next
+    # n steps): 1 is the every step; bench/recovery.py also uses 3 to time a snapshot in-job
+    snapshot_every: int = 1
     warm_ranks_per_node: int = 0  # pre-started rank actors (torch imported) kept idle per node (warm_pool)
     # >= 2: that many replica groups of the hint's ``tp`` ranks each (one node each), torchft between
     # them: a lost group is dropped and replaced while the others keep stepping (workers.runtime.replicas)
@@ -74,6 +77,9 @@ class RuntimeSettings:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown runtime setting(s): {', '.join(unknown)}")
+        every = d.get("snapshot_every", 1)
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"runtime.snapshot_every: must be a whole number of steps >= 1, got {every!r}")
         return cls(**d)
 
 

@@ -390,7 +390,8 @@ class AttemptMachine:
         self.log.emit(ev.StepDone(step=done, loss=round(loss, 6), wall_s=round(wall, 4),
                                   busy_max_s=round(max(busy.values()), 4), world_size=gang.world_size,
                                   tokens_per_s=round(float(out[0]["tokens"]) / max(wall, 1e-9), 1),
-                                  val_loss=out[0].get("val_loss"), snapshot_s=_snapshot_s(out)))
+                                  val_loss=out[0].get("val_loss"), snapshot_s=_snapshot_s(out),
+                                  snapshot_push_s=_snapshot_s(out, "snapshot_push_s")))
         self._metrics(done, out, gang)
         self.tracking.on_step(done, out[0], gang.world_size, wall)
         if run.recovery is not None:
@@ -872,10 +873,11 @@ class AttemptMachine:
             self.state = state
 
 
-def _snapshot_s(out: dict[int, dict[str, Any]]) -> float | None:
+def _snapshot_s(out: dict[int, dict[str, Any]], key: str = "snapshot_s") -> float | None:
     """The longest wait of any rank's step for its in-memory snapshot (the step ends with the slowest
-    rank); None when the ranks took no snapshot."""
-    waits = [float(o["snapshot_s"]) for o in out.values() if o.get("snapshot_s") is not None]
+    rank); None when the ranks took no snapshot. ``key="snapshot_push_s"``: the slowest rank's
+    previous push, likewise."""
+    waits = [float(o[key]) for o in out.values() if o.get(key) is not None]
     return round(max(waits), 4) if waits else None
 
 

@@ -36,7 +36,8 @@ class RankWorker:
         self._jitter = 0.0
         self._hang = False
         self._fence: tuple[str, int] | None = None  # (checkpoint_dir, gang epoch)
-        self._snap: Any = None  # Snapshotter: this rank's shard to two nodes' memory after every step
+        self._snap: Any = None  # Snapshotter: this rank's shard to two nodes' memory after every n-th step
+        self._snap_every = 1
         self._snap_links: list[Any] = []  # its snapshot_wire LocalCopy and Sender (per gang; closed with the next)
         self.snapshot_push_errors = 0
         self._rng = random.Random(os.getpid())
@@ -84,11 +85,12 @@ class RankWorker:
 
     def setup(self, rdzv: dict[str, Any], cfg: dict[str, Any], layout: dict[str, Any], rank: int,
               world_size: int, collective_timeout_s: float, fence_epoch: int | None = None,
-              snapshot_to: list[Any] | None = None) -> dict[str, float]:
+              snapshot_to: list[Any] | None = None, snapshot_every: int = 1) -> dict[str, float]:
         """Join the process group and build this rank's trainer for ``layout``; ``fence_epoch`` is the
         gang's epoch (see ``fencing``): steps and saves are refused once a newer gang started.
         ``snapshot_to``: the snapshot holders (``memsnap``) this rank pushes its shard to after every
-        step (all ranks of a gang get holders, or none do: creating the snapshotter is collective)."""
+        ``snapshot_every``-th step (all ranks of a gang get holders, or none do: creating the
+        snapshotter is collective)."""
         from planner.layout import Layout
         from workers.engine.config import TrainConfig
         from workers.engine.trainer import RankTrainer
@@ -107,6 +109,7 @@ class RankWorker:
         if snapshot_to is not None:
             from workers.engine.checkpoint.snapshot import Snapshotter
 
+            self._snap_every = max(1, int(snapshot_every))
             self._snap = Snapshotter(self._trainer, self._pusher(fence_epoch or 0, world_size, snapshot_to),
                                      tag=f"e{fence_epoch or 0}", timeout_s=collective_timeout_s)
         self._phase("idle")
@@ -256,9 +259,10 @@ class RankWorker:
         while self._hang:  # fault hook: a rank that stops making progress (no crash)
             time.sleep(0.05)
         res = self._trainer.step()
-        snap_s = None  # what the step waited for its snapshot (the push runs in the background)
-        if self._snap is not None:  # waits for the previous snapshot, stages this one, writes it in the background
-            snap_s = self._snap.start()
+        snap_s = push_s = None  # what the step waited for its snapshot; the previous one's push (background)
+        if self._snap is not None and res.step % self._snap_every == 0:
+            snap_s = self._snap.start()  # waits for the previous one, stages this one, pushes it in the background
+            push_s = self._snap.prev_push_s
         busy = time.thread_time() - c0
         extra = busy * (self._slow_factor - 1.0)
         if self._jitter:
@@ -275,6 +279,7 @@ class RankWorker:
             "busy_s": time.thread_time() - c0,
             "wall_s": time.perf_counter() - w0,
             "snapshot_s": snap_s,
+            "snapshot_push_s": push_s,
         }
         # after the step's timing (straggler scores and tokens/s see the step only): the job's
         # validation loss every eval_every steps and after the last, and its HF export after the last
