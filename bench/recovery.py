@@ -212,10 +212,11 @@ def _median(xs: list[float]) -> float:
 
 
 INJOB_EVERY = 3  # the in-job measure's cadence: a step that snapshots, the one its push overlaps, a clean one
+INJOB_FIRST = 6  # ... and its first step counted (the gang's warm-up steps before it are left out)
 
 
 def in_job_overhead(steps: list[int], walls: list[float], every: int = INJOB_EVERY,
-                    first: int = 6) -> list[float]:
+                    first: int = INJOB_FIRST) -> list[float]:
     """What a snapshot after *every* step would cost, per step, estimated inside one job that snapshots
     after every ``every``-th step (``every`` >= 3), so that clean steps run between the snapshot
     steps, on the same gang at the same time. Each snapshot costs the step that takes it (``S``: the
@@ -344,8 +345,8 @@ def _in_job_summary(jobs: list[dict[str, Any]], *, steps: int) -> dict[str, Any]
         push = {s: p for s, p in zip(nums, job["snapshot_pushes"], strict=True) if p is not None}
         over = [s for s, p in push.items() if s - INJOB_EVERY + 1 in wall and p > wall[s - INJOB_EVERY + 1]]
         pushes_over += len(over)
-        stage = [w for s, w in zip(nums, job["snapshot_waits"], strict=True) if w is not None and s >= 6]
-        clean = [wall[s] for s in nums if s % INJOB_EVERY == 2 and s >= 6]
+        stage = [w for s, w in zip(nums, job["snapshot_waits"], strict=True) if w is not None and s >= INJOB_FIRST]
+        clean = [wall[s] for s in nums if s % INJOB_EVERY == INJOB_EVERY - 1 and s >= INJOB_FIRST]
         per_job.append({"run": job["run"], "snapshots_timed": len(est), "median": round(_median(est), 4),
                         "clean_step_s": round(_median(clean), 4),
                         "stage_s_median": round(_median(stage), 4) if stage else None,

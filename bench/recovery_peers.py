@@ -396,6 +396,8 @@ def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster
         raise ValueError(f"kind must be 'torchft' or 'restart', got {kind!r}")
     if not 0 < kill_at < steps:
         raise ValueError(f"kill_at must be in 1..steps-1, got {kill_at} for {steps} steps")
+    if pad not in ("sleep", "compute"):
+        raise ValueError(f"pad must be 'sleep' or 'compute', got {pad!r}")
     own = cluster is None
     if own:
         from workers.runtime.local_cluster import InProcessCluster
@@ -410,8 +412,6 @@ def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster
     config = {"train": _train_config(steps, work, kind), "log": str(log), "kill_at": kill_at,
               "kill_group": GROUPS - 1, "save_every": SAVE_EVERY, "timeout_s": timeout_s,
               "min_replicas": MIN_REPLICAS, "min_step_s": min_step_s, "pad": pad}
-    if pad not in ("sleep", "compute"):
-        raise ValueError(f"pad must be 'sleep' or 'compute', got {pad!r}")
     if kind == "torchft":
         from ray.train.v2.torch.torchft_config import TorchftConfig
 

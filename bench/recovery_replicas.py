@@ -185,28 +185,24 @@ def compare(quick: bool) -> dict[str, Any]:
             runs[kind] = _peer(kind, cluster, work, quick)
             loads.append(os.getloadavg()[0])
             cluster.restore()
-        if not quick:  # torchft at Orthoplex's lighthouse heartbeat timeout (1 s; the peer's default here: 2 s)
-            runs["torchft-fast"] = _peer("torchft", cluster, work, quick, heartbeat_timeout_ms=TORCHFT_FAST_HEARTBEAT_MS)
-            runs["torchft-fast"]["system"] += f", heartbeat timeout {TORCHFT_FAST_HEARTBEAT_MS / 1000:g} s"
-            loads.append(os.getloadavg()[0])
-            cluster.restore()
-            # the same, every step padded to Orthoplex tp=2's own no-fault steady step of this run: a
-            # stall in seconds then compares recovery, not step lengths (0.3 s vs a CPU-bound tp=2 step)
+        if not quick:
+            # torchft at Orthoplex's lighthouse heartbeat timeout (the peer's default here: 2 s); then the
+            # same with every step padded to Orthoplex tp=2's own no-fault steady step of this run (a stall
+            # in seconds then compares recovery, not step lengths: 0.3 s vs a CPU-bound tp=2 step), slept
+            # after the step, and spent computing before the reduction (a CPU-bound step, as Orthoplex's
+            # is here: a sleep hides the failure's detection)
             matched = runs["tp2-clean"]["steady_step_s"]
-            runs["torchft-matched"] = _peer("torchft", cluster, work, quick, min_step_s=matched,
-                                               heartbeat_timeout_ms=TORCHFT_FAST_HEARTBEAT_MS)
-            runs["torchft-matched"]["system"] += (f", heartbeat timeout {TORCHFT_FAST_HEARTBEAT_MS / 1000:g} s, "
-                                                     f"step padded to tp=2's {matched:.2f} s")
-            loads.append(os.getloadavg()[0])
-            cluster.restore()
-            # the same with the pad spent computing before the reduction (a CPU-bound step, as
-            # Orthoplex's is here), not asleep after it: a sleep hides the failure's detection
-            runs["torchft-matched-compute"] = _peer("torchft", cluster, work, quick, min_step_s=matched, pad="compute",
-                                                    heartbeat_timeout_ms=TORCHFT_FAST_HEARTBEAT_MS)
-            runs["torchft-matched-compute"]["system"] += (
-                f", heartbeat timeout {TORCHFT_FAST_HEARTBEAT_MS / 1000:g} s, step of {matched:.2f} s of compute")
-            loads.append(os.getloadavg()[0])
-            cluster.restore()
+            hb = f", heartbeat timeout {TORCHFT_FAST_HEARTBEAT_MS / 1000:g} s"
+            for tag, extra, suffix in (
+                    ("torchft-fast", {}, hb),
+                    ("torchft-matched", {"min_step_s": matched}, f"{hb}, step padded to tp=2's {matched:.2f} s"),
+                    ("torchft-matched-compute", {"min_step_s": matched, "pad": "compute"},
+                     f"{hb}, step of {matched:.2f} s of compute")):
+                runs[tag] = _peer("torchft", cluster, work, quick, heartbeat_timeout_ms=TORCHFT_FAST_HEARTBEAT_MS,
+                                  **extra)
+                runs[tag]["system"] += suffix
+                loads.append(os.getloadavg()[0])
+                cluster.restore()
     finally:
         cluster.shutdown()
         shutil.rmtree(work, ignore_errors=True)

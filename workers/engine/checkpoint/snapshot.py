@@ -253,10 +253,11 @@ class Snapshotter:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orthoplex-snap")
         self._pending: Future | None = None
         self.stats: dict[str, float] = {"blocked_s": 0.0, "background_s": 0.0, "snapshots": 0, "bytes": 0,
-                                        "plans": 0, "full": 0, "last_push_s": None}
+                                        "plans": 0, "full": 0}
         self.verify_every = verify_every
         self._count = 0
-        self.prev_push_s: float | None = None
+        self._last_push_s: float | None = None  # the newest finished push (background thread)
+        self.prev_push_s: float | None = None  # the push the newest start() waited for (None: the first)
 
     def _plan(self, planner: DefaultSavePlanner, signature: tuple) -> _Layout:
         local = planner.create_local_plan()
@@ -275,7 +276,7 @@ class Snapshotter:
         runs in the background)."""
         t_enter = time.perf_counter()
         self.wait()
-        self.prev_push_s = self.stats["last_push_s"]  # the push just waited for (None: the first)
+        self.prev_push_s = self._last_push_s
         t0 = time.perf_counter()
         step = int(self.trainer.next_step)
         self._count += 1
@@ -304,8 +305,8 @@ class Snapshotter:
             if self.rank == 0:
                 files[METADATA] = [layout.metadata]
             self.push(step, files)
-            self.stats["last_push_s"] = time.perf_counter() - t1
-            self.stats["background_s"] += self.stats["last_push_s"]
+            self._last_push_s = time.perf_counter() - t1
+            self.stats["background_s"] += self._last_push_s
             self.stats["snapshots"] += 1
             self.stats["bytes"] += sum(memoryview(p).nbytes for parts in files.values() for p in parts)
             return step
