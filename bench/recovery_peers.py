@@ -443,7 +443,7 @@ def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster
             cluster.shutdown()
         if tmp:
             shutil.rmtree(work, ignore_errors=True)
-    return {**out, "wall_s": round(wall, 2), "steps": steps, "groups": GROUPS,
+    return {**out, "wall_s": round(wall, 2), "ended_ts": t0 + wall, "steps": steps, "groups": GROUPS,
             "global_batch": GLOBAL_BATCH, "min_step_s": min_step_s, "pad": pad,
             **({"heartbeat_timeout_ms": heartbeat_timeout_ms} if kind == "torchft" else {})}
 

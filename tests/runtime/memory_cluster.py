@@ -213,6 +213,9 @@ class MemoryCluster:
     def refill_pool(self) -> int:
         return 0  # no warm pool in memory
 
+    def forget_replicas(self, groups: Sequence[int]) -> None:
+        raise NotImplementedError("the in-memory cluster runs no replica groups")
+
     def close(self) -> None:
         self.closed = True
         self.holders.clear()

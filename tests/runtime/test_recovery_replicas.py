@@ -25,6 +25,18 @@ def test_stall_window_runs_to_the_end_when_never_back_and_takes_the_worst_surviv
 
 
 @pytest.mark.unit
+def test_a_survivor_that_never_steps_again_stalls_until_the_run_ends_not_zero() -> None:
+    # the peer's survivors committed steps 0..5, the kill came at 5.5, and nothing after: the stall
+    # is open, from the last commit to the end of the run (seen 2026-12-05: a hung torchft run read 0.00 s)
+    a = [[s, float(s)] for s in range(6)]
+    out = stall_window({"0": a, "1": a}, kill_ts=5.5, full_ts=None, end_ts=65.0)
+    assert out["stall_open"] and out["stall_s"] == 60.0 and out["stall_ends_step"] is None
+    unbounded = stall_window({"0": a}, kill_ts=5.5, full_ts=None)
+    assert unbounded["stall_open"] and unbounded["stall_s"] is None
+    assert not stall_window({"0": a}, kill_ts=3.5, full_ts=None)["stall_open"]
+
+
+@pytest.mark.unit
 def test_peer_summary_counts_redone_steps_after_the_crash_only() -> None:
     from bench.recovery_peers import summarize
 
@@ -93,6 +105,17 @@ def test_goal_verdicts_name_each_torchft_run_and_the_step_it_was_padded_to() -> 
     # 2.2 s > 2.1 s: not as good, though it redid no more steps
     assert "spent computing to tp=2's own no-fault step (0.79 s" in rows[3] and rows[3].endswith("| **no** |")
     assert "torchft 0.5 s matched" in md[:md.index("#### Goals")] and "torchft 0.5 s compute" in md
+
+    # a torchft run whose survivors never stepped again after the kill: an open stall, never "0.00"
+    # and never better than tp=2's
+    runs["torchft"] = _run("Ray Train + torchft", 0.0, 2, 0.3, min_step_s=0.3) | {"stall_s": None, "stall_open": True}
+    runs["torchft-fast"] = _run("torchft 0.5 s", 40.0, 3, 0.3, min_step_s=0.3, heartbeat_timeout_ms=500,
+                                stall_open=True)
+    md = compare_markdown({"runs": runs, "quick": False, "load_average_1min": [1.0]})
+    rows = [line for line in md[md.index("#### Goals"):].splitlines() if "torchft" in line]
+    assert "tp=2: stall 2.20 vs never stepped again s" in rows[0] and "| yes (tp=1: yes)" in rows[0]
+    assert "vs >= 40.00 (never stepped again) s" in rows[1] and "| yes (tp=1: yes)" in rows[1]
+    assert "| never stepped again |" in md[:md.index("#### Goals")]
 
 
 def test_the_in_job_snapshot_estimate_charges_the_copy_and_the_push_against_the_clean_steps_around() -> None:

@@ -6,7 +6,8 @@ One *replica group* is ``tp`` processes holding one copy of the model, laid out 
 torchft does the fault tolerance:
 
 - a torchft ``Manager`` per rank (group rank 0 hosts the group's ``ManagerServer``, which heartbeats
-  to a torchft ``LighthouseServer``), a per-step quorum of the live groups (synchronous quorum, so a
+  to a lighthouse: torchft's ``LighthouseServer``, or the Ray runtime's ``QuorumLighthouse``, which
+  speaks the same protocol), a per-step quorum of the live groups (synchronous quorum, so a
   joining group heals before the step's forward pass and takes part in that step);
 - a fault-tolerant ``ProcessGroupGloo`` per group rank across the groups (TP rank ``r`` of every
   group reduces with TP rank ``r`` of the others), reconfigured by the manager on every new quorum;
@@ -458,8 +459,9 @@ class ReplicaStepper:
 
     def _redo_quorum(self) -> Any:
         """Ask the redo's shrink-only quorum on a thread (torchft's ``start_quorum`` blocks until the
-        lighthouse answers: for a dead group, until its heartbeat is ``replica_heartbeat_timeout_s``
-        old). A future of the time it formed; ``result()`` re-raises the quorum's error."""
+        lighthouse answers: for a dead group, until the supervisor drops it from the quorum service or
+        its heartbeat is ``replica_heartbeat_timeout_s`` old). A future of the time it formed;
+        ``result()`` re-raises the quorum's error."""
         from concurrent.futures import ThreadPoolExecutor
 
         def ask() -> float:

@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol
 from workers.runtime import placement
 from workers.runtime.gang import Gang, start_gang, teardown
 from workers.runtime.jobspec import RuntimeSettings
+from workers.runtime.lighthouse import QuorumLighthouse
 from workers.runtime.memsnap import Choice, Holders
 from workers.runtime.warm_pool import WarmPool
 from workers.runtime.watchdog import Failure, GatherResult, NodeWatch, classify, gather
@@ -74,6 +75,11 @@ class ClusterPort(Protocol):
         """Start the warm ranks gang starts took since the last call (how many)."""
         ...
 
+    def forget_replicas(self, groups: Sequence[int]) -> None:
+        """Replica groups the supervisor found dead: the job's quorum service drops them at once
+        (``lighthouse.QuorumLighthouse.forget``), so the survivors' next quorum does not wait for them."""
+        ...
+
     def close(self) -> None:
         """The job is over: free what outlives gangs (the snapshot holders)."""
         ...
@@ -92,7 +98,7 @@ class RayCluster:
         self._pool_filled = False
         self._replica_nodes: dict[int, set[str]] = {}  # id(gang) -> nodes, of live replica-group gangs
         self._pool_lock = threading.Lock()  # replacement replica groups start from a background thread
-        self._lighthouse: Any = None  # torchft LighthouseServer (replica groups), in this (the supervisor's) process
+        self._lighthouse: QuorumLighthouse | None = None  # replica groups' quorums, in this (the supervisor's) process
 
     def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[placement.NodeCapacity]:
         return placement.cluster_nodes(exclude=exclude, held=held)
@@ -166,21 +172,21 @@ class RayCluster:
         return self.pool.fill(sorted((nodes & alive) - busy))
 
     def lighthouse(self) -> str:
-        """The address of the job's torchft lighthouse (started on first use, in this process: the
-        supervisor's, on the head node); replica groups' managers heartbeat to it."""
+        """The address of the job's quorum service (torchft's lighthouse protocol; started on first
+        use, in this process: the supervisor's, on the head node); replica groups' managers ask it."""
         if self._lighthouse is None:
-            import os
-
-            os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse logs every quorum at info
-            from torchft._torchft import LighthouseServer
-
             s = self.settings
             # join_timeout: a quorum waits for every group that still heartbeats (a slow live group is
-            # not left out); a dead group drops out after the heartbeat timeout
-            self._lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1,
-                                                heartbeat_timeout_ms=int(s.replica_heartbeat_timeout_s * 1000),
-                                                join_timeout_ms=int(s.replica_join_timeout_s * 1000))
-        return str(self._lighthouse.address())
+            # not left out); a dead group drops out when the supervisor says so (forget_replicas), or
+            # after the heartbeat timeout
+            self._lighthouse = QuorumLighthouse(min_replicas=1, heartbeat_timeout_s=s.replica_heartbeat_timeout_s,
+                                                join_timeout_s=s.replica_join_timeout_s)
+        return self._lighthouse.address()
+
+    def forget_replicas(self, groups: Sequence[int]) -> None:
+        if self._lighthouse is not None and groups:
+            # the replica id the engine gives group g's manager (``replica_ft.make_manager``)
+            self._lighthouse.forget(f"rg{g}" for g in groups)
 
     def _setup_replica(self, gang: Gang, plan: Any) -> None:
         from workers.runtime.gang import StartFailed

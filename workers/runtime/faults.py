@@ -145,6 +145,9 @@ class FaultInjector:
     def restore(self, gang: Gang, choice: Choice | None, *, deadline_s: float) -> GatherResult:
         return self.inner.restore(gang, choice, deadline_s=deadline_s)
 
+    def forget_replicas(self, groups: Sequence[int]) -> None:
+        self.inner.forget_replicas(groups)
+
     def refill_pool(self) -> int:
         return self.inner.refill_pool()
 

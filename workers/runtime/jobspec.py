@@ -63,8 +63,9 @@ class RuntimeSettings:
     # them: a lost group is dropped and replaced while the others keep stepping (workers.runtime.replicas)
     replica_groups: int = 0
     replica_timeout_s: float = 20.0  # torchft's timeouts (quorum, cross-group collectives, healing)
-    replica_heartbeat_timeout_s: float = 0.5  # the lighthouse drops a group silent this long (the redo's
-    # quorum waits for it; 2 s until the dead-node reservation fix, 1 s until the rank's own redo, docs/runtime.md)
+    replica_heartbeat_timeout_s: float = 2.0  # the quorum service drops a group silent this long; a group the
+    # supervisor finds dead is dropped at once (``lighthouse.QuorumLighthouse.forget``; 0.5 s until then, when
+    # the redo's quorum waited for it, docs/runtime.md)
     replica_node_heartbeat_s: float = 0.1  # a replica group's node heartbeat period (and the step wait's poll):
     # a dead node found sooner lets the survivors stop waiting for their reduction with it sooner
     replica_join_timeout_s: float = 10.0  # a quorum waits this long for a live group that has not asked yet

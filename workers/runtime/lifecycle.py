@@ -783,6 +783,7 @@ class AttemptMachine:
         raised = {owners[r][0] for r in res.errors if r < len(owners)} if failure.kind == "rank_failed" else set()
         blamed = raised_to_drop(reps, raised - set(lost), done, list(lost))
         lost = lost or blamed
+        self.port.forget_replicas(lost)
         self._record_failure(failure, since)  # node_lost / rank_failed / hang, as for any gang
         self._check_failure_budget()
         if not lost and failure.kind == "hang":
@@ -805,8 +806,10 @@ class AttemptMachine:
         """The node heartbeat found ``nodes`` down: the other groups' ranks stop waiting for a
         cross-group reduction with the groups there (``RankWorker.replica_peers_lost``) before the
         failure is classified and the groups torn down, so the redo starts without waiting for gloo
-        to notice (or, for a host gone silent, for its collective timeout)."""
+        to notice (or, for a host gone silent, for its collective timeout); the quorum service drops
+        them too, so the redo's quorum does not wait for their heartbeat to time out."""
         lost = reps.on_nodes(nodes)
+        self.port.forget_replicas(lost)  # the survivors' next quorum forms without them at once
         if lost and len(lost) < reps.size:
             view, _ = reps.view(exclude=lost)
             self.port.gather(view, "replica_peers_lost", deadline_s=10.0, kwargs={"groups": lost})
@@ -817,6 +820,9 @@ class AttemptMachine:
         up, failed = reps.ready()
         for j in failed:
             reps.history.setdefault(j.group, {"node": j.node, "error": j.error})
+            # a replacement whose node died is not in the step set, so no failure of the job names the
+            # node: keep it out of the next replacement's placement here (the GCS may list it for seconds)
+            self.replanner.exclude(j.lost_nodes)
             if j.gang is not None:
                 self.port.teardown(j.gang)
         for j in up:

@@ -94,6 +94,7 @@ class _Joining:
     done: bool = False
     stepping: bool = False  # started, in its first step (waiting for the live groups' quorum)
     first: dict[int, Any] = field(default_factory=dict)  # rank -> its first (healed) step's row
+    lost_nodes: list[str] = field(default_factory=list)  # its node heartbeat found these down (kept out after)
 
 
 @dataclass
@@ -228,7 +229,10 @@ class ReplicaSet:
                 job.stepping = True
                 first = port.gather(job.gang, "step", deadline_s=self.first_step_s)
                 if not first.ok or any(r["event"] != "step" for r in first.results.values()):
-                    job.error = f"first step failed: {first.errors or first.pending or first.results}"
+                    job.lost_nodes = list(first.lost_nodes)
+                    job.error = (f"first step failed: node(s) {', '.join(n[:8] for n in first.lost_nodes)} down"
+                                 if first.lost_nodes else
+                                 f"first step failed: {first.errors or first.pending or first.results}")
                 else:
                     job.first = dict(first.results)
         except StartFailed as exc:
@@ -236,6 +240,8 @@ class ReplicaSet:
         except Exception as exc:  # anything else: the job goes on with the groups it has
             job.error = f"start failed: {type(exc).__name__}: {exc}"
         finally:
+            if job.error:
+                port.forget_replicas([job.group])  # a quorum the live groups ask for must not wait for it
             if job.error and res is not None and job.gang is None:
                 port.release(res)
             job.done = True
