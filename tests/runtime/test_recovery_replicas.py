@@ -14,6 +14,7 @@ def test_stall_window_is_the_survivors_gap_across_the_kill_not_the_start() -> No
     out = stall_window({"0": [[s, t] for s, t in enumerate(ts)]}, kill_ts=13.5, full_ts=18.0)
     assert out["stall_s"] == 4.0 and out["stall_ends_step"] == 6
     assert out["steady_step_s"] == 1.0  # the start's gaps and the window's gaps left out
+    assert out["kill_gap_s"] == 4.0  # the gap that spans the kill (13.0 -> 17.0)
 
 
 @pytest.mark.unit
@@ -22,6 +23,7 @@ def test_stall_window_runs_to_the_end_when_never_back_and_takes_the_worst_surviv
     b = [[s, float(s) + (3.0 if s >= 7 else 0.0)] for s in range(8)]  # its last gap 3 s after the kill
     out = stall_window({"0": a, "1": b}, kill_ts=5.5, full_ts=None)
     assert out["stall_s"] == 4.0 and out["stall_ends_step"] == 7
+    assert out["kill_gap_s"] == 1.0  # across the kill (5 -> 6) both survivors took 1 s; the 4 s gap came later
 
 
 @pytest.mark.unit
