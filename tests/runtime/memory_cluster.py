@@ -57,6 +57,7 @@ class MemoryCluster:
     holders: dict[str, dict[tuple[int, int], dict[str, Any]]] = field(default_factory=dict)  # node -> snapshots
     restored_from: list[str] = field(default_factory=list)  # "memory" | "storage", one per restore
     closed: bool = False
+    forgotten_replicas: list[int] = field(default_factory=list)  # what forget_replicas was told
 
     @classmethod
     def of(cls, *gpus: int) -> MemoryCluster:
@@ -214,7 +215,7 @@ class MemoryCluster:
         return 0  # no warm pool in memory
 
     def forget_replicas(self, groups: Sequence[int]) -> None:
-        raise NotImplementedError("the in-memory cluster runs no replica groups")
+        self.forgotten_replicas.extend(groups)  # no quorum service in memory: the call is only recorded
 
     def close(self) -> None:
         self.closed = True

@@ -141,7 +141,8 @@ class QuorumLighthouse:
         self.state = QuorumState()
         self.formed = 0  # quorums formed so far
         self.recent: deque[tuple[int, Any]] = deque(maxlen=64)  # (number, torchft.Quorum), the last ones
-        self.log: list[tuple[float, str]] = []  # (time.time(), reason) whenever the reason changed
+        # (time.time(), reason) whenever the reason changed: the last ones (a job forms a quorum per step)
+        self.log: deque[tuple[float, str]] = deque(maxlen=256)
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lighthouse"))
