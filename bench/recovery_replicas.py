@@ -17,6 +17,15 @@ that its rank 0 returns to the supervisor; the peers: the ranks' own ``step`` lo
   after ``REP_KILL`` steps).
 * steady step: the median of the survivors' other gaps, without the first ``START_GAPS`` gaps of the
   run (the job's start: the warm pool importing torch, the first quorum).
+* longest wait (:func:`waited`): the longest stall beyond one steady step of the same system in the
+  same run. The issue defines a stall as "only the time the surviving ranks wait"; a gap between two
+  commits also holds the step's own work, whose length differs between the systems (torchft's steps
+  slept to 0.3 s, Orthoplex's CPU-bound tp=2 step 0.35-0.6 s), so the wait is reported beside each
+  stall, with its own verdict. The goal's verdict stays on the stall: the wait leans on a noisy
+  baseline (a peer run that never gets back to full strength has only the few gaps before the kill
+  for its steady median, slow ones at the job's start: 1.3 s for a 0.5 s step on 2026-12-06). A step
+  with fewer groups, whose survivors compute the lost group's micro-batches (the global batch kept),
+  counts its extra work as wait.
 * steps redone (the worst survivor), kill -> full strength, final loss.
 """
 
@@ -36,6 +45,14 @@ START_GAPS = 2  # gaps to steps 1 and 2 (0-based): the job's start, excluded fro
 #: 2 s): 0.5 s, the shortest a live group's heartbeat survived on this loaded host (docs/runtime.md)
 TORCHFT_FAST_HEARTBEAT_MS = 500
 PEER_STEPS, PEER_STEPS_QUICK = 60, 50  # 30 was too few: torchft's replacement had not joined (2026-12-03)
+
+
+def waited(stall_s: float | None, steady_step_s: float | None) -> float | None:
+    """The survivors' longest wait: their longest stall beyond one of the system's own steady steps
+    (pure; ``None`` when either is unknown, e.g. an unbounded open stall)."""
+    if stall_s is None or steady_step_s is None:
+        return None
+    return round(max(0.0, stall_s - steady_step_s), 3)
 
 
 def stall_window(step_ts: dict[str, list[list[float]]], kill_ts: float, full_ts: float | None,
@@ -63,9 +80,11 @@ def stall_window(step_ts: dict[str, list[list[float]]], kill_ts: float, full_ts:
                     stall, ends_step = gap, int(b[0])
             elif i >= START_GAPS:
                 steady.append(gap)
-    return {"stall_s": None if stall is None else round(stall, 3), "stall_ends_step": ends_step,
-            "stall_open": stall_open, "kill_gap_s": None if kill_gap is None else round(kill_gap, 3),
-            "steady_step_s": round(statistics.median(steady), 3) if steady else None}
+    stall_s = None if stall is None else round(stall, 3)
+    steady_s = round(statistics.median(steady), 3) if steady else None
+    return {"stall_s": stall_s, "stall_ends_step": ends_step, "stall_open": stall_open,
+            "kill_gap_s": None if kill_gap is None else round(kill_gap, 3), "steady_step_s": steady_s,
+            "wait_s": waited(stall_s, steady_s)}
 
 
 def _replica_run(tag: str, work: Path, *, tp: int, fault: bool, steps: int = REP_STEPS) -> dict[str, Any]:
@@ -176,8 +195,11 @@ def _rel_diff(run: dict[str, Any], ref: dict[str, Any]) -> float:
 
 def compare(quick: bool) -> dict[str, Any]:
     """The four systems on one cluster, one invocation (``quick``: no tp=1 no-fault run, shorter peers)."""
+    import time
+
     from workers.runtime.local_cluster import InProcessCluster
 
+    started, t0 = time.strftime("%Y-%m-%d %H:%M", time.gmtime()), time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="orthoplex-bench-compare-"))
     loads = [os.getloadavg()[0]]
     runs: dict[str, dict[str, Any]] = {}
@@ -220,7 +242,8 @@ def compare(quick: bool) -> dict[str, Any]:
             runs[f"tp{tp}-fault"]["max_rel_loss_diff_vs_no_fault"] = _rel_diff(runs[f"tp{tp}-fault"], runs[f"tp{tp}-clean"])
     for r in runs.values():
         r.pop("losses", None)
-    return {"runs": runs, "quick": quick, "load_average_1min": [round(x, 1) for x in loads]}
+    return {"runs": runs, "quick": quick, "load_average_1min": [round(x, 1) for x in loads], "started": started,
+            "wall_s": round(time.monotonic() - t0)}
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
@@ -231,18 +254,28 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "-" if a is None or not b else f"{a / b:.2f}x"
 
 
-def _stall(x: dict[str, Any]) -> str:
-    """A run's stall: seconds, or that its survivors never stepped again after the kill."""
+def _stall(x: dict[str, Any], value: str = "stall_s") -> str:
+    """A run's stall (``value``: ``stall_s``, or ``wait_s`` for its wait): seconds, or that its
+    survivors never stepped again after the kill."""
+    v = _value(x, value)
     if x.get("stall_open"):
-        return "never stepped again" if x["stall_s"] is None else f">= {x['stall_s']:.2f} (never stepped again)"
-    return _fmt(x["stall_s"])
+        return "never stepped again" if v is None else f">= {v:.2f} (never stepped again)"
+    return _fmt(v)
 
 
-def _worse_or_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """``a``'s stall is no shorter than ``b``'s (an open stall is as long as the run allowed)."""
+def _value(x: dict[str, Any], value: str) -> float | None:
+    """A run's ``stall_s`` or ``wait_s`` (rows written before the wait was recorded: from their stall
+    and steady step, by the same rule)."""
+    return waited(x["stall_s"], x["steady_step_s"]) if value == "wait_s" else x[value]
+
+
+def _worse_or_equal(a: dict[str, Any], b: dict[str, Any], value: str = "stall_s") -> bool:
+    """``a``'s stall (``value``: its wait, or ``stall_s``: its longest gap) is no shorter than ``b``'s
+    (an open stall is as long as the run allowed)."""
+    va, vb = _value(a, value), _value(b, value)
     if a.get("stall_open"):
-        return not b.get("stall_open") or a["stall_s"] is None or (b["stall_s"] or 0) <= a["stall_s"]
-    return not b.get("stall_open") and b["stall_s"] <= a["stall_s"]
+        return not b.get("stall_open") or va is None or (vb or 0) <= va
+    return not b.get("stall_open") and vb is not None and va is not None and vb <= va
 
 
 def _steps(stall: float | None, step: float | None) -> str:
@@ -261,17 +294,19 @@ def compare_markdown(r: dict[str, Any]) -> str:
              f"{REP_GPUS} declared GPUs, {REP_GROUPS} groups, the last group's node killed at 0-based step {REP_KILL})",
              "",
              "| system | group size | survivors' longest stall, kill -> full strength (s) | steady median step (s) | "
-             "stall in steady steps | stall / torchft | steps redone | redone / torchft | kill -> full strength (s) | "
-             "full / torchft | final loss | max rel. loss diff vs no-fault | steps |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "stall in steady steps | longest wait beyond a steady step (s) | wait / torchft | steps redone | "
+             "redone / torchft | kill -> full strength (s) | full / torchft | final loss | "
+             "max rel. loss diff vs no-fault | steps |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         diff = x.get("max_rel_loss_diff_vs_no_fault")
         if x.get("extra_groups_dropped"):
             lines.append(f"| {x['system']}: **{x['extra_groups_dropped']} more group(s) dropped than the killed one** "
-                         f"({x['dropped']}; stall from {x['stall_from']}) | | | | | | | | | | | | |")
+                         f"({x['dropped']}; stall from {x['stall_from']}) | | | | | | | | | | | | | |")
         lines.append(
             f"| {x['system']} | {x['group_size']} | {_stall(x)} | {_fmt(x['steady_step_s'], '.3f')} | "
-            f"{_steps(x['stall_s'], x['steady_step_s'])} | {_ratio(x['stall_s'], ft['stall_s'])} | {x['steps_redone']} | "
+            f"{_steps(x['stall_s'], x['steady_step_s'])} | {_stall(x, 'wait_s')} | "
+            f"{_ratio(_value(x, 'wait_s'), _value(ft, 'wait_s'))} | {x['steps_redone']} | "
             f"{x['steps_redone']} vs {ft['steps_redone']} | {_fmt(x.get('full_strength_s'))} | "
             f"{_ratio(x.get('full_strength_s'), ft['full_strength_s'])} | {x['final_loss']:.6f} | "
             f"{'not measured' if diff is None else f'{diff:.1e}'} | {x['steps']} |")
@@ -279,7 +314,12 @@ def compare_markdown(r: dict[str, Any]) -> str:
               "commit timestamps (Orthoplex: each group's commit time returned by its rank 0; the peers: the "
               "ranks' own step log rows). Stall: the longest gap between two consecutive commits of a survivor "
               "that ends after the kill and starts before the first commit with every group back (the end of "
-              "the run if never back). **The job's start is excluded**: the kill comes after "
+              "the run if never back). Wait: that stall beyond one steady median step of the same system "
+              "in the same run, toward the issue's \"only the time the surviving ranks wait\" (a gap also holds the "
+              "step's own work, whose length differs between the systems; a step with fewer groups counts "
+              "its extra micro-batches as wait; the steady median of a run that never gets back rests on the "
+              "few gaps before the kill), reported beside the stall; the verdicts are on the stall. "
+              "**The job's start is excluded**: the kill comes after "
               f"{REP_KILL} steps, and the steady median leaves out the first {START_GAPS} gaps of the run (the warm "
               "pool importing torch, the first quorum) and the stall window. Steps redone: the worst survivor's "
               "step attempts after the kill that redo a step (Orthoplex: a step's attempts beyond the first, from the "
@@ -327,20 +367,22 @@ def goals_markdown(r: dict[str, Any]) -> str:
     def yes(ok: bool) -> str:
         return "yes" if ok else "**no**"
 
-    def as_good(x: dict[str, Any], peer: dict[str, Any] = ft) -> bool:
-        return (_worse_or_equal(peer, x) and x["steps_redone"] <= peer["steps_redone"]
+    def as_good(x: dict[str, Any], peer: dict[str, Any] = ft, value: str = "stall_s") -> bool:
+        return (_worse_or_equal(peer, x, value) and x["steps_redone"] <= peer["steps_redone"]
                 and not x.get("extra_groups_dropped"))
 
     def vs(label: str, peer: dict[str, Any] | None, extra: str = "", tp1: bool = True) -> list[str]:
         if peer is None:
             return []
-        tp1_text = (f"; tp=1 (same group size): stall {_stall(one)} s, redone {one['steps_redone']}"
-                    if tp1 else "")
+        tp1_text = (f"; tp=1 (same group size): stall {_stall(one)} s (wait {_stall(one, 'wait_s')} s), "
+                    f"redone {one['steps_redone']}" if tp1 else "")
         one_ok = f" (tp=1: {yes(as_good(one, peer))})" if tp1 else ""
-        return [f"| {label} | tp=2: stall {_stall(f)} vs {_stall(peer)} s "
+        wait_ok = f" (wait: {yes(as_good(f, peer, 'wait_s'))})"
+        return [f"| {label} | tp=2: stall {_stall(f)} vs {_stall(peer)} s; wait beyond a steady step "
+                f"{_stall(f, 'wait_s')} vs {_stall(peer, 'wait_s')} s "
                 f"({_steps(f['stall_s'], f['steady_step_s'])} vs {_steps(peer['stall_s'], peer['steady_step_s'])} "
                 f"steady steps), redone {f['steps_redone']} vs {peer['steps_redone']}{extra}{tp1_text}"
-                f" | {yes(as_good(f, peer))}{one_ok}{hung_note(peer)} |"]
+                f" | {yes(as_good(f, peer))}{wait_ok}{one_ok}{hung_note(peer)} |"]
 
     def matched_extra(peer: dict[str, Any] | None) -> str:
         if peer is None:
@@ -387,3 +429,55 @@ def hung_note(peer: dict[str, Any]) -> str:
     """A verdict against a peer run whose ``fit()`` hung is no fair verdict: say so next to it."""
     return ("; **the peer's run hung** (`fit()` ended by the deadline), so this verdict says little"
             if peer.get("fit_hung") else "")
+
+
+PEER_RUNS = ("torchft", "torchft-fast", "torchft-matched", "torchft-matched-compute")
+
+
+def across_runs_markdown(result: dict[str, Any], keys: list[str]) -> str:
+    """The compare runs ``keys`` of ``recovery.json`` (``result``) in one table: Orthoplex's wait and
+    stall (longest gap) against every torchft run of the same invocation, and the tally of the goal's
+    verdict (:func:`_worse_or_equal` on the stall, steps redone no more) and of the same on the wait."""
+    head = ["| run | tp=2 stall (wait), s | tp=1 stall (wait), s | "
+            + " | ".join(f"{k} stall (wait), s" for k in PEER_RUNS)
+            + " | tp=2 as good on stall and redone | on wait and redone | tp=1 as good on stall and redone |",
+            "|---|---|---|" + "---|" * len(PEER_RUNS) + "---|---|---|"]
+    won = {"stall_s": 0, "wait_s": 0}
+    won_tp1 = 0
+    total = 0
+
+    def cell(x: dict[str, Any]) -> str:
+        return f"{_stall(x)} ({_stall(x, 'wait_s')})"
+
+    def good(f: dict[str, Any], peer: dict[str, Any], value: str) -> bool:
+        return _worse_or_equal(peer, f, value) and f["steps_redone"] <= peer["steps_redone"] \
+            and not f.get("extra_groups_dropped")
+
+    for key in keys:
+        runs = result[key]["runs"]
+        f = runs["tp2-fault"]
+        peers = [runs[k] for k in PEER_RUNS if k in runs]
+        tally = {v: sum(good(f, p, v) for p in peers) for v in won}
+        tp1 = sum(good(runs["tp1-fault"], p, "stall_s") for p in peers)
+        won_tp1 += tp1
+        for v in won:
+            won[v] += tally[v]
+        total += len(peers)
+        head.append(f"| {result[key].get('started', key)} | {cell(f)} | {cell(runs['tp1-fault'])} | "
+                    + " | ".join(cell(runs[k]) if k in runs else "-" for k in PEER_RUNS)
+                    + f" | {tally['stall_s']} of {len(peers)} | {tally['wait_s']} of {len(peers)} | "
+                    f"{tp1} of {len(peers)} |")
+    head += ["", f"Over these {len(keys)} runs, Orthoplex tp=2 is at least as good as torchft on the stall and on "
+             f"steps redone in **{won['stall_s']} of {total}** torchft runs; on the wait and steps redone "
+             f"in {won['wait_s']} of {total}. Orthoplex tp=1 (torchft's group size) on the stall and steps "
+             f"redone: {won_tp1} of {total}."]
+    return "\n".join(head)
+
+
+if __name__ == "__main__":
+    import json
+
+    from bench.common import RESULTS_DIR
+
+    res = json.loads((RESULTS_DIR / "recovery.json").read_text())
+    print(across_runs_markdown(res, res["compare_series"]))

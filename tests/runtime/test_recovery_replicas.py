@@ -82,31 +82,38 @@ def _run(system: str, stall: float, redone: int, step: float, **kw: object) -> d
 @pytest.mark.unit
 def test_goal_verdicts_name_each_torchft_run_and_the_step_it_was_padded_to() -> None:
     """The goals table judges tp=2 against every torchft run of the invocation, the step-matched one
-    included (its padding stated), and a verdict follows the numbers, not the row's order."""
+    included (its padding stated), on the stall (the longest gap) with the wait's verdict (the stall
+    beyond the system's own steady step) beside it; a verdict follows the numbers, not the row order."""
     from bench.recovery_replicas import compare_markdown
 
     tp2 = _run("Orthoplex tp=2 x 3 groups", 2.2, 1, 0.8, group_size=2, redone_steps=[6], stall_ends_step=6,
                resumed_events=0, groups_at_end=3, replacement_on_spare_node=True, healed_from=0,
                max_rel_loss_diff_vs_no_fault=1e-7, aborted_before_kill=[])
     runs = {"tp2-fault": tp2, "tp2-clean": _run("clean", 0.0, 0, 0.79),
-            "tp1-fault": _run("Orthoplex tp=1 x 3 groups", 1.2, 1, 0.07, aborted_before_kill=[]),
+            "tp1-fault": _run("Orthoplex tp=1 x 3 groups", 1.0, 1, 0.07, aborted_before_kill=[]),
             "torchft": _run("Ray Train + torchft", 3.0, 2, 0.3, min_step_s=0.3),
             "torchft-fast": _run("torchft 0.5 s", 1.4, 3, 0.3, min_step_s=0.3, heartbeat_timeout_ms=500),
             "torchft-matched": _run("torchft 0.5 s matched", 2.5, 3, 0.8, min_step_s=0.79, heartbeat_timeout_ms=500),
-            "torchft-matched-compute": _run("torchft 0.5 s compute", 2.1, 1, 0.8, min_step_s=0.79, pad="compute",
+            "torchft-matched-compute": _run("torchft 0.5 s compute", 2.1, 1, 0.6, min_step_s=0.79, pad="compute",
                                             heartbeat_timeout_ms=500),
             "restart": _run("restart", 15.0, 2, 0.28, min_step_s=0.3)}
     md = compare_markdown({"runs": runs, "quick": False, "load_average_1min": [1.0]})
     goals = md[md.index("#### Goals"):]
     rows = [line for line in goals.splitlines() if "torchft" in line]
     assert len(rows) == 4
-    assert "steps slept to 0.30 s" in rows[0] and rows[0].endswith("| yes (tp=1: yes) |")  # 2.2 <= 3.0 s, 1 <= 2
+    # waits: tp=2 2.2 - 0.8 = 1.4 s; torchft 2.7, fast 1.1, matched 1.7, compute 1.5 s
+    assert "steps slept to 0.30 s" in rows[0] and rows[0].endswith("| yes (wait: yes) (tp=1: yes) |")
+    assert "tp=2: stall 2.20 vs 3.00 s; wait beyond a steady step 1.40 vs 2.70 s" in rows[0]
     assert "(2.8 vs 10.0 steady steps)" in rows[0]  # each stall in the system's own steady steps
-    assert "tp=2: stall 2.20 vs 1.40 s" in rows[1] and rows[1].endswith("| **no** (tp=1: yes) |")
-    assert "slept to tp=2's own no-fault step (0.79 s)" in rows[2] and rows[2].endswith("| yes |")
-    # 2.2 s > 2.1 s: not as good, though it redid no more steps
-    assert "spent computing to tp=2's own no-fault step (0.79 s" in rows[3] and rows[3].endswith("| **no** |")
+    assert "tp=2: stall 2.20 vs 1.40 s; wait beyond a steady step 1.40 vs 1.10 s" in rows[1]
+    assert rows[1].endswith("| **no** (wait: **no**) (tp=1: yes) |")  # tp=1: 1.0 s, its wait 0.93 s
+    assert "slept to tp=2's own no-fault step (0.79 s)" in rows[2] and rows[2].endswith("| yes (wait: yes) |")
+    # a shorter wait (1.4 <= 1.5 s) behind a longer stall (2.2 > 2.1 s): the goal's verdict is on the
+    # stall, the wait's is stated beside it
+    assert "spent computing to tp=2's own no-fault step (0.79 s" in rows[3]
+    assert rows[3].endswith("| **no** (wait: yes) |")
     assert "torchft 0.5 s matched" in md[:md.index("#### Goals")] and "torchft 0.5 s compute" in md
+    assert "| 2.20 | 0.800 | 2.8 | 1.40 | 0.52x |" in md  # tp=2's row: gap, step, steps, wait, wait / torchft's
 
     # a torchft run whose survivors never stepped again after the kill: an open stall, never "0.00"
     # and never better than tp=2's
@@ -115,9 +122,33 @@ def test_goal_verdicts_name_each_torchft_run_and_the_step_it_was_padded_to() -> 
                                 stall_open=True)
     md = compare_markdown({"runs": runs, "quick": False, "load_average_1min": [1.0]})
     rows = [line for line in md[md.index("#### Goals"):].splitlines() if "torchft" in line]
-    assert "tp=2: stall 2.20 vs never stepped again s" in rows[0] and "| yes (tp=1: yes)" in rows[0]
-    assert "vs >= 40.00 (never stepped again) s" in rows[1] and "| yes (tp=1: yes)" in rows[1]
+    assert "tp=2: stall 2.20 vs never stepped again s; wait beyond a steady step 1.40 vs never stepped again s" \
+        in rows[0] and "| yes (wait: yes) (tp=1: yes)" in rows[0]
+    assert "stall 2.20 vs >= 40.00 (never stepped again) s; wait beyond a steady step 1.40 vs >= 39.70 (never " \
+        "stepped again) s" in rows[1] and "| yes (wait: yes) (tp=1: yes)" in rows[1]
     assert "| never stepped again |" in md[:md.index("#### Goals")]
+
+
+@pytest.mark.unit
+def test_the_wait_is_the_stall_beyond_a_steady_step_and_the_tally_counts_each_torchft_run() -> None:
+    from bench.recovery_replicas import across_runs_markdown, stall_window, waited
+
+    assert waited(0.67, 0.491) == 0.179 and waited(0.2, 0.3) == 0.0 and waited(None, 0.3) is None
+    ts = [0.0, 9.0, 10.0, 11.0, 12.0, 13.0, 17.0, 18.0, 19.0, 20.0]
+    assert stall_window({"0": [[s, t] for s, t in enumerate(ts)]}, kill_ts=13.5, full_ts=18.0)["wait_s"] == 3.0
+
+    def compare(tp2_stall: float, ft_stall: float) -> dict:
+        tp2 = _run("tp=2", tp2_stall, 1, 0.49)
+        peers = {k: _run(k, ft_stall, 1, 0.3) for k in ("torchft", "torchft-fast", "torchft-matched")}
+        peers["torchft-matched-compute"] = _run("compute", 3.0, 21, 0.37)
+        return {"started": "2026-12-06 02:00", "runs": {"tp2-fault": tp2, "tp1-fault": _run("tp=1", 0.15, 1, 0.06),
+                                                         **peers}}
+    # run a: tp=2 0.67 s (wait 0.18) against torchft's 0.60 s (wait 0.30): as good on the wait, not on the stall
+    md = across_runs_markdown({"a": compare(0.67, 0.60), "b": compare(0.5, 0.9)}, ["a", "b"])
+    assert "| 2026-12-06 02:00 | 0.67 (0.18) | 0.15 (0.09) | 0.60 (0.30) |" in md
+    assert md.count("| 1 of 4 | 4 of 4 | 4 of 4 |") == 1 and md.count("| 4 of 4 | 4 of 4 | 4 of 4 |") == 1
+    assert "in **5 of 8** torchft runs; on the wait and steps redone in 8 of 8" in md
+    assert "tp=1 (torchft's group size) on the stall and steps redone: 8 of 8." in md
 
 
 def test_the_in_job_snapshot_estimate_charges_the_copy_and_the_push_against_the_clean_steps_around() -> None:
