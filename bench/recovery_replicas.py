@@ -278,6 +278,13 @@ def _worse_or_equal(a: dict[str, Any], b: dict[str, Any], value: str = "stall_s"
     return not b.get("stall_open") and vb is not None and va is not None and vb <= va
 
 
+def as_good(x: dict[str, Any], peer: dict[str, Any], value: str = "stall_s") -> bool:
+    """The goal's verdict: run ``x`` is at least as good as ``peer`` on the stall (``value``:
+    ``stall_s``, or ``wait_s``) and on steps redone, and dropped no group beside the killed one."""
+    return (_worse_or_equal(peer, x, value) and x["steps_redone"] <= peer["steps_redone"]
+            and not x.get("extra_groups_dropped"))
+
+
 def _steps(stall: float | None, step: float | None) -> str:
     """The stall in the system's own steady steps: comparable across systems whose steps differ in
     length (the peers' padded 0.3 s, Orthoplex's CPU-bound tp=2 step); the verdicts use seconds."""
@@ -367,10 +374,6 @@ def goals_markdown(r: dict[str, Any]) -> str:
     def yes(ok: bool) -> str:
         return "yes" if ok else "**no**"
 
-    def as_good(x: dict[str, Any], peer: dict[str, Any] = ft, value: str = "stall_s") -> bool:
-        return (_worse_or_equal(peer, x, value) and x["steps_redone"] <= peer["steps_redone"]
-                and not x.get("extra_groups_dropped"))
-
     def vs(label: str, peer: dict[str, Any] | None, extra: str = "", tp1: bool = True) -> list[str]:
         if peer is None:
             return []
@@ -437,7 +440,7 @@ PEER_RUNS = ("torchft", "torchft-fast", "torchft-matched", "torchft-matched-comp
 def across_runs_markdown(result: dict[str, Any], keys: list[str]) -> str:
     """The compare runs ``keys`` of ``recovery.json`` (``result``) in one table: Orthoplex's wait and
     stall (longest gap) against every torchft run of the same invocation, and the tally of the goal's
-    verdict (:func:`_worse_or_equal` on the stall, steps redone no more) and of the same on the wait."""
+    verdict (:func:`as_good`) and of the same on the wait."""
     head = ["| run | tp=2 stall (wait), s | tp=1 stall (wait), s | "
             + " | ".join(f"{k} stall (wait), s" for k in PEER_RUNS)
             + " | tp=2 as good on stall and redone | on wait and redone | tp=1 as good on stall and redone |",
@@ -449,16 +452,12 @@ def across_runs_markdown(result: dict[str, Any], keys: list[str]) -> str:
     def cell(x: dict[str, Any]) -> str:
         return f"{_stall(x)} ({_stall(x, 'wait_s')})"
 
-    def good(f: dict[str, Any], peer: dict[str, Any], value: str) -> bool:
-        return _worse_or_equal(peer, f, value) and f["steps_redone"] <= peer["steps_redone"] \
-            and not f.get("extra_groups_dropped")
-
     for key in keys:
         runs = result[key]["runs"]
         f = runs["tp2-fault"]
         peers = [runs[k] for k in PEER_RUNS if k in runs]
-        tally = {v: sum(good(f, p, v) for p in peers) for v in won}
-        tp1 = sum(good(runs["tp1-fault"], p, "stall_s") for p in peers)
+        tally = {v: sum(as_good(f, p, v) for p in peers) for v in won}
+        tp1 = sum(as_good(runs["tp1-fault"], p) for p in peers)
         won_tp1 += tp1
         for v in won:
             won[v] += tally[v]
