@@ -226,8 +226,33 @@ def measure_sp_memory(rank: int, world: int) -> dict[str, tuple[int, int]]:
     return out
 
 
+def count_tp_collectives(rank: int, world: int) -> dict[str, dict[str, int]]:
+    """The collectives one micro-batch's forward and backward issues per transformer block under
+    ``tp=world``, with and without SP (``CommDebugMode``'s counts of a 4-block model minus a 2-block
+    one, halved: the embedding, output and loss collectives cancel out)."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from workers.engine.trainer import RankTrainer
+
+    counts: dict[tuple[int, bool], dict[str, int]] = {}
+    for layers in (2, 4):
+        cfg = tiny_cfg(model=dataclasses.replace(TINY, layers=layers))
+        batch = random_batches(cfg, 1, seed=3)[0]
+        for sp in (True, False):
+            trainer = RankTrainer(cfg, Layout(tp=world, sp=sp, micro_batch=8), rank, world)
+            mode = CommDebugMode()
+            with mode:
+                trainer.forward_backward(batch)
+            counts[(layers, sp)] = {str(k).rsplit(".", 1)[-1]: v for k, v in mode.get_comm_counts().items()}
+            trainer.close()
+    return {("sp" if sp else "no_sp"): {op: (counts[(4, sp)].get(op, 0) - n) // 2
+                                        for op, n in counts[(2, sp)].items()}
+            for sp in (True, False)}
+
+
 def equivalence_and_sp_body(rank: int, world: int, specs: list[str], inputs: tuple) -> dict[str, Any]:
-    return {"eq": run_equivalence(rank, world, specs, inputs), "sp": measure_sp_memory(rank, world)}
+    return {"eq": run_equivalence(rank, world, specs, inputs), "sp": measure_sp_memory(rank, world),
+            "comm": count_tp_collectives(rank, world)}
 
 
 def assert_sp_memory_drops(results: list[dict[str, Any]], tp: int) -> None:

@@ -52,6 +52,20 @@ def test_sequence_parallel_divides_norm_region_activations_by_tp(results: list[d
 
 
 @pytest.mark.engine
+def test_tensor_parallel_block_issues_the_planners_collectives(results: list[dict]) -> None:
+    """Per block and micro-batch, forward and backward: two all-reduces each way without SP, and
+    with SP the Megatron pairs (two all-gathers and two reduce-scatters each way) plus the all-reduce
+    of the two sequence-parallel norms' weight gradients; the planner's timing model prices 2
+    all-reduce-equivalents forward and 2 backward per layer (planner/timing.py). The attention's and
+    MLP's column-parallel projections share one replicated input, so their input gradients are
+    reduced once per module, not once per projection (7 all-reduces a block before 2026-12-06)."""
+    for r in results:
+        assert r["comm"]["no_sp"] == {"all_reduce": 4, "allreduce_": 0}, r["comm"]
+        assert r["comm"]["sp"] == {"all_gather_into_tensor": 4, "reduce_scatter_tensor": 4, "all_reduce": 2,
+                                   "allreduce_": 0}, r["comm"]
+
+
+@pytest.mark.engine
 def test_every_two_rank_layout_matches_single_process(results: list[dict]) -> None:
     assert_equivalent([r["eq"] for r in results])
 

@@ -84,15 +84,17 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> None:
             "feed_forward.w3": ColwiseParallel(),
             "feed_forward.w2": RowwiseParallel(output_layouts=seq),
         }
+        # attention and MLP take their input as one replicated DTensor, shared by their column-parallel
+        # projections: the backward sums the projections' partial input gradients locally, then
+        # reduces once per module (under SP: one reduce-scatter), not once per projection (wq, wk,
+        # wv; w1, w3: 5 all-reduces a block became 2)
+        plan.update({
+            "attention": PrepareModuleInput(input_layouts=(seq, None, None),
+                                            desired_input_layouts=(Replicate(), None, None)),
+            "feed_forward": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+        })
         if sp:
-            plan.update({
-                "attention_norm": SequenceParallel(),
-                "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                                desired_input_layouts=(Replicate(), None, None)),
-                "ffn_norm": SequenceParallel(),
-                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
-                                                   desired_input_layouts=(Replicate(),)),
-            })
+            plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()})
         parallelize_module(block, tp_mesh, plan)  # type: ignore[arg-type]
         if replicate_kv:
             block.attention.kv_hook = _kv_gather_hook(cfg.heads // tp, cfg.heads, cfg.kv_heads, tp_rank,
