@@ -101,6 +101,17 @@ class _Run:
         self.min_step_s = float(config.get("min_step_s", 0.0))
         self.pad = str(config.get("pad", "sleep"))  # how a step is padded to min_step_s: "sleep" | "compute"
         self.t_step = time.perf_counter()
+        self.work: list[list[float]] = []  # [start, end] of this rank's work since its last row (note)
+
+    @contextlib.contextmanager
+    def working(self) -> Any:
+        """Time a piece of this rank's own work (forward/backward, optimizer step, step padding: the
+        pad stands in for a real step's compute); the next log row carries it (``work``)."""
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self.work.append([t0, time.time()])
 
     def wait_for_all(self, event: str, timeout_s: float) -> None:
         """Until every group logged ``event`` (the first start only: all replica managers heartbeat
@@ -131,9 +142,10 @@ class _Run:
         self.t_step = time.perf_counter()
 
     def note(self, event: str, **kw: Any) -> None:
+        work, self.work = self.work, []
         with self.log.open("a") as f:
             f.write(json.dumps({"ts": time.time(), "event": event, "group": self.group,
-                                "pid": os.getpid(), **kw}) + "\n")
+                                "pid": os.getpid(), "work": work, **kw}) + "\n")
 
     def maybe_kill(self, step: int) -> None:
         """The benchmark's failure: this group's node crashes in step ``kill_at`` (the callers: after the
@@ -213,9 +225,10 @@ def _torchft_train_fn(config: dict[str, Any]) -> None:
     while manager.current_step() < run.cfg.steps and not run.done.exists():
         step = manager.current_step()
         manager.start_quorum()
-        loss = run.forward_backward(step)
-        flat = run.flat_grads()
-        run.compute_pad()
+        with run.working():
+            loss = run.forward_backward(step)
+            flat = run.flat_grads()
+            run.compute_pad()
         run.maybe_kill(step)  # the step's work done, before the cross-group reduction
         manager.allreduce(flat).wait()  # AVG over the quorum's participating groups
         manager.allreduce(loss).wait()
@@ -223,12 +236,14 @@ def _torchft_train_fn(config: dict[str, Any]) -> None:
         healing = not manager.is_participating()
         # should_commit applies a healing replica's state from its peer, then votes on the step
         if manager.should_commit():
-            run.set_grads(flat)
-            run.optimizer_step(step)
+            with run.working():
+                run.set_grads(flat)
+                run.optimizer_step(step)
             run.note("step", step=step, loss=float(loss.item()), participants=participants, healing=healing)
         else:
             run.note("abort", step=step, participants=participants)
-        run.pace()
+        with run.working():
+            run.pace()
     run.note("done", step=manager.current_step())
     run.done.touch()
     manager.shutdown()
@@ -252,17 +267,20 @@ def _restart_train_fn(config: dict[str, Any]) -> None:
         start = int(state["next_step"])
     run.note("restored", step=start)
     for step in range(start, run.cfg.steps):
-        loss = run.forward_backward(step)
-        flat = run.flat_grads()
+        with run.working():
+            loss = run.forward_backward(step)
+            flat = run.flat_grads()
         run.maybe_kill(step)  # the step's work done, before the reduction
         dist.all_reduce(flat)
         flat /= run.groups
         dist.all_reduce(loss)
         loss /= run.groups
-        run.set_grads(flat)
-        run.optimizer_step(step)
+        with run.working():
+            run.set_grads(flat)
+            run.optimizer_step(step)
         run.note("step", step=step, loss=float(loss.item()), participants=run.groups)
-        run.pace()
+        with run.working():
+            run.pace()
         if (step + 1) % config["save_every"] == 0 or step + 1 == run.cfg.steps:
             with tempfile.TemporaryDirectory() as d:
                 if run.group == 0:
@@ -329,6 +347,8 @@ def summarize(rows: list[dict[str, Any]], kind: str, groups: int, kill_group: in
         "survivor_step_ts": {str(g): [[r["step"], r["ts"]] for r in sorted((r for r in steps if r["group"] == g),
                                                                            key=lambda r: r["ts"])]
                              for g in survivors},
+        # and their own work ([start, end]: forward/backward, optimizer step, step padding), from every row
+        "survivor_work": {str(g): [w for r in rows if r["group"] == g for w in r.get("work", [])] for g in survivors},
     }
 
 

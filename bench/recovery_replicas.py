@@ -55,22 +55,36 @@ def waited(stall_s: float | None, steady_step_s: float | None) -> float | None:
     return round(max(0.0, stall_s - steady_step_s), 3)
 
 
+def worked(intervals: list[list[float]], a: float, b: float) -> float:
+    """Seconds of the work ``intervals`` (``[start, end]``, one rank's, not overlapping) inside ``(a, b)``."""
+    return sum(max(0.0, min(e, b) - max(s, a)) for s, e in intervals)
+
+
 def stall_window(step_ts: dict[str, list[list[float]]], kill_ts: float, full_ts: float | None,
-                 end_ts: float | None = None) -> dict[str, Any]:
+                 end_ts: float | None = None, work: dict[str, list[list[float]]] | None = None) -> dict[str, Any]:
     """The survivors' longest stall across the failure and the steady median step (pure).
 
     ``step_ts``: per survivor, ``[step, ts]`` of each of its commits; ``kill_ts``: the kill;
     ``full_ts``: the first commit at full strength after it (``None``: never); ``end_ts``: when the
     run ended. A survivor that never committed after the kill stalled from its last commit to the
-    end of the run (``stall_open``; with no ``end_ts``, ``stall_s`` is None: unbounded)."""
+    end of the run (``stall_open``; with no ``end_ts``, ``stall_s`` is None: unbounded).
+
+    ``work``: per survivor, the ``[start, end]`` of its own work (forward/backward passes, optimizer
+    steps, a peer's step padding); then ``waiting_s`` is the longest time a survivor spent waiting
+    between two commits in the same window (a gap minus the survivor's work inside it: quorums,
+    reductions, failure detection, a replacement's heal, the supervisor's round trip)."""
     end = float("inf") if full_ts is None else full_ts
     stall: float | None = 0.0
-    ends_step, steady, stall_open, kill_gap = None, [], False, None
-    for rows in step_ts.values():
+    waiting: float | None = 0.0 if work is not None else None
+    ends_step, wait_ends, steady, stall_open, kill_gap = None, None, [], False, None
+    for g, rows in step_ts.items():
         mine = sorted(rows, key=lambda r: r[1])
+        busy = (work or {}).get(g, [])
         if mine and mine[-1][1] < kill_ts < float("inf"):  # stepped no more after the kill
             stall_open = True
             stall = None if end_ts is None or stall is None else max(stall, end_ts - mine[-1][1])
+            if waiting is not None:
+                waiting = None if end_ts is None else max(waiting, end_ts - mine[-1][1] - worked(busy, mine[-1][1], end_ts))
         for i, (a, b) in enumerate(itertools.pairwise(mine)):
             gap = b[1] - a[1]
             if a[1] < kill_ts <= b[1]:  # the gap across the kill: the interrupted step and its redo
@@ -78,13 +92,18 @@ def stall_window(step_ts: dict[str, list[list[float]]], kill_ts: float, full_ts:
             if b[1] > kill_ts and a[1] < end:
                 if stall is not None and gap > stall:
                     stall, ends_step = gap, int(b[0])
+                idle = gap - worked(busy, a[1], b[1])
+                if waiting is not None and idle > waiting:
+                    waiting, wait_ends = idle, int(b[0])
             elif i >= START_GAPS:
                 steady.append(gap)
     stall_s = None if stall is None else round(stall, 3)
     steady_s = round(statistics.median(steady), 3) if steady else None
     return {"stall_s": stall_s, "stall_ends_step": ends_step, "stall_open": stall_open,
             "kill_gap_s": None if kill_gap is None else round(kill_gap, 3), "steady_step_s": steady_s,
-            "wait_s": waited(stall_s, steady_s)}
+            "wait_s": waited(stall_s, steady_s),
+            **({} if work is None else {"waiting_s": None if waiting is None else round(waiting, 3),
+                                        "waiting_ends_step": wait_ends})}
 
 
 def _replica_run(tag: str, work: Path, *, tp: int, fault: bool, steps: int = REP_STEPS) -> dict[str, Any]:
@@ -111,6 +130,8 @@ def _replica_run(tag: str, work: Path, *, tp: int, fault: bool, steps: int = REP
     lost = {str(e["group"]) for e in dropped}
     survivors = [g for g, h in groups.items() if g not in lost and h.get("healed_from") is None and "commit_ts" in h]
     step_ts = {g: [[int(k), v] for k, v in groups[g]["commit_ts"].items()] for g in survivors}
+    # each survivor's own work (its rank 0's attempts: forward/backward passes, optimizer steps)
+    work = {g: [w for a in groups[g].get("attempts", {}).values() for w in a.get("work", [])] for g in survivors}
     if fault and not survivors:
         # every original group was dropped (more than the killed one): no survivor to measure, so the
         # job's own progress stands in (per step, the first commit of any group), and the row says so
@@ -130,11 +151,11 @@ def _replica_run(tag: str, work: Path, *, tp: int, fault: bool, steps: int = REP
         "aborted_before_kill": sorted({s for g in survivors for s in groups[g].get("aborted", []) if s < REP_KILL}),
         "step_attempts": result["step_attempts"], "steps": steps}
     if not fault:
-        return {**row, **stall_window(step_ts, float("inf"), None)}
+        return {**row, **stall_window(step_ts, float("inf"), None, work=work)}
     kill = next(e for e in events if e["type"] == "fault_injected")
     new = [g for g, h in groups.items() if h.get("healed_from") is not None and "commit_ts" in h]
     full_ts = min((min(groups[g]["commit_ts"].values()) for g in new), default=None)
-    row.update(stall_window(step_ts, kill["ts"], full_ts))
+    row.update(stall_window(step_ts, kill["ts"], full_ts, work=work if survivors else None))
     row.update({"kill_ts": kill["ts"], "full_strength_ts": full_ts, "survivor_commit_ts": step_ts,
                 "replacement_commit_ts": {g: groups[g]["commit_ts"] for g in new}})  # raw, to check the numbers
     row.update({"dropped": [(e["group"], e["step"]) for e in dropped],
@@ -183,7 +204,8 @@ def _peer(kind: str, cluster: Any, work: Path, quick: bool, **kw: Any) -> dict[s
     out["stall_s_whole_run_after_kill"] = out["stall_s"]  # summarize's own (unbounded) window, for reference
     out["steps_redone_whole_run"] = out["steps_redone"]  # with attempts redone before the kill (load, start)
     out["steps_redone"] = out["steps_redone_after_fault"]
-    out.update(stall_window(out.pop("survivor_step_ts"), out["fault_ts"], out["full_strength_ts"], out.get("ended_ts")))
+    out.update(stall_window(out.pop("survivor_step_ts"), out["fault_ts"], out["full_strength_ts"], out.get("ended_ts"),
+                            work=out.pop("survivor_work")))
     out["group_size"] = 1
     out.pop("losses", None)
     return out
@@ -264,9 +286,9 @@ def _stall(x: dict[str, Any], value: str = "stall_s") -> str:
 
 
 def _value(x: dict[str, Any], value: str) -> float | None:
-    """A run's ``stall_s`` or ``wait_s`` (rows written before the wait was recorded: from their stall
-    and steady step, by the same rule)."""
-    return waited(x["stall_s"], x["steady_step_s"]) if value == "wait_s" else x[value]
+    """A run's ``stall_s``, ``wait_s`` (rows written before the wait was recorded: from their stall
+    and steady step, by the same rule) or ``waiting_s`` (None for rows written before it was measured)."""
+    return waited(x["stall_s"], x["steady_step_s"]) if value == "wait_s" else x.get(value)
 
 
 def _worse_or_equal(a: dict[str, Any], b: dict[str, Any], value: str = "stall_s") -> bool:
@@ -301,19 +323,21 @@ def compare_markdown(r: dict[str, Any]) -> str:
              f"{REP_GPUS} declared GPUs, {REP_GROUPS} groups, the last group's node killed at 0-based step {REP_KILL})",
              "",
              "| system | group size | survivors' longest stall, kill -> full strength (s) | steady median step (s) | "
-             "stall in steady steps | longest wait beyond a steady step (s) | wait / torchft | steps redone | "
+             "stall in steady steps | longest wait beyond a steady step (s) | wait / torchft | "
+             "longest waiting, measured (s) | waiting / torchft | steps redone | "
              "redone / torchft | kill -> full strength (s) | full / torchft | final loss | "
              "max rel. loss diff vs no-fault | steps |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         diff = x.get("max_rel_loss_diff_vs_no_fault")
         if x.get("extra_groups_dropped"):
             lines.append(f"| {x['system']}: **{x['extra_groups_dropped']} more group(s) dropped than the killed one** "
-                         f"({x['dropped']}; stall from {x['stall_from']}) | | | | | | | | | | | | | |")
+                         f"({x['dropped']}; stall from {x['stall_from']}) | | | | | | | | | | | | | | | |")
         lines.append(
             f"| {x['system']} | {x['group_size']} | {_stall(x)} | {_fmt(x['steady_step_s'], '.3f')} | "
             f"{_steps(x['stall_s'], x['steady_step_s'])} | {_stall(x, 'wait_s')} | "
-            f"{_ratio(_value(x, 'wait_s'), _value(ft, 'wait_s'))} | {x['steps_redone']} | "
+            f"{_ratio(_value(x, 'wait_s'), _value(ft, 'wait_s'))} | {_stall(x, 'waiting_s')} | "
+            f"{_ratio(_value(x, 'waiting_s'), _value(ft, 'waiting_s'))} | {x['steps_redone']} | "
             f"{x['steps_redone']} vs {ft['steps_redone']} | {_fmt(x.get('full_strength_s'))} | "
             f"{_ratio(x.get('full_strength_s'), ft['full_strength_s'])} | {x['final_loss']:.6f} | "
             f"{'not measured' if diff is None else f'{diff:.1e}'} | {x['steps']} |")
@@ -325,7 +349,11 @@ def compare_markdown(r: dict[str, Any]) -> str:
               "in the same run, toward the issue's \"only the time the surviving ranks wait\" (a gap also holds the "
               "step's own work, whose length differs between the systems; a step with fewer groups counts "
               "its extra micro-batches as wait; the steady median of a run that never gets back rests on the "
-              "few gaps before the kill), reported beside the stall; the verdicts are on the stall. "
+              "few gaps before the kill), reported beside the stall. Waiting, measured: in the same window, "
+              "the longest gap minus the survivor's own work inside it, from its own timestamps of each "
+              "piece of work (forward/backward passes, optimizer steps; the peers' step padding counts as "
+              "work, standing in for a real step's compute): the time it spent in quorums, reductions, "
+              "failure detection, a replacement's heal and the round trip between steps. "
               "**The job's start is excluded**: the kill comes after "
               f"{REP_KILL} steps, and the steady median leaves out the first {START_GAPS} gaps of the run (the warm "
               "pool importing torch, the first quorum) and the stall window. Steps redone: the worst survivor's "
@@ -380,10 +408,13 @@ def goals_markdown(r: dict[str, Any]) -> str:
         tp1_text = (f"; tp=1 (same group size): stall {_stall(one)} s (wait {_stall(one, 'wait_s')} s), "
                     f"redone {one['steps_redone']}" if tp1 else "")
         one_ok = f" (tp=1: {yes(as_good(one, peer))})" if tp1 else ""
-        wait_ok = f" (wait: {yes(as_good(f, peer, 'wait_s'))})"
+        waiting = f.get("waiting_s") is not None
+        wait_ok = (f" (wait: {yes(as_good(f, peer, 'wait_s'))}"
+                   + (f"; waiting: {yes(as_good(f, peer, 'waiting_s'))})" if waiting else ")"))
         return [f"| {label} | tp=2: stall {_stall(f)} vs {_stall(peer)} s; wait beyond a steady step "
-                f"{_stall(f, 'wait_s')} vs {_stall(peer, 'wait_s')} s "
-                f"({_steps(f['stall_s'], f['steady_step_s'])} vs {_steps(peer['stall_s'], peer['steady_step_s'])} "
+                f"{_stall(f, 'wait_s')} vs {_stall(peer, 'wait_s')} s"
+                + (f"; waiting, measured {_stall(f, 'waiting_s')} vs {_stall(peer, 'waiting_s')} s " if waiting else " ")
+                + f"({_steps(f['stall_s'], f['steady_step_s'])} vs {_steps(peer['stall_s'], peer['steady_step_s'])} "
                 f"steady steps), redone {f['steps_redone']} vs {peer['steps_redone']}{extra}{tp1_text}"
                 f" | {yes(as_good(f, peer))}{wait_ok}{one_ok}{hung_note(peer)} |"]
 
@@ -441,35 +472,41 @@ def across_runs_markdown(result: dict[str, Any], keys: list[str]) -> str:
     """The compare runs ``keys`` of ``recovery.json`` (``result``) in one table: Orthoplex's wait and
     stall (longest gap) against every torchft run of the same invocation, and the tally of the goal's
     verdict (:func:`as_good`) and of the same on the wait."""
-    head = ["| run | tp=2 stall (wait), s | tp=1 stall (wait), s | "
-            + " | ".join(f"{k} stall (wait), s" for k in PEER_RUNS)
-            + " | tp=2 as good on stall and redone | on wait and redone | tp=1 as good on stall and redone |",
-            "|---|---|---|" + "---|" * len(PEER_RUNS) + "---|---|---|"]
-    won = {"stall_s": 0, "wait_s": 0}
+    head = ["| run | tp=2 stall (wait; waiting), s | tp=1 stall (wait; waiting), s | "
+            + " | ".join(f"{k} stall (wait; waiting), s" for k in PEER_RUNS)
+            + " | tp=2 as good on stall and redone | on wait and redone | on waiting and redone "
+            "| tp=1 as good on stall and redone |",
+            "|---|---|---|" + "---|" * len(PEER_RUNS) + "---|---|---|---|"]
+    won = {"stall_s": 0, "wait_s": 0, "waiting_s": 0}
+    measured = {"waiting_s": 0}
     won_tp1 = 0
     total = 0
 
     def cell(x: dict[str, Any]) -> str:
-        return f"{_stall(x)} ({_stall(x, 'wait_s')})"
+        return f"{_stall(x)} ({_stall(x, 'wait_s')}; {_stall(x, 'waiting_s')})"
 
     for key in keys:
         runs = result[key]["runs"]
         f = runs["tp2-fault"]
         peers = [runs[k] for k in PEER_RUNS if k in runs]
-        tally = {v: sum(as_good(f, p, v) for p in peers) for v in won}
+        tally = {v: sum(as_good(f, p, v) for p in peers) if _value(f, v) is not None or f.get("stall_open") else 0
+                 for v in won}
         tp1 = sum(as_good(runs["tp1-fault"], p) for p in peers)
         won_tp1 += tp1
         for v in won:
             won[v] += tally[v]
         total += len(peers)
+        measured["waiting_s"] += len(peers) if f.get("waiting_s") is not None else 0
         head.append(f"| {result[key].get('started', key)} | {cell(f)} | {cell(runs['tp1-fault'])} | "
                     + " | ".join(cell(runs[k]) if k in runs else "-" for k in PEER_RUNS)
                     + f" | {tally['stall_s']} of {len(peers)} | {tally['wait_s']} of {len(peers)} | "
-                    f"{tp1} of {len(peers)} |")
+                    + (f"{tally['waiting_s']} of {len(peers)}" if f.get("waiting_s") is not None else "not measured")
+                    + f" | {tp1} of {len(peers)} |")
     head += ["", f"Over these {len(keys)} runs, Orthoplex tp=2 is at least as good as torchft on the stall and on "
              f"steps redone in **{won['stall_s']} of {total}** torchft runs; on the wait and steps redone "
-             f"in {won['wait_s']} of {total}. Orthoplex tp=1 (torchft's group size) on the stall and steps "
-             f"redone: {won_tp1} of {total}."]
+             f"in {won['wait_s']} of {total}; on the measured waiting and steps redone in {won['waiting_s']} of "
+             f"{measured['waiting_s']} (the runs that measured it). Orthoplex tp=1 (torchft's group size) on the "
+             f"stall and steps redone: {won_tp1} of {total}."]
     return "\n".join(head)
 
 

@@ -179,6 +179,10 @@ def _check(tp: int, tmp_path: Path, heartbeat_timeout_ms: int = 1000) -> None:
     for s in range(STEPS):
         assert base[s] == pytest.approx(ref[s], rel=REL), f"no-fault step {s} vs the single-process reference"
     assert not [r for r in clean["rows"] if r["event"] == "abort"]
+    for r in _committed(clean["rows"], 0):  # the step's own work (the recovery bench's waiting subtracts it)
+        ph = r["phases"]
+        (fb0, fb1), (opt0, opt1) = ph["work"]  # the forward/backward of its share, the optimizer step
+        assert ph["start"] <= fb0 <= fb1 <= ph["backward"] <= ph["vote"] <= opt0 <= opt1 <= r["ts"], ph
 
     run = run_groups(tmp_path / "fault", tp, fault=True, heartbeat_timeout_ms=heartbeat_timeout_ms)
     rows = run["rows"]

@@ -126,8 +126,9 @@ def test_the_rank_s_own_redo_follows_torchft_when_the_quorum_comes_first() -> No
 
 @pytest.mark.engine
 def test_the_warm_up_pass_leaves_parameters_optimizer_and_rng_as_they_were(tmp_path) -> None:
-    """``replica_ft.warm_up`` (a replica rank's thrown-away first pass, before its torchft manager):
-    a real ``RankTrainer`` in a gloo group of one; nothing a step depends on may change."""
+    """``replica_ft.warm_up`` (a replica rank's thrown-away first pass and optimizer step at lr 0,
+    before its torchft manager): a real ``RankTrainer`` in a gloo group of one; nothing a step depends
+    on may change, and the next real step equals a fresh trainer's first step."""
     import torch.distributed as dist
     from engine_harness import tiny_cfg
 
@@ -140,13 +141,23 @@ def test_the_warm_up_pass_leaves_parameters_optimizer_and_rng_as_they_were(tmp_p
         cfg = tiny_cfg(steps=2, global_batch=4)
         trainer = RankTrainer(cfg, Layout(micro_batch=2).with_global_batch(4), 0, 1)
         params = [p.detach().clone() for p in trainer.params]
+        lrs = [g["lr"] for g in trainer.optimizer.param_groups]
         rng = torch.get_rng_state()
         assert warm_up(trainer, trainer._data(), 2, 4) > 0
         assert all(p.grad is None for p in trainer.params)
-        assert not trainer.optimizer.state  # no optimizer step, no state made
+        assert not trainer.optimizer.state  # the lr-0 step's state dropped: AdamW starts afresh
+        assert [g["lr"] for g in trainer.optimizer.param_groups] == lrs
         assert torch.equal(torch.get_rng_state(), rng)
         for a, b in zip(trainer.params, params, strict=True):
             assert torch.equal(a.detach(), b)
+        trainer.step()
+        warmed = [p.detach().clone() for p in trainer.params]
         trainer.close()
+        fresh = RankTrainer(cfg, Layout(micro_batch=2).with_global_batch(4), 0, 1)
+        torch.set_rng_state(rng)
+        fresh.step()
+        for a, b in zip(fresh.params, warmed, strict=True):
+            assert torch.equal(a.detach(), b)
+        fresh.close()
     finally:
         dist.destroy_process_group()

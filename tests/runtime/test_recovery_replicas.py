@@ -137,18 +137,26 @@ def test_the_wait_is_the_stall_beyond_a_steady_step_and_the_tally_counts_each_to
     ts = [0.0, 9.0, 10.0, 11.0, 12.0, 13.0, 17.0, 18.0, 19.0, 20.0]
     assert stall_window({"0": [[s, t] for s, t in enumerate(ts)]}, kill_ts=13.5, full_ts=18.0)["wait_s"] == 3.0
 
-    def compare(tp2_stall: float, ft_stall: float) -> dict:
-        tp2 = _run("tp=2", tp2_stall, 1, 0.49)
-        peers = {k: _run(k, ft_stall, 1, 0.3) for k in ("torchft", "torchft-fast", "torchft-matched")}
-        peers["torchft-matched-compute"] = _run("compute", 3.0, 21, 0.37)
+    def compare(tp2_stall: float, ft_stall: float, waiting: tuple[float, float] | None = None) -> dict:
+        w = {} if waiting is None else {"waiting_s": waiting[0]}
+        tp2 = _run("tp=2", tp2_stall, 1, 0.49, **w)
+        w = {} if waiting is None else {"waiting_s": waiting[1]}
+        peers = {k: _run(k, ft_stall, 1, 0.3, **w) for k in ("torchft", "torchft-fast", "torchft-matched")}
+        peers["torchft-matched-compute"] = _run("compute", 3.0, 21, 0.37, **w)
         return {"started": "2026-12-06 02:00", "runs": {"tp2-fault": tp2, "tp1-fault": _run("tp=1", 0.15, 1, 0.06),
                                                          **peers}}
-    # run a: tp=2 0.67 s (wait 0.18) against torchft's 0.60 s (wait 0.30): as good on the wait, not on the stall
-    md = across_runs_markdown({"a": compare(0.67, 0.60), "b": compare(0.5, 0.9)}, ["a", "b"])
-    assert "| 2026-12-06 02:00 | 0.67 (0.18) | 0.15 (0.09) | 0.60 (0.30) |" in md
-    assert md.count("| 1 of 4 | 4 of 4 | 4 of 4 |") == 1 and md.count("| 4 of 4 | 4 of 4 | 4 of 4 |") == 1
-    assert "in **5 of 8** torchft runs; on the wait and steps redone in 8 of 8" in md
-    assert "tp=1 (torchft's group size) on the stall and steps redone: 8 of 8." in md
+    # run a: tp=2 0.67 s (wait 0.18) against torchft's 0.60 s (wait 0.30): as good on the wait, not on the stall;
+    # run c: the waiting measured, tp=2 0.12 s against torchft's 0.25 s
+    md = across_runs_markdown({"a": compare(0.67, 0.60), "b": compare(0.5, 0.9), "c": compare(0.67, 0.60, (0.12, 0.25))},
+                              ["a", "b", "c"])
+    assert "| 2026-12-06 02:00 | 0.67 (0.18; -) | 0.15 (0.09; -) | 0.60 (0.30; -) |" in md
+    assert "| 2026-12-06 02:00 | 0.67 (0.18; 0.12) | 0.15 (0.09; -) | 0.60 (0.30; 0.25) |" in md
+    assert md.count("| 1 of 4 | 4 of 4 | not measured | 4 of 4 |") == 1
+    assert md.count("| 4 of 4 | 4 of 4 | not measured | 4 of 4 |") == 1
+    assert md.count("| 1 of 4 | 4 of 4 | 4 of 4 | 4 of 4 |") == 1
+    assert "in **6 of 12** torchft runs; on the wait and steps redone in 12 of 12; on the measured waiting " \
+           "and steps redone in 4 of 4 (the runs that measured it)" in md
+    assert "tp=1 (torchft's group size) on the stall and steps redone: 12 of 12." in md
 
 
 def test_the_in_job_snapshot_estimate_charges_the_copy_and_the_push_against_the_clean_steps_around() -> None:
@@ -178,3 +186,22 @@ def test_the_overhead_goal_reads_the_in_job_measure_and_refuses_a_push_that_outl
     assert "median of 3 snapshots +3.0%; pushes outlasting their step: 0 | yes |" in md
     run["in_job"]["pushes_longer_than_their_step"] = 1
     assert "pushes outlasting their step: 1 | **no** |" in _goals_markdown([run])
+
+
+@pytest.mark.unit
+def test_waiting_is_each_gap_minus_the_survivors_own_work_inside_it() -> None:
+    """The measured waiting: over the stall window's gaps, the gap minus the survivor's own work
+    intervals inside it (clipped to the gap); a survivor that never committed again waits until the
+    run's end minus what it still computed; without work intervals there is no waiting."""
+    from bench.recovery_replicas import worked
+
+    assert worked([[0.0, 1.0], [2.0, 3.0]], 0.5, 2.5) == pytest.approx(1.0)
+    commits = [[0, 0.0], [1, 1.0], [2, 2.0], [3, 3.5], [4, 4.0]]
+    work = [[0.1, 0.9], [1.1, 1.9], [2.1, 2.6], [2.9, 3.4], [3.6, 3.9]]
+    out = stall_window({"0": commits}, kill_ts=2.5, full_ts=4.0, work={"0": work})
+    assert out["stall_s"] == 1.5 and out["stall_ends_step"] == 3
+    assert out["waiting_s"] == 0.5 and out["waiting_ends_step"] == 3  # 1.5 s gap, 1.0 s of it computing
+    gone = stall_window({"0": [[0, 0.0], [1, 1.0]]}, kill_ts=1.5, full_ts=None, end_ts=3.0,
+                        work={"0": [[1.2, 1.6]]})
+    assert gone["stall_open"] and gone["waiting_s"] == 1.6
+    assert "waiting_s" not in stall_window({"0": commits}, kill_ts=2.5, full_ts=4.0)

@@ -190,9 +190,23 @@ def warm_up(trainer: Any, sampler: Any, micro_batch: int, global_batch: int) -> 
     replacement's first pass is part of the step it joins in, which the survivors wait for. Before
     the manager: a manager heartbeats to the lighthouse at once, and a group that heartbeats but has
     not asked for a quorum holds every changed quorum (a redo's too) up to the join timeout.
-    Seconds spent."""
+    Then one optimizer step at learning rate 0 on zero gradients (the parameters do not move), whose
+    state is dropped after it (the first real step starts AdamW afresh, or the healing replaces the
+    state): a rank's first optimizer step computed DTensor's sharding decisions for every ``_foreach``
+    op (0.3 s of CPU for tp=2 tiny here), in the step a replacement joins in. Seconds spent."""
     t0, rng = time.perf_counter(), torch.get_rng_state()
     forward_backward(trainer, sampler, 0, [0], micro_batch, global_batch)
+    opt = trainer.optimizer
+    lrs = [g["lr"] for g in opt.param_groups]
+    with torch.no_grad():
+        for p in trainer.params:
+            p.grad.zero_()
+        for g in opt.param_groups:
+            g["lr"] = 0.0
+        opt.step()
+    for g, lr in zip(opt.param_groups, lrs, strict=True):
+        g["lr"] = lr
+    opt.state.clear()
     for p in trainer.params:
         p.grad = None
     torch.set_rng_state(rng)
@@ -230,6 +244,7 @@ class ReplicaStepper:
         self._redo_pool: Any = None  # the thread a redo's quorum is asked on (_redo_quorum)
         self._dead_groups: set[int] = set()  # groups the supervisor found down (peers_lost)
         self._wake: threading.Event | None = None  # set to stop waiting for the running reduction
+        self._work: list[list[float]] = []  # the running attempt's own work intervals (step_once)
 
     def current_step(self) -> int:
         return int(self.manager.current_step())
@@ -279,7 +294,11 @@ class ReplicaStepper:
 
     # ------------------------------------------------------------------ one step
     def _forward_backward(self, step: int, micro: list[int]) -> float:
-        return forward_backward(self.trainer, self.sampler, step, micro, self.micro_batch, self.global_batch)
+        t0 = time.time()
+        try:
+            return forward_backward(self.trainer, self.sampler, step, micro, self.micro_batch, self.global_batch)
+        finally:
+            self._work.append([t0, time.time()])
 
     def step_once(self, fault: Any = None, expect: list[int] | None = None,
                   prev: list[int] | None = None) -> dict[str, Any]:
@@ -299,7 +318,10 @@ class ReplicaStepper:
         from torch.distributed import ReduceOp
 
         mgr = self.manager
-        t = {"start": time.time()}  # the attempt's phases (time.time()): where a stall's seconds go
+        t: dict[str, Any] = {"start": time.time()}  # the attempt's phases (time.time()): where a stall's seconds go
+        # and its own work, [start, end] of each forward/backward and of the optimizer step: the rest of
+        # a gap between two commits is waiting (quorum, reductions, the vote, the supervisor's round trip)
+        self._work = t["work"] = []
         guess, asked = None, None
         if self._redo:
             # the redo of a voted-down step asks for a shrink-only quorum (torchft's own option), in the
@@ -377,7 +399,9 @@ class ReplicaStepper:
             self._kept = mine
             return {"event": "abort", "step": step, "participants": n, "phases": t, "error": _error(mgr)}
         unflatten_into(flat, grads)
+        t0 = time.time()
         norm, lr = self.trainer.optimizer_step(step)
+        self._work.append([t0, time.time()])
         self.trainer.next_step = step + 1
         self._rng = torch.get_rng_state()
         row = {"event": "step", "step": step, "loss": float(loss_t.item()), "grad_norm": norm, "lr": lr,

@@ -52,9 +52,9 @@ class Gang:
 def worker_class(cpu_per_bundle: float) -> Any:
     import ray
 
-    from workers.runtime.worker import RankWorker
+    from workers.runtime.worker import ACTOR_CONCURRENCY, RankWorker
 
-    return ray.remote(num_cpus=cpu_per_bundle, num_gpus=1, max_concurrency=4, max_restarts=0)(RankWorker)
+    return ray.remote(num_cpus=cpu_per_bundle, num_gpus=1, **ACTOR_CONCURRENCY, max_restarts=0)(RankWorker)
 
 
 def start_gang(

@@ -51,11 +51,11 @@ class WarmPool:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from workers.runtime.worker import RankWorker
+        from workers.runtime.worker import ACTOR_CONCURRENCY, RankWorker
 
         if self.per_node <= 0:
             return 0
-        cls = ray.remote(num_cpus=0, num_gpus=0, max_concurrency=4, max_restarts=0)(RankWorker)
+        cls = ray.remote(num_cpus=0, num_gpus=0, **ACTOR_CONCURRENCY, max_restarts=0)(RankWorker)
         started = 0
         for node in nodes:
             have = self.idle.setdefault(node, [])

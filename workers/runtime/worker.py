@@ -20,6 +20,19 @@ import threading
 import time
 from typing import Any
 
+import ray
+
+#: The rank's torch work (setup, steps, saves, restores) runs on one thread of its own: Ray's
+#: concurrency group ``torch`` of one thread, beside the default group's threads, which answer
+#: heartbeats and fault hooks while a step runs. DTensor caches its sharding decisions per thread
+#: (torch's ``LocalLRUCache``); spread over the actor's four threads, a new rank paid the cold cache
+#: on each of its first four steps (tp=2 tiny: 0.25-0.35 s of CPU each in the optimizer step alone,
+#: a replacement replica group's first four steps included; measured 2026-12-06).
+TORCH_GROUP = "torch"
+#: ``ray.remote`` options of every RankWorker actor (a gang's and the warm pool's)
+ACTOR_CONCURRENCY: dict[str, Any] = {"max_concurrency": 4, "concurrency_groups": {TORCH_GROUP: 1}}
+_on_torch_thread = ray.method(concurrency_group=TORCH_GROUP)
+
 
 class RankWorker:
     """Plain class; ``launch``/``supervisor`` wrap it with ``ray.remote`` and per-bundle options."""
@@ -83,6 +96,7 @@ class RankWorker:
 
         return endpoint(timeout_s).to_dict()
 
+    @_on_torch_thread
     def setup(self, rdzv: dict[str, Any], cfg: dict[str, Any], layout: dict[str, Any], rank: int,
               world_size: int, collective_timeout_s: float, fence_epoch: int | None = None,
               snapshot_to: list[Any] | None = None, snapshot_every: int = 1) -> dict[str, float]:
@@ -153,6 +167,7 @@ class RankWorker:
             link.close()
 
     # ---------------------------------------------------------------- replica groups (torchft)
+    @_on_torch_thread
     def setup_replica(self, group: int, lighthouse: str, min_replicas: int, timeout_s: float) -> dict[str, Any]:
         """Make this rank (its gang is one replica group: ``setup`` built the group's TP world) a rank
         of replica group ``group`` under torchft (``workers.engine.replica_ft.ReplicaStepper``): the
@@ -172,6 +187,7 @@ class RankWorker:
             min_replicas=min_replicas, timeout_s=timeout_s)
         return {"group": group, "step": self._replica.current_step(), "warm_up_s": round(warm_s, 3)}
 
+    @_on_torch_thread
     def replica_step(self, expect: list[int] | None = None, prev: list[int] | None = None) -> dict[str, Any]:
         """One step of this rank's replica group (``ReplicaStepper.step_once``; ``expect``: the groups
         the supervisor runs it on, ``prev``: those of the attempt before): committed (``event: step``),
@@ -219,12 +235,14 @@ class RankWorker:
         if self._kill_mid_step:  # after the backward pass, before the cross-group reduction
             _kill_own_node(whole_node=True)
 
+    @_on_torch_thread
     def restore(self) -> int:
         self._phase("restore")
         start = int(self._trainer.restore())
         self._phase("idle", start - 1)
         return start
 
+    @_on_torch_thread
     def restore_snapshot(self, sources: list[tuple[Any, list[str]]], epoch: int, step: int) -> int:
         """Load the in-memory snapshot ``(epoch, step)``, fetching its files from the holders that have
         them (``[(holder, names)]``), resharded into this rank's layout."""
@@ -246,6 +264,7 @@ class RankWorker:
         stats["push_errors"] = self.snapshot_push_errors
         return stats
 
+    @_on_torch_thread
     def step(self, expect: list[int] | None = None, prev: list[int] | None = None) -> dict[str, Any]:
         """One optimizer step; the slow/jitter hooks add busy time after the step's collectives.
         ``expect``, ``prev``: a replica group rank's step sets (:meth:`replica_step`)."""
@@ -294,6 +313,7 @@ class RankWorker:
         self._phase("idle", res.step)
         return out
 
+    @_on_torch_thread
     def save(self) -> dict[str, Any]:
         self._check_fence("write a checkpoint")
         self._phase("save")
