@@ -88,6 +88,7 @@ class _Run:
         torch.set_num_threads(1)
         self.group, self.groups = group, groups
         self.log = Path(config["log"])
+        self.work: list[list[float]] = []  # [start, end] of this rank's work since its last row (note)
         self.note("enter")
         self.cfg = TrainConfig.from_dict(config["train"])
         self.model = build_model(self.cfg.model, self.cfg.seed)
@@ -101,7 +102,6 @@ class _Run:
         self.min_step_s = float(config.get("min_step_s", 0.0))
         self.pad = str(config.get("pad", "sleep"))  # how a step is padded to min_step_s: "sleep" | "compute"
         self.t_step = time.perf_counter()
-        self.work: list[list[float]] = []  # [start, end] of this rank's work since its last row (note)
 
     @contextlib.contextmanager
     def working(self) -> Any:

@@ -63,6 +63,32 @@ def test_summarize_needs_exactly_one_fault() -> None:
 # Not CI-sized: the replacement needs 10-15 s from the crash to join on this 2-core box, so the run
 # needs ~60 padded steps after it (~2 min with the cluster); at 40 steps it finished before the
 # replacement joined (seen once, 2026-12-01). Behind ``soak``: ``./dev test -m soak``.
+@pytest.mark.unit
+def test_a_peer_rank_logs_its_own_work_with_its_next_row_and_summarize_collects_it(tmp_path) -> None:
+    """The peers' train functions run outside this process (Ray Train workers): their log rows, built
+    here by the same ``_Run``, carry each piece of the rank's work once (the measured waiting of the
+    recovery bench subtracts it), and ``summarize`` gathers a survivor's work from every row."""
+    import time
+
+    from bench.recovery_peers import _Run, _train_config
+
+    run = _Run({"train": _train_config(4, tmp_path, "t"), "log": str(tmp_path / "log"), "kill_at": 2,
+                "kill_group": GROUPS - 1, "min_step_s": 0.05}, 0, GROUPS)
+    with run.working():
+        run.forward_backward(0)
+    run.note("step", step=0, loss=1.0, participants=GROUPS)
+    with run.working():
+        run.pace()  # padded to min_step_s: work standing in for a real step's compute
+    run.note("step", step=1, loss=1.0, participants=GROUPS)
+    rows = [__import__("json").loads(x) for x in (tmp_path / "log").read_text().splitlines()]
+    assert [len(r["work"]) for r in rows] == [0, 1, 1]  # "enter", then one piece each
+    (a, b), = rows[2]["work"]
+    assert rows[1]["ts"] <= a <= b <= rows[2]["ts"] <= time.time()
+    rows.append({"ts": rows[2]["ts"] + 0.1, "event": "fault", "group": GROUPS - 1, "step": 2})
+    out = summarize(rows, "torchft", GROUPS, GROUPS - 1)
+    assert out["survivor_work"] == {"0": rows[1]["work"] + rows[2]["work"]}
+
+
 @pytest.mark.soak
 @pytest.mark.cluster
 def test_torchft_peer_replaces_a_lost_replica_group(ray_cluster) -> None:  # type: ignore[no-untyped-def]
