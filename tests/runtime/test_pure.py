@@ -447,3 +447,19 @@ def test_replica_groups_refuse_layouts_a_replica_group_cannot_run() -> None:
     with pytest.raises(ValueError, match="micro_batch"):
         parse_job({**base, "layout_hint": "micro_batch=5"})
     assert parse_job({**base, "layout_hint": "pp=2", "runtime": {}}).runtime.replica_groups == 0
+
+
+# ------------------------------------------------------------------------------------ rank actor threads
+def test_a_ranks_torch_work_runs_in_a_one_thread_concurrency_group_and_its_heartbeat_beside_it() -> None:
+    """DTensor's sharding cache is per thread: every RankWorker method that runs torch work is in the
+    ``torch`` concurrency group (one thread, so a new rank warms one cache, not four), and what must
+    answer while a step runs (heartbeat, a peer group's loss, fault hooks, close) stays in the default
+    group's threads."""
+    from workers.runtime.worker import ACTOR_CONCURRENCY, TORCH_GROUP, RankWorker
+
+    assert ACTOR_CONCURRENCY["concurrency_groups"] == {TORCH_GROUP: 1} and ACTOR_CONCURRENCY["max_concurrency"] > 1
+    group = {name: getattr(getattr(RankWorker, name), "__ray_concurrency_group__", None)
+             for name in dir(RankWorker) if not name.startswith("_") and callable(getattr(RankWorker, name))}
+    torch_work = {"setup", "setup_replica", "step", "replica_step", "save", "restore", "restore_snapshot"}
+    assert {n for n, g in group.items() if g == TORCH_GROUP} == torch_work
+    assert all(group[n] is None for n in ("heartbeat", "replica_peers_lost", "inject", "close", "info"))
