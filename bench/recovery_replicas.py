@@ -26,6 +26,10 @@ that its rank 0 returns to the supervisor; the peers: the ranks' own ``step`` lo
   for its steady median, slow ones at the job's start: 1.3 s for a 0.5 s step on 2026-12-06). A step
   with fewer groups, whose survivors compute the lost group's micro-batches (the global batch kept),
   counts its extra work as wait.
+* longest waiting, measured (``work`` of :func:`stall_window`): over the same window, each gap minus
+  the survivor's own work inside it (its timed forward/backward passes and optimizer steps; a peer's
+  step padding counts as work), the issue's "only the time the surviving ranks wait" taken from the
+  survivors' own timestamps rather than from a steady median.
 * steps redone (the worst survivor), kill -> full strength, final loss.
 """
 
@@ -277,8 +281,8 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def _stall(x: dict[str, Any], value: str = "stall_s") -> str:
-    """A run's stall (``value``: ``stall_s``, or ``wait_s`` for its wait): seconds, or that its
-    survivors never stepped again after the kill."""
+    """A run's stall (``value``: ``stall_s``, ``wait_s`` for its wait or ``waiting_s`` for its
+    measured waiting): seconds, or that its survivors never stepped again after the kill."""
     v = _value(x, value)
     if x.get("stall_open"):
         return "never stepped again" if v is None else f">= {v:.2f} (never stepped again)"
@@ -292,7 +296,7 @@ def _value(x: dict[str, Any], value: str) -> float | None:
 
 
 def _worse_or_equal(a: dict[str, Any], b: dict[str, Any], value: str = "stall_s") -> bool:
-    """``a``'s stall (``value``: its wait, or ``stall_s``: its longest gap) is no shorter than ``b``'s
+    """``a``'s stall (``value``: its wait, its waiting, or ``stall_s``: its longest gap) is no shorter than ``b``'s
     (an open stall is as long as the run allowed)."""
     va, vb = _value(a, value), _value(b, value)
     if a.get("stall_open"):
@@ -302,7 +306,7 @@ def _worse_or_equal(a: dict[str, Any], b: dict[str, Any], value: str = "stall_s"
 
 def as_good(x: dict[str, Any], peer: dict[str, Any], value: str = "stall_s") -> bool:
     """The goal's verdict: run ``x`` is at least as good as ``peer`` on the stall (``value``:
-    ``stall_s``, or ``wait_s``) and on steps redone, and dropped no group beside the killed one."""
+    ``stall_s``, ``wait_s`` or ``waiting_s``) and on steps redone, and dropped no group beside the killed one."""
     return (_worse_or_equal(peer, x, value) and x["steps_redone"] <= peer["steps_redone"]
             and not x.get("extra_groups_dropped"))
 
@@ -478,7 +482,7 @@ def across_runs_markdown(result: dict[str, Any], keys: list[str]) -> str:
             "| tp=1 as good on stall and redone |",
             "|---|---|---|" + "---|" * len(PEER_RUNS) + "---|---|---|---|"]
     won = {"stall_s": 0, "wait_s": 0, "waiting_s": 0}
-    measured = {"waiting_s": 0}
+    measured = 0  # torchft runs of the compare runs that measured the waiting
     won_tp1 = 0
     total = 0
 
@@ -496,7 +500,7 @@ def across_runs_markdown(result: dict[str, Any], keys: list[str]) -> str:
         for v in won:
             won[v] += tally[v]
         total += len(peers)
-        measured["waiting_s"] += len(peers) if f.get("waiting_s") is not None else 0
+        measured += len(peers) if f.get("waiting_s") is not None else 0
         head.append(f"| {result[key].get('started', key)} | {cell(f)} | {cell(runs['tp1-fault'])} | "
                     + " | ".join(cell(runs[k]) if k in runs else "-" for k in PEER_RUNS)
                     + f" | {tally['stall_s']} of {len(peers)} | {tally['wait_s']} of {len(peers)} | "
@@ -505,7 +509,7 @@ def across_runs_markdown(result: dict[str, Any], keys: list[str]) -> str:
     head += ["", f"Over these {len(keys)} runs, Orthoplex tp=2 is at least as good as torchft on the stall and on "
              f"steps redone in **{won['stall_s']} of {total}** torchft runs; on the wait and steps redone "
              f"in {won['wait_s']} of {total}; on the measured waiting and steps redone in {won['waiting_s']} of "
-             f"{measured['waiting_s']} (the runs that measured it). Orthoplex tp=1 (torchft's group size) on the "
+             f"{measured} (the runs that measured it). Orthoplex tp=1 (torchft's group size) on the "
              f"stall and steps redone: {won_tp1} of {total}."]
     return "\n".join(head)
 

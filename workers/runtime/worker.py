@@ -56,7 +56,6 @@ class RankWorker:
         self._rng = random.Random(os.getpid())
         self._rdzv: dict[str, Any] | None = None
         self._replica: Any = None  # ReplicaStepper: this rank's replica group under torchft (replica_groups)
-        self._replica_lock = threading.Lock()  # one step attempt at a time (an abandoned one finishes first)
         self._replica_commits: list[dict[str, Any]] = []
         self._replica_aborts: list[int] = []
         self._replica_abort_rows: list[dict[str, Any]] = []  # the last aborted attempts (phases, torchft's error)
@@ -193,22 +192,22 @@ class RankWorker:
         the supervisor runs it on, ``prev``: those of the attempt before): committed (``event: step``),
         after one redo at once if the first attempt was voted down, or voted down (``abort``: the next
         call redoes it). Calls queue behind an attempt still running (one the supervisor stopped
-        waiting for when a peer group died); every reply lists the rank's aborted steps."""
-        with self._replica_lock:
-            self._phase("step", self._replica.current_step())
-            w0, c0 = time.perf_counter(), time.thread_time()
-            row = self._replica_attempt(w0, c0, expect, prev)
-            if row["event"] == "abort":
-                # voted down (a peer group died in it): redo it at once, before the supervisor has seen
-                # the failure; torchft's shrink-only quorum decides who is in the redo (the survivors of
-                # the last quorum), and the reply is the redo's. A redo voted down too is the
-                # supervisor's to relaunch (with its step set)
-                row = self._replica_attempt(time.perf_counter(), time.thread_time(), None, None)  # ReplicaStepper._redo_hint
-            # the last commits (a supervisor that stopped waiting for one sees it here) and every abort
-            row.update(recent=list(self._replica_commits), aborted_steps=list(self._replica_aborts),
-                       recent_aborts=list(self._replica_abort_rows))
-            self._phase("idle", row["step"])
-            return row
+        waiting for when a peer group died): the ``torch`` group's one thread runs one at a time;
+        every reply lists the rank's aborted steps."""
+        self._phase("step", self._replica.current_step())
+        w0, c0 = time.perf_counter(), time.thread_time()
+        row = self._replica_attempt(w0, c0, expect, prev)
+        if row["event"] == "abort":
+            # voted down (a peer group died in it): redo it at once, before the supervisor has seen
+            # the failure; torchft's shrink-only quorum decides who is in the redo (the survivors of
+            # the last quorum), and the reply is the redo's. A redo voted down too is the
+            # supervisor's to relaunch (with its step set)
+            row = self._replica_attempt(time.perf_counter(), time.thread_time(), None, None)  # ReplicaStepper._redo_hint
+        # the last commits (a supervisor that stopped waiting for one sees it here) and every abort
+        row.update(recent=list(self._replica_commits), aborted_steps=list(self._replica_aborts),
+                   recent_aborts=list(self._replica_abort_rows))
+        self._phase("idle", row["step"])
+        return row
 
     def replica_peers_lost(self, groups: list[int]) -> bool:
         """The supervisor found the node of replica groups ``groups`` down: a step attempt of this rank
