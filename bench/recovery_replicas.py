@@ -12,8 +12,10 @@ commit timestamps (Orthoplex: each group's ``commit_ts``, the ``time.time()`` of
 that its rank 0 returns to the supervisor; the peers: the ranks' own ``step`` log rows):
 
 * longest stall: the longest gap between two consecutive commits of a survivor, over the gaps that
-  end after the kill and start before the job is back at full strength (the first commit with every
-  group in it; the end of the run if it never is). The job's start cannot fall in it (the kill comes
+  end after the kill and start before the job is back at full strength (the first commit of a step
+  every group computed in: a replacement heals in its first step without computing in it, torchft's
+  asynchronous quorum, so that step is not yet full strength, for Orthoplex as for the peers, which
+  count participants; the end of the run if it never is). The job's start cannot fall in it (the kill comes
   after ``REP_KILL`` steps).
 * steady step: the median of the survivors' other gaps, without the first ``START_GAPS`` gaps of the
   run (the job's start: the warm pool importing torch, the first quorum).
@@ -158,7 +160,7 @@ def _replica_run(tag: str, work: Path, *, tp: int, fault: bool, steps: int = REP
         return {**row, **stall_window(step_ts, float("inf"), None, work=work)}
     kill = next(e for e in events if e["type"] == "fault_injected")
     new = [g for g, h in groups.items() if h.get("healed_from") is not None and "commit_ts" in h]
-    full_ts = min((min(groups[g]["commit_ts"].values()) for g in new), default=None)
+    full_ts = full_strength_ts(groups, new, REP_GROUPS)
     row.update(stall_window(step_ts, kill["ts"], full_ts, work=work if survivors else None))
     row.update({"kill_ts": kill["ts"], "full_strength_ts": full_ts, "survivor_commit_ts": step_ts,
                 "replacement_commit_ts": {g: groups[g]["commit_ts"] for g in new}})  # raw, to check the numbers
@@ -175,6 +177,16 @@ def _replica_run(tag: str, work: Path, *, tp: int, fault: bool, steps: int = REP
                     "healed_from": groups[g].get("healed_from"), "warm_ranks": groups[g].get("warm_ranks"),
                     "replacement_on_spare_node": groups[g]["node"] not in {groups[o]["node"] for o in groups if o != g}})
     return row
+
+
+def full_strength_ts(groups: dict[str, Any], new: list[str], n_groups: int) -> float | None:
+    """When the job is back at full strength: the first commit of a replacement group in a step that
+    ``n_groups`` groups computed (a replacement heals in its first step without computing in it:
+    torchft's asynchronous quorum; the peers count theirs the same way, by participants)."""
+    out = [groups[g]["commit_ts"][str(a["step"])] for g in new for a in groups[g].get("attempts", {}).values()
+           if a["event"] == "step" and (a.get("participants") or 0) >= n_groups
+           and str(a["step"]) in groups[g].get("commit_ts", {})]
+    return min(out, default=None)
 
 
 def stall_breakdown(groups: dict[str, Any], survivors: list[str], dropped: list[dict[str, Any]],

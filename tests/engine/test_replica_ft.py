@@ -35,6 +35,7 @@ from workers.engine.replica_ft import (
     redo_extra,
     redo_guess,
     spec_json,
+    steady_guess,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,6 +157,14 @@ def test_redo_guess_orders_groups_as_torchft_orders_replica_ids() -> None:
 
 
 @pytest.mark.unit
+def test_steady_guess_is_the_last_quorum_less_the_dead_groups() -> None:
+    assert steady_guess(0, None, set()) is None and steady_guess(0, [], set()) is None
+    assert steady_guess(1, [0, 1, 2], set()) == (3, 1)
+    assert steady_guess(2, [0, 1, 2], {1}) == (2, 1)  # the supervisor named group 1 dead
+    assert steady_guess(1, [0, 1, 2], {1}) is None  # this group itself is not in the guessed quorum
+    assert steady_guess(10, [1, 2, 10], set()) == (3, 0) and steady_guess(2, [1, 2, 10], set()) == (3, 2)  # rg10: sorts first
+
+
 def test_redo_extra_gives_the_lost_groups_micro_batches_to_the_survivors_once() -> None:
     assert redo_extra(6, 0, [0, 1, 2], [0, 1]) == [4] and redo_extra(6, 1, [0, 1, 2], [0, 1]) == [5]
     assert redo_extra(6, 2, [0, 1, 2], [0, 1]) is None and redo_extra(6, 0, [0, 1], [0, 3]) is None
@@ -216,6 +225,13 @@ def _check(tp: int, tmp_path: Path, heartbeat_timeout_ms: int = 1000) -> None:
     joined = healed[0]["step"]
     assert KILL_AT < joined < STEPS
     assert [r["step"] for r in _committed(rows, new)] == list(range(joined, STEPS))
+    # it healed in torchft's asynchronous quorum: no micro-batches in that step (the survivors', computed
+    # while it healed, covered the batch), its share from the next step on
+    first, second = _committed(rows, new)[:2]
+    assert (first["micro"], first["participants"], second["participants"]) == ([], GROUPS - 1, GROUPS)
+    for g in survivors:  # the survivors guessed the join step's quorum: no share computed twice
+        join = next(r for r in _committed(rows, g) if r["step"] == joined)
+        assert join["phases"].get("guess_ok") == 1.0 and join["participants"] == GROUPS - 1, join
     assert _committed(rows, 0)[-1]["participants"] == GROUPS  # back at full strength
     want = _finals(clean["work"], 0, tp)
     for g in [*survivors, new]:

@@ -188,7 +188,9 @@ def test_no_spare_gpus_the_job_goes_on_with_fewer_groups_and_grows_back(ray_clus
     first_two, last_two = sizes.index(2), len(sizes) - 1 - sizes[::-1].index(2)
     assert set(sizes[first_two:last_two + 1]) == {2}  # fewer groups until the GPUs came back, then 3
     joined = [e for e in events if e["type"] == "replica_joined"]
-    assert len(joined) == 1 and joined[0]["source"] == "peer" and joined[0]["step"] == last_two + 2, joined
+    # the replacement healed in its first step without computing in it (torchft's asynchronous quorum):
+    # that step still ran on 2 groups' worth of GPUs, and the next one on 3
+    assert len(joined) == 1 and joined[0]["source"] == "peer" and joined[0]["step"] == last_two + 1, joined
     assert "resumed" not in {e["type"] for e in events}
     print(json.dumps({"world_sizes": sizes, "joined_at_step": joined[0]["step"], "max_rel_loss_diff": rel_max}))
 

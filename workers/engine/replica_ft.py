@@ -7,8 +7,11 @@ torchft does the fault tolerance:
 
 - a torchft ``Manager`` per rank (group rank 0 hosts the group's ``ManagerServer``, which heartbeats
   to a lighthouse: torchft's ``LighthouseServer``, or the Ray runtime's ``QuorumLighthouse``, which
-  speaks the same protocol), a per-step quorum of the live groups (synchronous quorum, so a
-  joining group heals before the step's forward pass and takes part in that step);
+  speaks the same protocol), a per-step quorum of the live groups, asynchronous (torchft's default):
+  it forms on the manager's thread while each group computes the share it had in the last quorum
+  (checked once the quorum is there); a joining group heals on that thread and joins the step's
+  reduction with zeros (the survivors' micro-batches cover the batch), takes the healed state at the
+  commit and computes from its next step on, so the survivors never wait for a heal;
 - a fault-tolerant ``ProcessGroupGloo`` per group rank across the groups (TP rank ``r`` of every
   group reduces with TP rank ``r`` of the others), reconfigured by the manager on every new quorum;
 - ``should_commit``: a step whose cross-group all-reduce failed (a group died in it) is voted down
@@ -37,6 +40,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -99,6 +103,16 @@ def redo_guess(group: int, expect: list[int] | None) -> tuple[int, int] | None:
     return len(order), order.index(group)
 
 
+def steady_guess(group: int, members: list[int] | None, dead: set[int]) -> tuple[int, int] | None:
+    """The step's quorum as the last committed one predicts it: ``(participants, this group's index)``
+    in :func:`torchft_order` of that quorum's groups (a group that healed in it takes part now) less
+    the ones the supervisor found dead; ``None`` without a last quorum (nothing to guess)."""
+    if not members:
+        return None
+    order = torchft_order([g for g in members if g not in dead])
+    return (len(order), order.index(group)) if group in order else None
+
+
 def redo_extra(n_micro: int, group: int, prev: list[int], expect: list[int]) -> list[int] | None:
     """The micro-batches ``group`` adds in the redo of a voted-down step: the shares (of ``prev``'s
     attempt, :func:`micro_batch_share` in :func:`torchft_order`) of the groups missing from ``expect``,
@@ -151,7 +165,7 @@ def make_manager(*, group: int, rank: int, tp: int, store_addr: str, store_port:
     pg = ProcessGroupGloo(timeout=timeout)
     return Manager(
         pg=pg, min_replica_size=min_replicas, load_state_dict=load_state_dict,
-        state_dict=state_dict, use_async_quorum=False, init_sync=False,
+        state_dict=state_dict, use_async_quorum=True, init_sync=False,
         timeout=timeout, quorum_timeout=timeout * 3, connect_timeout=timeout,
         rank=rank, world_size=tp, store_addr=store_addr, store_port=store_port,
         lighthouse_addr=lighthouse, replica_id=f"rg{group}",
@@ -241,9 +255,9 @@ class ReplicaStepper:
         self._rng = torch.get_rng_state()
         self._redo = False  # the last attempt was voted down: the next one is its redo
         self._kept: dict[str, Any] | None = None  # the voted-down attempt's own gradient sum (redo_extra)
-        self._redo_pool: Any = None  # the thread a redo's quorum is asked on (_redo_quorum)
         self._dead_groups: set[int] = set()  # groups the supervisor found down (peers_lost)
         self._wake: threading.Event | None = None  # set to stop waiting for the running reduction
+        self._members: list[int] | None = None  # the groups of the last committed attempt's quorum
         self._work: list[list[float]] = []  # the running attempt's own work intervals (step_once)
 
     def current_step(self) -> int:
@@ -268,7 +282,7 @@ class ReplicaStepper:
                           for k, v in st.items()})
         step = self.manager.current_step()
         return {"params": [local(p).detach().clone() for p in self.trainer.params], "optim": optim,
-                "rng": torch.get_rng_state(), "next_step": step,
+                "rng": self._rng.clone(), "next_step": step,
                 "consumed_samples": step * self.global_batch, "from_group": self.group}
 
     @torch.no_grad()
@@ -302,11 +316,13 @@ class ReplicaStepper:
 
     def step_once(self, fault: Any = None, expect: list[int] | None = None,
                   prev: list[int] | None = None) -> dict[str, Any]:
-        """One attempt at the next step: quorum (a joining group heals here), this group's share of
-        the micro-batches, the cross-group SUM, the commit vote. ``fault(step)`` (a test hook) runs
+        """One attempt at the next step: quorum (asked in the background; a joining group heals there
+        and takes no micro-batches in this step), this group's share of the micro-batches (that of the
+        last quorum's groups while the quorum forms: :func:`steady_guess`), the cross-group SUM, the
+        commit vote. ``fault(step)`` (a test hook) runs
         after the backward pass, before the reduction. ``expect``: the groups the supervisor runs this
         attempt on, ``prev``: those of the attempt before. In the redo of a voted-down step ``expect``
-        is the quorum to come: the quorum is asked in the background (:meth:`_redo_quorum`) while this
+        is the quorum to come: the quorum is asked in the background (:meth:`_quorum`) while this
         group keeps the gradient of its own micro-batches from the voted-down attempt and computes
         only its part of the lost groups' micro-batches (:func:`redo_extra`); when torchft's quorum
         is another, its standard share is computed again. A redo without ``expect`` (the rank's own,
@@ -324,24 +340,24 @@ class ReplicaStepper:
         self._work = t["work"] = []
         guess, asked = None, None
         if self._redo:
-            # the redo of a voted-down step asks for a shrink-only quorum (torchft's own option), in the
-            # background: the survivors of the last quorum only (a replacement waiting in the lighthouse
-            # joins, and heals, at the next step), no heal, the same step
-            asked = self._redo_quorum()
+            # the redo of a voted-down step asks for a shrink-only quorum (torchft's own option): the
+            # survivors of the last quorum only (a replacement waiting in the lighthouse joins, and
+            # heals, at the next step), no heal, the same step
+            asked = self._quorum(shrink_only=True)
             if expect is None:  # the rank's own redo: a step set once the supervisor names the dead groups
                 expect, prev = self._redo_hint(asked)
             guess = redo_guess(self.group, expect)
-        if guess is not None:
-            step = mgr.current_step()
-            n, idx = guess
         else:
-            if asked is not None:
-                t["quorum"] = asked.result()
-            else:  # synchronous: a joining group heals here (state, RNG, step)
-                mgr.start_quorum()
-                t["quorum"] = time.time()
-            step = mgr.current_step()
-            n, idx = mgr.num_participants(), mgr.participating_rank()
+            # the quorum forms (and a joining group heals) in torchft's background thread while this
+            # group computes the share it had in the last quorum (steady_guess); checked below
+            asked = self._quorum()
+            guess = steady_guess(self.group, self._members, self._dead_groups)
+        step = mgr.current_step()
+        if guess is not None:
+            n, idx = guess
+        else:  # no quorum to guess from (the first step, a replacement's first): wait for this one
+            t["quorum"] = asked.result()
+            step, (n, idx) = mgr.current_step(), self._participation()
         if self._healed_now:  # the peer's RNG came with its state
             self._rng, self._healed_now = torch.get_rng_state(), False
         torch.set_rng_state(self._rng)  # a redone step sees the RNG of its first attempt
@@ -351,9 +367,11 @@ class ReplicaStepper:
                 and prev and (kept["n"], kept["idx"]) == redo_guess(self.group, prev):
             extra = redo_extra(self.n_micro, self.group, prev, expect or [])
         elif guess is None and self._redo and kept is not None and kept["step"] == step and kept["standard"] \
-                and idx is not None:
+                and idx is not None and redo_guess(self.group, kept["groups"]) == (kept["n"], kept["idx"]):
             # a redo without the supervisor's step set (the rank redoes at once, RankWorker.replica_step):
-            # the quorum has formed, so its groups are known, and the lost groups' share is all to compute
+            # the quorum has formed, so its groups are known, and the lost groups' share is all to compute;
+            # not when a group of the voted-down attempt's quorum was healing in it (it had no share: the
+            # participants were fewer than the quorum's groups, and which ones torchft does not say)
             now = self.quorum_groups()
             if len(now) == n and self.group in now and now.index(self.group) == idx:
                 extra = redo_extra(self.n_micro, self.group, kept["groups"], now)
@@ -367,10 +385,10 @@ class ReplicaStepper:
         standard = extra is None
         if guess is not None:
             t["quorum"] = asked.result()
-            got = (mgr.num_participants(), mgr.participating_rank())
-            t["guess_ok"] = float(got == guess)
-            if got != guess:  # another quorum than the step set: this group's share again, for that one
-                n, idx = got
+            got = self._participation()
+            t["guess_ok"] = float(got == guess and mgr.current_step() == step)
+            if not t["guess_ok"]:  # another quorum than guessed: this group's share again, for that one
+                step, (n, idx) = mgr.current_step(), got
                 torch.set_rng_state(self._rng)
                 micro = micro_batch_share(self.n_micro, n, idx) if idx is not None else []
                 part, extra, standard = self._forward_backward(step, micro), None, True
@@ -404,8 +422,10 @@ class ReplicaStepper:
         self._work.append([t0, time.time()])
         self.trainer.next_step = step + 1
         self._rng = torch.get_rng_state()
+        self._members = mine["groups"]
         row = {"event": "step", "step": step, "loss": float(loss_t.item()), "grad_norm": norm, "lr": lr,
-               "participants": n, "micro": micro, "healed_from": self.healed_from, "phases": t}
+               "participants": n, "groups": mine["groups"], "micro": micro, "healed_from": self.healed_from,
+               "phases": t}
         self.healed_from = None
         return row
 
@@ -481,24 +501,33 @@ class ReplicaStepper:
         gc.collect()  # the group sits in reference cycles; fast: setup froze what existed (freeze_heap)
         self.manager._quorum_id = -1  # torchft configures the group when the quorum id changes
 
-    def _redo_quorum(self) -> Any:
-        """Ask the redo's shrink-only quorum on a thread (torchft's ``start_quorum`` blocks until the
-        lighthouse answers: for a dead group, until the supervisor drops it from the quorum service or
-        its heartbeat is ``replica_heartbeat_timeout_s`` old). A future of the time it formed;
-        ``result()`` re-raises the quorum's error."""
-        from concurrent.futures import ThreadPoolExecutor
+    def _quorum(self, shrink_only: bool = False) -> Future[float]:
+        """Ask torchft for the step's quorum (asynchronous: it forms, and a group behind heals, on the
+        manager's thread; the redo of a voted-down step asks for a shrink-only one, torchft's own
+        option). A future of the time it formed; ``result()`` re-raises the quorum's error. For a dead
+        group the quorum waits until the supervisor drops it from the quorum service or its heartbeat
+        is ``replica_heartbeat_timeout_s`` old."""
+        self.manager.start_quorum(shrink_only=shrink_only)
+        formed: Future[float] = Future()
 
-        def ask() -> float:
-            self.manager.start_quorum(shrink_only=True)
-            return time.time()
+        def done(fut: Any) -> None:
+            err = fut.exception()
+            if err is None:
+                formed.set_result(time.time())
+            else:
+                formed.set_exception(err)
 
-        if self._redo_pool is None:
-            self._redo_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orthoplex-redo-quorum")
-        return self._redo_pool.submit(ask)
+        self.manager._quorum_future.add_done_callback(done)
+        return formed
+
+    def _participation(self) -> tuple[int, int | None]:
+        """``(participants, this group's index)`` of the formed quorum; the index is ``None`` for a group
+        that heals in this step (torchft's asynchronous quorum: it joins the reduction with zeros, takes
+        the summed gradient and the healed state at the commit, and computes from its next step on)."""
+        mgr = self.manager
+        return mgr.num_participants(), (mgr.participating_rank() if mgr.is_participating() else None)
 
     def close(self) -> None:
-        if self._redo_pool is not None:
-            self._redo_pool.shutdown(wait=False)
         self.manager.shutdown(wait=False)
 
 

@@ -720,9 +720,10 @@ class AttemptMachine:
         committed = {k: row for k, row in rows.items() if row["event"] == "step" and k[0] in live}
         if not committed:
             return None  # voted down (a group died in it): the survivors redo this step
-        if max(int(r["participants"]) for r in committed.values()) > len(live):
-            # a replacement took part in this step (its first): it joins the step set now, before the
-            # next quorum (left out, it would hold that quorum up for the join timeout)
+        if max(len(r.get("groups") or ()) for r in committed.values()) > len(live):
+            # a replacement was in this step's quorum (its first: it healed there, with no micro-batches):
+            # it joins the step set now, before the next quorum (left out, it would hold that quorum up
+            # for the join timeout)
             reps.wait_stepping(self.settings.replica_timeout_s)
             self._adopt_replacements(reps)
         recent: dict[int, dict[str, Any]] = {}
