@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 
-from workers.runtime.lighthouse import MSG, Joined, QuorumLighthouse, QuorumRules, QuorumState, compute_quorum
+from workers.runtime.lighthouse import (
+    MSG,
+    Joined,
+    QuorumLighthouse,
+    QuorumRules,
+    QuorumState,
+    compute_quorum,
+    manager_host_port,
+    stragglers,
+)
 
 RULES = QuorumRules(min_replicas=1, join_timeout_s=60.0, heartbeat_timeout_s=5.0)
 
@@ -72,6 +81,64 @@ def test_a_forgotten_replica_is_never_healthy() -> None:
     assert "[2 heartbeating]" in why
 
 
+def test_stragglers_are_the_healthy_replicas_a_pending_quorum_waits_for() -> None:
+    st = state(["a", "b", "c", "d"], [], prev=["a", "b", "c"])
+    st.addresses = {r: f"http://h:{i + 1}" for i, r in enumerate("abc")}
+    assert stragglers(100.0, st, RULES) == {}  # no quorum pending
+    st.participants = {r: Joined(100.0, member(r)) for r in ("a", "b")}
+    assert stragglers(100.0, st, RULES) == {"c": "http://h:3"}  # d: no address known (never asked)
+    st.heartbeats["c"] = 100.0 - RULES.heartbeat_timeout_s  # silent: no longer waited for
+    assert stragglers(100.0, st, RULES) == {}
+    st.heartbeats["c"] = 100.0
+    st.forgotten.add("c")
+    assert stragglers(100.0, st, RULES) == {}
+    assert manager_host_port("http://node-1:29510") == ("node-1", 29510)
+    assert manager_host_port("http://[::1]:7") == ("::1", 7)
+    assert manager_host_port("http://rg2:c") is None and manager_host_port("") is None
+
+
+def test_a_straggler_whose_manager_refuses_connections_is_forgotten_and_a_live_one_waited_for() -> None:
+    """The lighthouse finds a dead group itself (its manager's port closed with its process): the
+    survivors' redo forms without it, no supervisor's word and no timeout; a live straggler, whose
+    manager accepts, is still waited for."""
+    import socket
+
+    from torchft._torchft import LighthouseClient
+
+    live = socket.create_server(("127.0.0.1", 0))  # a manager that listens (its process is alive)
+    gone = socket.create_server(("127.0.0.1", 0))
+    gone_port = gone.getsockname()[1]
+    gone.close()  # its process died: connections are refused
+    lh = QuorumLighthouse(min_replicas=1, join_timeout_s=600.0, heartbeat_timeout_s=600.0, tick_s=0.05)
+    try:
+        client = LighthouseClient(lh.address(), timedelta(seconds=10))
+        addr = {"rg0:a": "http://127.0.0.1:1", "rg1:b": f"http://127.0.0.1:{live.getsockname()[1]}",
+                "rg2:c": f"http://127.0.0.1:{gone_port}"}
+        for rid in addr:
+            client.heartbeat(rid)
+        first = _ask_all(client, list(addr), step=1, addresses=addr)
+        assert set(first.values()) == {(1, ("rg0:a", "rg1:b", "rg2:c"))}, first
+        # rg2 died: the others' shrink-only redo forms without it
+        redo = _ask_all(client, ["rg0:a", "rg1:b"], step=1, shrink_only=True, addresses=addr)
+        assert set(redo.values()) == {(2, ("rg0:a", "rg1:b"))}, redo
+        assert lh.state.forgotten == {"rg2"}
+        assert any("rg2:c" in why and "refused" in why for _, why in lh.log), list(lh.log)
+        # rg1 is slow but alive: rg0's quorum waits for it (its manager accepts the probe)
+        waited: list[str] = []
+
+        def later() -> None:
+            threading.Event().wait(0.6)
+            waited.append(lh.log[-1][1])
+            _ask_all(client, ["rg1:b"], step=2, addresses=addr)
+
+        again = _ask_all(client, ["rg0:a"], step=2, addresses=addr, before_join=later)
+        assert again == {"rg0:a": (2, ("rg0:a", "rg1:b"))}, again
+        assert "[2 heartbeating]" in waited[0] and lh.state.forgotten == {"rg2"}, waited  # rg1 waited for
+    finally:
+        lh.shutdown()
+        live.close()
+
+
 @pytest.fixture
 def lighthouse() -> Any:
     # join and heartbeat timeouts far longer than the test: a quorum without a live-looking replica
@@ -82,12 +149,13 @@ def lighthouse() -> Any:
 
 
 def _ask_all(client: Any, rids: list[str], *, step: int, shrink_only: bool = False,
-             before_join: Any = None) -> dict[str, Any]:
+             before_join: Any = None, addresses: dict[str, str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     def ask(rid: str) -> None:
         try:
-            q = client.quorum(replica_id=rid, timeout=timedelta(seconds=60), address=f"http://{rid}",
+            q = client.quorum(replica_id=rid, timeout=timedelta(seconds=60),
+                              address=(addresses or {}).get(rid, f"http://{rid}"),
                               store_address="s:1", step=step, world_size=1, shrink_only=shrink_only)
             out[rid] = (q.quorum_id, tuple(p.replica_id for p in q.participants))
         except Exception as exc:
