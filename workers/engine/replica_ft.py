@@ -201,13 +201,14 @@ def warm_up(trainer: Any, sampler: Any, micro_batch: int, global_batch: int) -> 
     optimizer untouched, gradients cleared), on every rank of a group together (the pass runs the
     group's TP collectives), before the group's torchft manager exists. A new rank's first pass
     (allocator, autograd, the first TP collectives) took about twice a steady one here, and a
-    replacement's first pass is part of the step it joins in, which the survivors wait for. Before
+    replacement's first pass is part of its first step with a share (the one after its heal), which
+    the survivors wait for. Before
     the manager: a manager heartbeats to the lighthouse at once, and a group that heartbeats but has
     not asked for a quorum holds every changed quorum (a redo's too) up to the join timeout.
     Then one optimizer step at learning rate 0 on zero gradients (the parameters do not move), whose
     state is dropped after it (the first real step starts AdamW afresh, or the healing replaces the
     state): a rank's first optimizer step computed DTensor's sharding decisions for every ``_foreach``
-    op (0.3 s of CPU for tp=2 tiny here), in the step a replacement joins in. Seconds spent."""
+    op (0.3 s of CPU for tp=2 tiny here), in the step a replacement heals in. Seconds spent."""
     t0, rng = time.perf_counter(), torch.get_rng_state()
     forward_backward(trainer, sampler, 0, [0], micro_batch, global_batch)
     opt = trainer.optimizer

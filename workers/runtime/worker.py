@@ -177,7 +177,7 @@ class RankWorker:
         assert self._trainer is not None and self._rdzv is not None, "setup first"
         cfg = self._trainer.cfg
         sampler, micro_batch = self._trainer._data(), self._trainer.layout.micro_batch
-        warm_s = warm_up(self._trainer, sampler, micro_batch, cfg.global_batch)  # not in the step it joins in
+        warm_s = warm_up(self._trainer, sampler, micro_batch, cfg.global_batch)  # not in its first steps
         freeze_heap()
         self._replica = ReplicaStepper(
             self._trainer, sampler, group=group, rank=self._rank, tp=self._trainer.layout.tp,
