@@ -506,8 +506,9 @@ class ReplicaStepper:
         """Ask torchft for the step's quorum (asynchronous: it forms, and a group behind heals, on the
         manager's thread; the redo of a voted-down step asks for a shrink-only one, torchft's own
         option). A future of the time it formed; ``result()`` re-raises the quorum's error. For a dead
-        group the quorum waits until the supervisor drops it from the quorum service or its heartbeat
-        is ``replica_heartbeat_timeout_s`` old."""
+        group the quorum waits until the quorum service finds it gone (the supervisor's word, or its
+        manager's port refusing the service's probe) or its heartbeat is ``replica_heartbeat_timeout_s``
+        old."""
         self.manager.start_quorum(shrink_only=shrink_only)
         formed: Future[float] = Future()
 
