@@ -838,7 +838,8 @@ class AttemptMachine:
             self._emit_started(gang, f"replacement replica group {j.group} on node {j.node[:8]}")
             healed = row["healed_from"]
             self.log.emit(ev.ReplicaJoined(reason=f"replica group {j.group} took the state of group {healed} over "
-                                           f"the network and stepped with it: {reps.size} groups",
+                                           f"the network in its first step (no share of that step's batch; its share from the "
+                                           f"next step on): {reps.size} groups",
                                            group=j.group, seconds=round(float(row["ts"]) - j.t0, 3),
                                            step=int(row["step"]) + 1, from_group=int(-1 if healed is None else healed),
                                            nodes=[j.node], groups=reps.size))
