@@ -37,9 +37,12 @@ from collections.abc import Callable, Iterable
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
+from workers.runtime.watchdog import tcp_refused
 
 _SERVICE = "torchft.LighthouseService"
 
@@ -151,8 +154,6 @@ def stragglers(now: float, st: QuorumState, rules: QuorumRules) -> dict[str, str
 
 def manager_host_port(address: str) -> tuple[str, int] | None:
     """``(host, port)`` of a manager address (``http://host:port``); ``None`` if it names no port."""
-    from urllib.parse import urlsplit
-
     try:
         parts = urlsplit(address)
         return (parts.hostname, parts.port) if parts.hostname and parts.port else None
@@ -166,7 +167,7 @@ class QuorumLighthouse:
 
     def __init__(self, *, min_replicas: int = 1, join_timeout_s: float = 60.0, heartbeat_timeout_s: float = 5.0,
                  tick_s: float = 0.1, bind: str = "[::]:0", workers: int = 32, probe_s: float = 0.05,
-                 probe: Callable[[tuple[str, int], float], bool | None] | None = None) -> None:
+                 probe: Callable[[tuple[str, int], float], bool | None] = tcp_refused) -> None:
         self.rules = QuorumRules(min_replicas, join_timeout_s, heartbeat_timeout_s)
         self.state = QuorumState()
         self.formed = 0  # quorums formed so far
@@ -191,8 +192,6 @@ class QuorumLighthouse:
         self._server.start()
         self._ticker = threading.Thread(target=self._tick_loop, args=(tick_s,), daemon=True, name="lighthouse-tick")
         self._ticker.start()
-        if probe is None:
-            from workers.runtime.watchdog import tcp_refused as probe
         self._prober = threading.Thread(target=self._probe_loop, args=(probe_s, probe), daemon=True,
                                         name="lighthouse-probe")
         self._prober.start()
@@ -206,7 +205,7 @@ class QuorumLighthouse:
         given, before its uuid): unhealthy from now on, whatever they send."""
         with self._cond:
             self.state.forgotten |= set(names)
-            for table in (self.state.heartbeats, self.state.participants):
+            for table in (self.state.heartbeats, self.state.participants, self.state.addresses):
                 for r in [r for r in table if self.state.dropped(r)]:
                     del table[r]
             self._tick()
