@@ -139,6 +139,38 @@ def test_a_straggler_whose_manager_refuses_connections_is_forgotten_and_a_live_o
         live.close()
 
 
+def test_a_pending_quorum_probes_its_stragglers_at_once_not_a_probe_period_later() -> None:
+    """The survivors' redo quorum does not wait for the prober's period: a quorum request that finds
+    the quorum pending triggers the probe. The period here (an hour) is far beyond the test, so a
+    quorum without the dead group can only come from that probe."""
+    import socket
+
+    from torchft._torchft import LighthouseClient
+
+    live = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]  # the survivors' managers listen
+    gone = socket.create_server(("127.0.0.1", 0))
+    gone_port = gone.getsockname()[1]
+    gone.close()  # its process died: connections are refused
+    lh = QuorumLighthouse(min_replicas=1, join_timeout_s=600.0, heartbeat_timeout_s=600.0, tick_s=0.05,
+                          probe_s=3600.0)
+    try:
+        client = LighthouseClient(lh.address(), timedelta(seconds=10))
+        addr = {"rg0:a": f"http://127.0.0.1:{live[0].getsockname()[1]}",
+                "rg1:b": f"http://127.0.0.1:{live[1].getsockname()[1]}",
+                "rg2:c": f"http://127.0.0.1:{gone_port}"}
+        for rid in addr:
+            client.heartbeat(rid)
+        first = _ask_all(client, list(addr), step=1, addresses=addr)
+        assert set(first.values()) == {(1, ("rg0:a", "rg1:b", "rg2:c"))}, first
+        redo = _ask_all(client, ["rg0:a", "rg1:b"], step=1, shrink_only=True, addresses=addr)
+        assert set(redo.values()) == {(2, ("rg0:a", "rg1:b"))}, redo
+        assert lh.state.forgotten == {"rg2"}
+    finally:
+        lh.shutdown()
+        for sock in live:
+            sock.close()
+
+
 @pytest.fixture
 def lighthouse() -> Any:
     # join and heartbeat timeouts far longer than the test: a quorum without a live-looking replica

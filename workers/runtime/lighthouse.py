@@ -18,9 +18,9 @@ forgotten group is unhealthy at once, its late heartbeats are ignored and its qu
 refused, so the survivors' next quorum forms as soon as they ask. The lighthouse also finds dead
 groups itself: while a quorum waits for a group that still looks healthy but has not asked
 (:func:`stragglers`), it connects to that group's manager (the address of its last quorum request)
-every ``probe_s``; a refused connection (nobody listens: the process is gone) forgets it, as the
-supervisor's word would. A live manager accepts the connection however loaded its host, so a slow
-group is still waited for. On this host the survivors' redo quorum formed 0.08 s after they asked,
+every ``probe_s`` and whenever a quorum request finds it pending; a refused connection (nobody
+listens: the process is gone) forgets it, as the supervisor's word would. A live manager accepts the
+connection however loaded its host, so a slow group is still waited for. On this host the survivors' redo quorum formed 0.08 s after they asked,
 when the supervisor's node heartbeat said so; the manager's port closes with its process.
 
 The messages are torchft's (``proto/torchft.proto``, package ``torchft``), built from a descriptor
@@ -176,6 +176,7 @@ class QuorumLighthouse:
         self.log: deque[tuple[float, str]] = deque(maxlen=256)
         self._cond = threading.Condition()
         self._stop = threading.Event()
+        self._probe_now = threading.Event()  # a quorum request is pending: probe its stragglers at once
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lighthouse"))
         handlers = {
             "Quorum": grpc.unary_unary_rpc_method_handler(
@@ -232,6 +233,8 @@ class QuorumLighthouse:
                 self.state.addresses[me.replica_id] = me.address
                 self.state.participants[me.replica_id] = Joined(now, me)
                 self._tick()
+                if self.formed == seen:  # pending: a dead straggler is found now, not a probe period later
+                    self._probe_now.set()
                 while self.formed == seen:
                     if not context.is_active() or self._stop.is_set():
                         self.state.participants.pop(me.replica_id, None)
@@ -270,8 +273,15 @@ class QuorumLighthouse:
                     self._tick()
 
     def _probe_loop(self, period_s: float, probe: Callable[[tuple[str, int], float], bool | None]) -> None:
-        """Forget a straggler whose manager refuses a connection (see the module docstring)."""
-        while not self._stop.wait(period_s):
+        """Forget a straggler whose manager refuses a connection (see the module docstring): every
+        ``period_s``, and at once when a quorum request finds the quorum pending (the redo of an
+        interrupted step: its survivors ask within a few milliseconds of each other, and the dead
+        group is the one straggler; waiting for the period cost up to ``period_s`` of their stall)."""
+        while not self._stop.is_set():
+            self._probe_now.wait(period_s)
+            self._probe_now.clear()
+            if self._stop.is_set():
+                return
             with self._cond:
                 waiting = stragglers(time.monotonic(), self.state, self.rules)
             dead = sorted(r for r, addr in waiting.items()
@@ -283,6 +293,7 @@ class QuorumLighthouse:
 
     def shutdown(self) -> None:
         self._stop.set()
+        self._probe_now.set()
         with self._cond:
             self._cond.notify_all()
         self._server.stop(grace=0.5).wait(2.0)
