@@ -106,13 +106,16 @@ def test_a_straggler_whose_manager_refuses_connections_is_forgotten_and_a_live_o
     from torchft._torchft import LighthouseClient
 
     live = socket.create_server(("127.0.0.1", 0))  # a manager that listens (its process is alive)
+    # rg0's manager listens too: a quorum request probes the stragglers at once, so whichever of rg0
+    # and rg1 asks first has the other probed before it asks
+    live0 = socket.create_server(("127.0.0.1", 0))
     gone = socket.create_server(("127.0.0.1", 0))
     gone_port = gone.getsockname()[1]
     gone.close()  # its process died: connections are refused
     lh = QuorumLighthouse(min_replicas=1, join_timeout_s=600.0, heartbeat_timeout_s=600.0, tick_s=0.05)
     try:
         client = LighthouseClient(lh.address(), timedelta(seconds=10))
-        addr = {"rg0:a": "http://127.0.0.1:1", "rg1:b": f"http://127.0.0.1:{live.getsockname()[1]}",
+        addr = {"rg0:a": f"http://127.0.0.1:{live0.getsockname()[1]}", "rg1:b": f"http://127.0.0.1:{live.getsockname()[1]}",
                 "rg2:c": f"http://127.0.0.1:{gone_port}"}
         for rid in addr:
             client.heartbeat(rid)
@@ -137,6 +140,7 @@ def test_a_straggler_whose_manager_refuses_connections_is_forgotten_and_a_live_o
     finally:
         lh.shutdown()
         live.close()
+        live0.close()
 
 
 def test_a_pending_quorum_probes_its_stragglers_at_once_not_a_probe_period_later() -> None:
