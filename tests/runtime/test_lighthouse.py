@@ -6,6 +6,8 @@ found dead, so the survivors' quorum does not wait for its heartbeat to time out
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -97,30 +99,44 @@ def test_stragglers_are_the_healthy_replicas_a_pending_quorum_waits_for() -> Non
     assert manager_host_port("http://rg2:c") is None and manager_host_port("") is None
 
 
-def test_a_straggler_whose_manager_refuses_connections_is_forgotten_and_a_live_one_waited_for() -> None:
-    """The lighthouse finds a dead group itself (its manager's port closed with its process): the
-    survivors' redo forms without it, no supervisor's word and no timeout; a live straggler, whose
-    manager accepts, is still waited for."""
+@contextmanager
+def _two_live_one_dead(**lighthouse_kw: Any) -> Iterator[tuple[QuorumLighthouse, Any, dict[str, str]]]:
+    """A lighthouse and torchft's client, three groups that formed their first quorum together: rg0
+    and rg1, whose managers listen (their processes are alive; a quorum request probes the
+    stragglers at once, so whichever of them asks first has the other probed before it asks), and
+    rg2, whose manager's port refuses connections (its process died). Yields (lighthouse, client,
+    manager addresses)."""
     import socket
 
     from torchft._torchft import LighthouseClient
 
-    live = socket.create_server(("127.0.0.1", 0))  # a manager that listens (its process is alive)
-    # rg0's manager listens too: a quorum request probes the stragglers at once, so whichever of rg0
-    # and rg1 asks first has the other probed before it asks
-    live0 = socket.create_server(("127.0.0.1", 0))
+    live = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
     gone = socket.create_server(("127.0.0.1", 0))
     gone_port = gone.getsockname()[1]
     gone.close()  # its process died: connections are refused
-    lh = QuorumLighthouse(min_replicas=1, join_timeout_s=600.0, heartbeat_timeout_s=600.0, tick_s=0.05)
+    lh = QuorumLighthouse(min_replicas=1, join_timeout_s=600.0, heartbeat_timeout_s=600.0, tick_s=0.05,
+                          **lighthouse_kw)
     try:
         client = LighthouseClient(lh.address(), timedelta(seconds=10))
-        addr = {"rg0:a": f"http://127.0.0.1:{live0.getsockname()[1]}", "rg1:b": f"http://127.0.0.1:{live.getsockname()[1]}",
+        addr = {"rg0:a": f"http://127.0.0.1:{live[0].getsockname()[1]}",
+                "rg1:b": f"http://127.0.0.1:{live[1].getsockname()[1]}",
                 "rg2:c": f"http://127.0.0.1:{gone_port}"}
         for rid in addr:
             client.heartbeat(rid)
         first = _ask_all(client, list(addr), step=1, addresses=addr)
         assert set(first.values()) == {(1, ("rg0:a", "rg1:b", "rg2:c"))}, first
+        yield lh, client, addr
+    finally:
+        lh.shutdown()
+        for sock in live:
+            sock.close()
+
+
+def test_a_straggler_whose_manager_refuses_connections_is_forgotten_and_a_live_one_waited_for() -> None:
+    """The lighthouse finds a dead group itself (its manager's port closed with its process): the
+    survivors' redo forms without it, no supervisor's word and no timeout; a live straggler, whose
+    manager accepts, is still waited for."""
+    with _two_live_one_dead() as (lh, client, addr):
         # rg2 died: the others' shrink-only redo forms without it
         redo = _ask_all(client, ["rg0:a", "rg1:b"], step=1, shrink_only=True, addresses=addr)
         assert set(redo.values()) == {(2, ("rg0:a", "rg1:b"))}, redo
@@ -137,42 +153,16 @@ def test_a_straggler_whose_manager_refuses_connections_is_forgotten_and_a_live_o
         again = _ask_all(client, ["rg0:a"], step=2, addresses=addr, before_join=later)
         assert again == {"rg0:a": (2, ("rg0:a", "rg1:b"))}, again
         assert "[2 heartbeating]" in waited[0] and lh.state.forgotten == {"rg2"}, waited  # rg1 waited for
-    finally:
-        lh.shutdown()
-        live.close()
-        live0.close()
 
 
 def test_a_pending_quorum_probes_its_stragglers_at_once_not_a_probe_period_later() -> None:
     """The survivors' redo quorum does not wait for the prober's period: a quorum request that finds
     the quorum pending triggers the probe. The period here (an hour) is far beyond the test, so a
     quorum without the dead group can only come from that probe."""
-    import socket
-
-    from torchft._torchft import LighthouseClient
-
-    live = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]  # the survivors' managers listen
-    gone = socket.create_server(("127.0.0.1", 0))
-    gone_port = gone.getsockname()[1]
-    gone.close()  # its process died: connections are refused
-    lh = QuorumLighthouse(min_replicas=1, join_timeout_s=600.0, heartbeat_timeout_s=600.0, tick_s=0.05,
-                          probe_s=3600.0)
-    try:
-        client = LighthouseClient(lh.address(), timedelta(seconds=10))
-        addr = {"rg0:a": f"http://127.0.0.1:{live[0].getsockname()[1]}",
-                "rg1:b": f"http://127.0.0.1:{live[1].getsockname()[1]}",
-                "rg2:c": f"http://127.0.0.1:{gone_port}"}
-        for rid in addr:
-            client.heartbeat(rid)
-        first = _ask_all(client, list(addr), step=1, addresses=addr)
-        assert set(first.values()) == {(1, ("rg0:a", "rg1:b", "rg2:c"))}, first
+    with _two_live_one_dead(probe_s=3600.0) as (lh, client, addr):
         redo = _ask_all(client, ["rg0:a", "rg1:b"], step=1, shrink_only=True, addresses=addr)
         assert set(redo.values()) == {(2, ("rg0:a", "rg1:b"))}, redo
         assert lh.state.forgotten == {"rg2"}
-    finally:
-        lh.shutdown()
-        for sock in live:
-            sock.close()
 
 
 @pytest.fixture
