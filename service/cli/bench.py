@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-BENCHES = ("planner", "scheduler", "engine", "checkpoint", "api", "recovery", "recovery_peers", "snapshot_cpu",
+BENCHES = ("planner", "scheduler", "engine", "tp_forward", "checkpoint", "api", "recovery", "recovery_peers", "snapshot_cpu",
            "simulate", "data", "dashboard", "netchaos")
 EXPLICIT_ONLY = ("netchaos",)  # root and 10+ minutes: never part of "all"
 

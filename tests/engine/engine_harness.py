@@ -250,9 +250,34 @@ def count_tp_collectives(rank: int, world: int) -> dict[str, dict[str, int]]:
             for sp in (True, False)}
 
 
+def tp_structure(rank: int, world: int) -> dict[str, Any]:
+    """Under ``tp=world`` (SP on and off): each parameter's placements, and the modules whose forward
+    took or returned a DTensor in one micro-batch's forward and backward (the split runs on local shards)."""
+    from workers.engine.trainer import RankTrainer
+
+    cfg = tiny_cfg()
+    batch = random_batches(cfg, 1, seed=3)[0]
+    out: dict[str, Any] = {}
+    for sp in (True, False):
+        trainer = RankTrainer(cfg, Layout(tp=world, sp=sp, micro_batch=8), rank, world)
+        model = trainer.parts.modules[0]
+        dtensor_io: list[str] = []
+        hooks = [m.register_forward_hook(lambda m, a, o, n=n, seen=dtensor_io: seen.append(n)
+                                         if any(isinstance(t, DTensor) for t in (o, *a)) else None) for n, m in model.named_modules()]
+        trainer.forward_backward(batch)
+        for h in hooks:
+            h.remove()
+        out["sp" if sp else "no_sp"] = {
+            "placements": {n: [str(pl) for pl in p.placements] if isinstance(p, DTensor) else None
+                           for n, p in model.named_parameters()},
+            "dtensor_io": dtensor_io}
+        trainer.close()
+    return out
+
+
 def equivalence_and_sp_body(rank: int, world: int, specs: list[str], inputs: tuple) -> dict[str, Any]:
     return {"eq": run_equivalence(rank, world, specs, inputs), "sp": measure_sp_memory(rank, world),
-            "comm": count_tp_collectives(rank, world)}
+            "comm": count_tp_collectives(rank, world), "tp": tp_structure(rank, world)}
 
 
 def assert_sp_memory_drops(results: list[dict[str, Any]], tp: int) -> None:

@@ -66,6 +66,24 @@ def test_tensor_parallel_block_issues_the_planners_collectives(results: list[dic
 
 
 @pytest.mark.engine
+def test_tensor_parallel_splits_dtensor_weights_but_runs_on_local_tensors(results: list[dict]) -> None:
+    """Every TP weight is a DTensor with Megatron's placement (what checkpoints, FSDP2, the optimizer
+    and the HF loader read), and no module of the forward takes or returns a DTensor: the split runs on the
+    local shards, with no per-op DTensor dispatch (``workers/engine/parallel/tensor.py``)."""
+    col = ("tok_embeddings.weight", "output.weight", "wq.weight", "wk.weight", "wv.weight", "w1.weight", "w3.weight")
+    for r in results:
+        for mode, t in r["tp"].items():
+            assert t["dtensor_io"] == [], (mode, t["dtensor_io"])
+            for name, placements in t["placements"].items():
+                if name.endswith(col):
+                    assert placements == ["S(0)"], (mode, name, placements)
+                elif name.endswith(("wo.weight", "w2.weight")):
+                    assert placements == ["S(1)"], (mode, name, placements)
+                else:  # norms: replicated DTensors under SP (their gradient summed over TP), plain without
+                    assert placements == (["R"] if mode == "sp" else None), (mode, name, placements)
+
+
+@pytest.mark.engine
 def test_every_two_rank_layout_matches_single_process(results: list[dict]) -> None:
     assert_equivalent([r["eq"] for r in results])
 
