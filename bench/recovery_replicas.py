@@ -26,7 +26,7 @@ that its rank 0 returns to the supervisor; the peers: the ranks' own ``step`` lo
   stall, with its own verdict. The goal's verdict stays on the stall: the wait leans on a noisy
   baseline (a peer run that never gets back to full strength has only the few gaps before the kill
   for its steady median, slow ones at the job's start: 1.3 s for a 0.5 s step on 2026-12-06). A step
-  with fewer groups, whose survivors compute the lost group's micro-batches (the global batch kept),
+  with fewer groups, whose survivors compute the lost group's rows (the global batch kept),
   counts its extra work as wait.
 * longest waiting, measured (``work`` of :func:`stall_window`): over the same window, each gap minus
   the survivor's own work inside it (its timed forward/backward passes and optimizer steps; a peer's
@@ -46,6 +46,10 @@ from pathlib import Path
 from typing import Any
 
 REP_NODES, REP_GPUS, REP_GROUPS, REP_TP, REP_STEPS, REP_KILL, GLOBAL_BATCH = 4, 2, 3, 2, 16, 6, 12
+#: a group's rows per forward/backward pass: its whole share (12 rows / 3 groups) in one pass, as the
+#: peers' groups run theirs (2 before 2026-12-06: two passes a step; the rows are shared, not the passes,
+#: so a lost group's 4 rows still split 2 and 2 over the survivors)
+REP_MICRO_BATCH = 4
 START_GAPS = 2  # gaps to steps 1 and 2 (0-based): the job's start, excluded from the steady median
 #: the later torchft runs' lighthouse heartbeat timeout (torchft's stall waits for it; Ray Train's default is
 #: 2 s): 0.5 s, the shortest a live group's heartbeat survived on this loaded host (docs/runtime.md)
@@ -118,7 +122,7 @@ def _replica_run(tag: str, work: Path, *, tp: int, fault: bool, steps: int = REP
     from workers.runtime.launch import start_supervisor, stop_supervisor
 
     spec = {"model": "tiny", "steps": steps, "global_batch": GLOBAL_BATCH, "checkpoint_dir": str(work / tag),
-            "layout_hint": {"tp": tp, "micro_batch": 2}, "checkpoint": {"min_every_steps": 100, "max_every_steps": 100},
+            "layout_hint": {"tp": tp, "micro_batch": REP_MICRO_BATCH}, "checkpoint": {"min_every_steps": 100, "max_every_steps": 100},
             "runtime": {"replica_groups": REP_GROUPS, "warm_ranks_per_node": tp, "grow": False,
                         "hang_timeout_s": 120, "start_timeout_s": 600},
             "faults": [{"kind": "kill_node", "at_step": REP_KILL, "rank": -1}] if fault else []}
@@ -365,7 +369,7 @@ def compare_markdown(r: dict[str, Any]) -> str:
               "the run if never back). Wait: that stall beyond one steady median step of the same system "
               "in the same run, toward the issue's \"only the time the surviving ranks wait\" (a gap also holds the "
               "step's own work, whose length differs between the systems; a step with fewer groups counts "
-              "its extra micro-batches as wait; the steady median of a run that never gets back rests on the "
+              "its extra rows as wait; the steady median of a run that never gets back rests on the "
               "few gaps before the kill), reported beside the stall. Waiting, measured: in the same window, "
               "the longest gap minus the survivor's own work inside it, from its own timestamps of each "
               "piece of work (forward/backward passes, optimizer steps; the peers' step padding counts as "
@@ -380,7 +384,9 @@ def compare_markdown(r: dict[str, Any]) -> str:
               "*before* the kill (the loaded host, the start) are not counted here, see below.", "",
               "Differences, stated: Ray Train's `TorchftConfig` makes each worker its own replica group, so a "
               "peer group is 1 process holding the whole model on 2 declared GPUs (Orthoplex tp=2: 2 ranks per "
-              "group; tp=1: 1 rank per group, 1 GPU). The peers train the same tiny model, global batch "
+              "group; tp=1: 1 rank per group, 1 GPU). Each group runs its 4 rows of a step in one forward/backward "
+              f"pass in all systems (Orthoplex: micro_batch {REP_MICRO_BATCH}; the survivors of a lost group take "
+              "2 of its rows each). The peers train the same tiny model, global batch "
               f"{GLOBAL_BATCH}, engine optimizer and data, but with their own plain-torch loop, every step padded to "
               f"{ft['min_step_s']} s by sleeping after it (their unpadded ~40 ms step is shorter than a "
               "replacement's start; the 'step padded to' row: slept to Orthoplex tp=2's no-fault steady step of "

@@ -30,10 +30,10 @@ from engine_harness import reference, text_batches, tiny_cfg
 
 from workers.engine.replica_ft import (
     ReplicaRankSpec,
-    micro_batch_share,
     read_log,
     redo_extra,
     redo_guess,
+    row_share,
     spec_json,
     steady_guess,
 )
@@ -141,10 +141,13 @@ def _finals(work: Path, group: int, tp: int) -> list[list[torch.Tensor]]:
 
 
 @pytest.mark.unit
-def test_micro_batch_share_covers_every_micro_batch_once() -> None:
-    for n_micro, parts in [(6, 3), (6, 2), (6, 4), (6, 1), (2, 3)]:
-        shares = [micro_batch_share(n_micro, parts, i) for i in range(parts)]
-        assert sorted(itertools.chain(*shares)) == list(range(n_micro))
+def test_row_share_covers_every_row_once_contiguous_and_even() -> None:
+    for n_rows, parts in [(6, 3), (6, 2), (6, 4), (6, 1), (2, 3), (12, 3), (12, 2)]:
+        shares = [row_share(n_rows, parts, i) for i in range(parts)]
+        assert sorted(itertools.chain(*shares)) == list(range(n_rows))
+        assert all(s == list(range(s[0], s[0] + len(s))) for s in shares if s)  # contiguous
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1  # as even as possible
+    assert row_share(12, 3, 1) == [4, 5, 6, 7]
 
 
 @pytest.mark.unit
@@ -165,16 +168,18 @@ def test_steady_guess_is_the_last_quorum_less_the_dead_groups() -> None:
     assert steady_guess(10, [1, 2, 10], set()) == (3, 0) and steady_guess(2, [1, 2, 10], set()) == (3, 2)  # rg10: sorts first
 
 
-def test_redo_extra_gives_the_lost_groups_micro_batches_to_the_survivors_once() -> None:
+def test_redo_extra_gives_the_lost_groups_rows_to_the_survivors_once() -> None:
     assert redo_extra(6, 0, [0, 1, 2], [0, 1]) == [4] and redo_extra(6, 1, [0, 1, 2], [0, 1]) == [5]
+    # 12 rows, 3 groups of 4: the lost group's 4 rows split 2 and 2 (one pass each at micro_batch 4)
+    assert redo_extra(12, 0, [0, 1, 2], [0, 1]) == [8, 9] and redo_extra(12, 1, [0, 1, 2], [0, 1]) == [10, 11]
     assert redo_extra(6, 2, [0, 1, 2], [0, 1]) is None and redo_extra(6, 0, [0, 1], [0, 3]) is None
     assert redo_extra(6, 0, [0, 1, 2], [0, 1, 2]) == []  # nobody lost: each keeps its own
-    for n_micro, prev, expect in [(6, [0, 1, 2], [1]), (12, [0, 1, 2, 10], [1, 10]), (4, [0, 1, 2], [0, 2]),
+    for n_rows, prev, expect in [(6, [0, 1, 2], [1]), (12, [0, 1, 2, 10], [1, 10]), (4, [0, 1, 2], [0, 2]),
                                   (2, [0, 1, 2], [0, 1])]:
         order = [g for _, g in sorted((f"rg{g}:", g) for g in prev)]
-        own = {g: micro_batch_share(n_micro, len(order), order.index(g)) for g in expect}
-        done = [m for g in expect for m in own[g] + redo_extra(n_micro, g, prev, expect)]
-        assert sorted(done) == list(range(n_micro)), (n_micro, prev, expect, done)
+        own = {g: row_share(n_rows, len(order), order.index(g)) for g in expect}
+        done = [m for g in expect for m in own[g] + redo_extra(n_rows, g, prev, expect)]
+        assert sorted(done) == list(range(n_rows)), (n_rows, prev, expect, done)
 
 
 def _check(tp: int, tmp_path: Path, heartbeat_timeout_ms: int = 1000) -> None:
@@ -225,10 +230,10 @@ def _check(tp: int, tmp_path: Path, heartbeat_timeout_ms: int = 1000) -> None:
     joined = healed[0]["step"]
     assert KILL_AT < joined < STEPS
     assert [r["step"] for r in _committed(rows, new)] == list(range(joined, STEPS))
-    # it healed in torchft's asynchronous quorum: no micro-batches in that step (the survivors', computed
+    # it healed in torchft's asynchronous quorum: no rows in that step (the survivors', computed
     # while it healed, covered the batch), its share from the next step on
     first, second = _committed(rows, new)[:2]
-    assert (first["micro"], first["participants"], second["participants"]) == ([], GROUPS - 1, GROUPS)
+    assert (first["rows"], first["participants"], second["participants"]) == ([], GROUPS - 1, GROUPS)
     for g in survivors:  # the survivors guessed the join step's quorum: no share computed twice
         join = next(r for r in _committed(rows, g) if r["step"] == joined)
         assert join["phases"].get("guess_ok") == 1.0 and join["participants"] == GROUPS - 1, join

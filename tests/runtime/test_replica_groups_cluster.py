@@ -108,14 +108,14 @@ def test_survivors_keep_stepping_and_a_replacement_heals_from_a_peer(ray_cluster
         result["step_attempts"]
     redone = sorted({s for g in ("0", "1") for s in groups[g]["aborted"]})
     assert redone == [KILL_AT], f"the interrupted step must be voted down and redone: {groups}"
-    # each survivor redid the step at once, itself: it computed the lost group's micro-batches for the
+    # each survivor redid the step at once, itself: it computed the lost group's rows for the
     # quorum torchft formed, or (the supervisor named the dead group first: ReplicaStepper._redo_hint)
     # for the step set while the quorum formed, and then the guess was that quorum
     redos = [a for g in ("0", "1") for a in groups[g]["attempts"].values()
              if a["step"] == KILL_AT and a["event"] == "step" and a["participants"] == 2]
     assert redos and all(a.get("guess_ok", 1.0) == 1.0 for a in redos), redos
-    # ... and kept the gradient of its own 2 micro-batches from the voted-down attempt (redo_extra)
-    assert all(a.get("kept_micro") == 2.0 for a in redos), redos
+    # ... and kept the gradient of its own 4 rows from the voted-down attempt (redo_extra)
+    assert all(a.get("kept_rows") == 4.0 for a in redos), redos
 
     # every step once, each with the no-failure loss; the last step with 3 groups again
     # 1e-4 relative over the first 40 steps, 1e-3 after (float reassociation, as in the no-spare test)

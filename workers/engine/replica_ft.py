@@ -10,7 +10,7 @@ torchft does the fault tolerance:
   speaks the same protocol), a per-step quorum of the live groups, asynchronous (torchft's default):
   it forms on the manager's thread while each group computes the share it had in the last quorum
   (checked once the quorum is there); a joining group heals on that thread and joins the step's
-  reduction with zeros (the survivors' micro-batches cover the batch), takes the healed state at the
+  reduction with zeros (the survivors' rows cover the batch), takes the healed state at the
   commit and computes from its next step on, so the survivors never wait for a heal;
 - a fault-tolerant ``ProcessGroupGloo`` per group rank across the groups (TP rank ``r`` of every
   group reduces with TP rank ``r`` of the others), reconfigured by the manager on every new quorum;
@@ -20,11 +20,15 @@ torchft does the fault tolerance:
 - healing: a group that joins behind receives the user state (parameters, AdamW state, RNG, data
   position) from a healthy group over that process group (``PGTransport``); no storage is read.
 
-What is ours, not torchft's: the global batch is kept. The step's micro-batches (rows of the
-engine's ``GlobalBatchSampler`` batch) are divided among the groups of the step's quorum
-(:func:`micro_batch_share`); each group back-propagates ``loss_m * rows_m / global_batch`` for its
-micro-batches and the groups SUM (not torchft's average over participants), so the gradient is the
-mean over all rows of the global batch whatever the number of groups. Clipping, the lr schedule and
+What is ours, not torchft's: the global batch is kept. The rows of the step's batch (the engine's
+``GlobalBatchSampler``) are divided among the groups of the step's quorum, contiguous and as even
+as possible (:func:`row_share`: 12 rows over 3 groups, 4 each; a lost group's 4 rows over the 2
+survivors, 2 each); each group runs its rows in passes of at most ``micro_batch`` rows (the
+activation-memory bound), back-propagates ``loss_p * rows_p / global_batch`` for each pass ``p``,
+and the groups SUM (not torchft's average over participants), so the gradient is the mean over all
+rows of the global batch whatever the number of groups and however the rows fall into passes.
+Sharing rows rather than micro-batches lets a group run its whole share in one pass (as torchft's
+groups do) and still hand a lost group's rows evenly to the survivors. Clipping, the lr schedule and
 AdamW are the engine's (``RankTrainer.optimizer_step``), after the reduction.
 
 Run a rank with ``python -m workers.engine.replica_ft '<json ReplicaRankSpec>'``; the test
@@ -78,12 +82,12 @@ class ReplicaRankSpec:
     redo_expect: list[int] | None = None  # the step set a redo is asked with (ReplicaStepper.step_once)
 
 
-def micro_batch_share(n_micro: int, participants: int, index: int) -> list[int]:
-    """The micro-batches (0-based) that participant ``index`` of ``participants`` runs: contiguous,
-    as even as possible, the first ``n_micro % participants`` participants take one more."""
+def row_share(n_rows: int, participants: int, index: int) -> list[int]:
+    """The rows (0-based) of a step's batch that participant ``index`` of ``participants`` runs:
+    contiguous, as even as possible, the first ``n_rows % participants`` participants take one more."""
     if participants < 1 or not 0 <= index < participants:
         raise ValueError(f"participant {index} of {participants}")
-    base, extra = divmod(n_micro, participants)
+    base, extra = divmod(n_rows, participants)
     start = index * base + min(index, extra)
     return list(range(start, start + base + (1 if index < extra else 0)))
 
@@ -113,17 +117,17 @@ def steady_guess(group: int, members: list[int] | None, dead: set[int]) -> tuple
     return (len(order), order.index(group)) if group in order else None
 
 
-def redo_extra(n_micro: int, group: int, prev: list[int], expect: list[int]) -> list[int] | None:
-    """The micro-batches ``group`` adds in the redo of a voted-down step: the shares (of ``prev``'s
-    attempt, :func:`micro_batch_share` in :func:`torchft_order`) of the groups missing from ``expect``,
-    divided among ``expect``'s groups; each keeps the gradient of its own share from that attempt.
-    Every micro-batch is counted once. ``None`` when ``expect`` is not a subset of ``prev``."""
+def redo_extra(n_rows: int, group: int, prev: list[int], expect: list[int]) -> list[int] | None:
+    """The rows ``group`` adds in the redo of a voted-down step: the shares (of ``prev``'s attempt,
+    :func:`row_share` in :func:`torchft_order`) of the groups missing from ``expect``, divided among
+    ``expect``'s groups; each keeps the gradient of its own share from that attempt. Every row is
+    counted once. ``None`` when ``expect`` is not a subset of ``prev``."""
     if group not in expect or not set(expect) <= set(prev):
         return None
     before, now = torchft_order(prev), torchft_order(expect)
     lost = sorted(m for i, g in enumerate(before) if g not in now
-                  for m in micro_batch_share(n_micro, len(before), i))
-    return [lost[k] for k in micro_batch_share(len(lost), len(now), now.index(group))]
+                  for m in row_share(n_rows, len(before), i))
+    return [lost[k] for k in row_share(len(lost), len(now), now.index(group))]
 
 
 class _Log:
@@ -174,21 +178,22 @@ def make_manager(*, group: int, rank: int, tp: int, store_addr: str, store_port:
     )
 
 
-def forward_backward(trainer: Any, sampler: Any, step: int, micro: list[int], micro_batch: int,
+def forward_backward(trainer: Any, sampler: Any, step: int, rows: list[int], micro_batch: int,
                      global_batch: int) -> float:
-    """Gradients of ``sum_m loss_m * rows_m / global_batch`` over micro-batches ``micro`` of step
-    ``step``'s global batch in ``.grad`` (zeros if none); returns that partial loss."""
+    """Gradients of ``sum_p loss_p * rows_p / global_batch`` over rows ``rows`` of step ``step``'s
+    global batch, run in passes ``p`` of at most ``micro_batch`` rows, in ``.grad`` (zeros if none);
+    returns that partial loss."""
     for p in trainer.params:
         p.grad = None
     batch = sampler.batch(step)
     model = trainer.parts.modules[0]
     part = 0.0
-    for m in micro:
-        rows = batch[m * micro_batch:(m + 1) * micro_batch]
-        x, y = trainer.local_inputs(rows, already_dp_local=True)
+    for i in range(0, len(rows), micro_batch):
+        rows_p = batch[rows[i:i + micro_batch]]
+        x, y = trainer.local_inputs(rows_p, already_dp_local=True)
         loss = trainer._loss_fn(model(x), y)
-        (loss * (rows.shape[0] / global_batch)).backward()
-        part += float(loss.detach()) * rows.shape[0] / global_batch
+        (loss * (rows_p.shape[0] / global_batch)).backward()
+        part += float(loss.detach()) * rows_p.shape[0] / global_batch
     fix_partial_grads(trainer.params)
     for p in trainer.params:
         if p.grad is None:
@@ -197,7 +202,7 @@ def forward_backward(trainer: Any, sampler: Any, step: int, micro: list[int], mi
 
 
 def warm_up(trainer: Any, sampler: Any, micro_batch: int, global_batch: int) -> float:
-    """One forward and backward pass over micro-batch 0 of step 0, thrown away (parameters, RNG and the
+    """One forward and backward pass over step 0's first ``micro_batch`` rows, thrown away (parameters, RNG and the
     optimizer untouched, gradients cleared), on every rank of a group together (the pass runs the
     group's TP collectives), before the group's torchft manager exists. A new rank's first pass
     (allocator, autograd, the first TP collectives) took about twice a steady one here, and a
@@ -210,7 +215,7 @@ def warm_up(trainer: Any, sampler: Any, micro_batch: int, global_batch: int) -> 
     state): a rank's first optimizer step computed DTensor's sharding decisions for every ``_foreach``
     op (0.3 s of CPU for tp=2 tiny here), in the step a replacement heals in. Seconds spent."""
     t0, rng = time.perf_counter(), torch.get_rng_state()
-    forward_backward(trainer, sampler, 0, [0], micro_batch, global_batch)
+    forward_backward(trainer, sampler, 0, list(range(micro_batch)), micro_batch, global_batch)
     opt = trainer.optimizer
     lrs = [g["lr"] for g in opt.param_groups]
     with torch.no_grad():
@@ -246,7 +251,6 @@ class ReplicaStepper:
         self.global_batch, self.micro_batch = global_batch, micro_batch
         if global_batch % micro_batch:
             raise ValueError(f"global batch {global_batch} is not a multiple of the micro-batch {micro_batch}")
-        self.n_micro = global_batch // micro_batch
         self.log = log or (lambda *a, **k: None)
         self.manager = make_manager(group=group, rank=rank, tp=tp, store_addr=store_addr, store_port=store_port,
                                     lighthouse=lighthouse, min_replicas=min_replicas, timeout_s=timeout_s,
@@ -308,28 +312,28 @@ class ReplicaStepper:
         self.log("healed", step=int(state["next_step"]), from_group=self.healed_from)
 
     # ------------------------------------------------------------------ one step
-    def _forward_backward(self, step: int, micro: list[int]) -> float:
+    def _forward_backward(self, step: int, rows: list[int]) -> float:
         t0 = time.time()
         try:
-            return forward_backward(self.trainer, self.sampler, step, micro, self.micro_batch, self.global_batch)
+            return forward_backward(self.trainer, self.sampler, step, rows, self.micro_batch, self.global_batch)
         finally:
             self._work.append([t0, time.time()])
 
     def step_once(self, fault: Any = None, expect: list[int] | None = None,
                   prev: list[int] | None = None) -> dict[str, Any]:
         """One attempt at the next step: quorum (asked in the background; a joining group heals there
-        and takes no micro-batches in this step), this group's share of the micro-batches (that of the
+        and takes no rows in this step), this group's share of the rows (that of the
         last quorum's groups while the quorum forms: :func:`steady_guess`), the cross-group SUM, the
         commit vote. ``fault(step)`` (a test hook) runs
         after the backward pass, before the reduction. ``expect``: the groups the supervisor runs this
         attempt on, ``prev``: those of the attempt before. In the redo of a voted-down step ``expect``
         is the quorum to come: the quorum is asked in the background (:meth:`_quorum`) while this
-        group keeps the gradient of its own micro-batches from the voted-down attempt and computes
-        only its part of the lost groups' micro-batches (:func:`redo_extra`); when torchft's quorum
+        group keeps the gradient of its own rows from the voted-down attempt and computes
+        only its part of the lost groups' rows (:func:`redo_extra`); when torchft's quorum
         is another, its standard share is computed again. A redo without ``expect`` (the rank's own,
         right after the vote: ``RankWorker.replica_step``) takes the step set from the supervisor's
         :meth:`peers_lost` if that comes before the quorum (:meth:`_redo_hint`), else keeps its own
-        micro-batches for the quorum torchft formed. The cross-group reduction stops waiting when
+        rows for the quorum torchft formed. The cross-group reduction stops waiting when
         :meth:`peers_lost` names a group of its quorum. Returns ``{"event": "step" | "abort",
         "step", "participants", ...}``; an aborted step is redone by the next call."""
         from torch.distributed import ReduceOp
@@ -366,7 +370,7 @@ class ReplicaStepper:
         extra = None
         if guess is not None and kept is not None and kept["step"] == step and kept["standard"] \
                 and prev and (kept["n"], kept["idx"]) == redo_guess(self.group, prev):
-            extra = redo_extra(self.n_micro, self.group, prev, expect or [])
+            extra = redo_extra(self.global_batch, self.group, prev, expect or [])
         elif guess is None and self._redo and kept is not None and kept["step"] == step and kept["standard"] \
                 and idx is not None and redo_guess(self.group, kept["groups"]) == (kept["n"], kept["idx"]):
             # a redo without the supervisor's step set (the rank redoes at once, RankWorker.replica_step):
@@ -375,14 +379,14 @@ class ReplicaStepper:
             # participants were fewer than the quorum's groups, and which ones torchft does not say)
             now = self.quorum_groups()
             if len(now) == n and self.group in now and now.index(self.group) == idx:
-                extra = redo_extra(self.n_micro, self.group, kept["groups"], now)
-        if extra is not None:  # own micro-batches kept: only the lost groups' share is computed
+                extra = redo_extra(self.global_batch, self.group, kept["groups"], now)
+        if extra is not None:  # own rows kept: only the lost groups' share is computed
             assert kept is not None
-            micro = kept["micro"] + extra
+            rows = kept["rows"] + extra
             part = self._forward_backward(step, extra) + kept["part"]
         else:
-            micro = micro_batch_share(self.n_micro, n, idx) if idx is not None else []
-            part = self._forward_backward(step, micro)
+            rows = row_share(self.global_batch, n, idx) if idx is not None else []
+            part = self._forward_backward(step, rows)
         standard = extra is None
         if guess is not None:
             t["quorum"] = asked.result()
@@ -391,8 +395,8 @@ class ReplicaStepper:
             if not t["guess_ok"]:  # another quorum than guessed: this group's share again, for that one
                 step, (n, idx) = mgr.current_step(), got
                 torch.set_rng_state(self._rng)
-                micro = micro_batch_share(self.n_micro, n, idx) if idx is not None else []
-                part, extra, standard = self._forward_backward(step, micro), None, True
+                rows = row_share(self.global_batch, n, idx) if idx is not None else []
+                part, extra, standard = self._forward_backward(step, rows), None, True
         t["backward"] = time.time()
         if fault is not None:
             fault(step)
@@ -401,9 +405,9 @@ class ReplicaStepper:
         if extra is not None:
             assert kept is not None
             flat += kept["flat"]
-            t["kept_micro"] = float(len(kept["micro"]))
+            t["kept_rows"] = float(len(kept["rows"]))
         # the reduction works in place: a copy of this group's own sum, kept for a redo
-        mine = {"step": step, "n": n, "idx": idx, "micro": list(micro), "part": part, "flat": flat.clone(),
+        mine = {"step": step, "n": n, "idx": idx, "rows": list(rows), "part": part, "flat": flat.clone(),
                 "standard": standard, "groups": self.quorum_groups()}
         loss_t = torch.tensor([part], dtype=torch.float64)
         self._reduce(mgr.allreduce(flat, reduce_op=ReduceOp.SUM), mine["groups"])
@@ -425,7 +429,7 @@ class ReplicaStepper:
         self._rng = torch.get_rng_state()
         self._members = mine["groups"]
         row = {"event": "step", "step": step, "loss": float(loss_t.item()), "grad_norm": norm, "lr": lr,
-               "participants": n, "groups": mine["groups"], "micro": micro, "healed_from": self.healed_from,
+               "participants": n, "groups": mine["groups"], "rows": rows, "healed_from": self.healed_from,
                "phases": t}
         self.healed_from = None
         return row
