@@ -72,7 +72,9 @@ def _steps_with_reference_losses(spec: dict[str, Any], events: list[dict[str, An
                            | {"checkpoint_dir": str(tmp_path / "r")})
     rel = [abs(e["loss"] - ref[e["step"] - 1]) / abs(ref[e["step"] - 1]) for e in steps_ev]
     for e, r in zip(steps_ev, rel, strict=True):
-        assert r <= bound(e["step"]), (e["step"], e["loss"], ref[e["step"] - 1])
+        assert r <= bound(e["step"]), (f"step {e['step']}: loss {e['loss']} vs {ref[e['step'] - 1]}; per step (relative "
+                                       "difference, groups): " + " ".join(f"{x['step']}:{q:.1e}/{x['world_size']}"
+                                                                          for x, q in zip(steps_ev, rel, strict=True)))
     return steps_ev, max(rel)
 
 
@@ -276,8 +278,13 @@ def test_two_failures_in_a_row_and_a_failure_during_the_replacements_join(ray_cl
     assert {int(k): v for k, v in result["step_attempts"].items() if v > 1} == want, result["step_attempts"]
 
     # every step once, each with the no-failure loss; the last step with 3 groups again
-    # 1e-4 relative over the first 40 steps, 1e-3 after (float reassociation, as in the no-spare test)
-    steps_ev, rel_max = _steps_with_reference_losses(spec, events, tmp_path, lambda step: 1e-4 if step <= 40 else 1e-3)
+    # 1e-4 relative up to the second kill, 1e-3 after (float reassociation, as in the no-spare test): the
+    # sums over 2 groups round differently, AdamW turns the rounding of near-zero gradient entries into
+    # whole lr-sized updates, and the difference grows from there. On the machine of 2026-12-06 evening
+    # (same result with the replica code before the row shares): ~1e-7 up to step 21, 8.5e-6 at step 22,
+    # 1.6e-4 at step 37 (inside the second 2-group stretch), up to 4.3e-4 by step 90
+    steps_ev, rel_max = _steps_with_reference_losses(spec, events, tmp_path,
+                                                     lambda step: 1e-4 if step <= kill2 + 1 else 1e-3)
     assert steps_ev[-1]["world_size"] == 3
 
     ts = {e["step"]: e["ts"] for e in steps_ev}
