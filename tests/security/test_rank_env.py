@@ -10,8 +10,10 @@ import pytest
 
 from workers.runtime.rank_env import minimal_env
 
-SECRETS = {"ORTHOPLEX_ADMIN_TOKEN": "admin-secret-xyz", "ORTHOPLEX_DATABASE_URL": "postgresql://u:pw@db/x",
-           "ORTHOPLEX_METRICS_TOKEN": "scrape-xyz", "PGPASSWORD": "pw"}
+# values no real environment holds by chance: the Ray-worker test looks for each as a substring of every
+# variable a worker sees (a 2-letter password, "pw", turned up inside some other value once, 2026-12-06)
+SECRETS = {"ORTHOPLEX_ADMIN_TOKEN": "admin-secret-xyz", "ORTHOPLEX_DATABASE_URL": "postgresql://u:pg-secret-q7v@db/x",
+           "ORTHOPLEX_METRICS_TOKEN": "scrape-xyz", "PGPASSWORD": "pg-secret-q7v"}
 
 
 @pytest.mark.unit
