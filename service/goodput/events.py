@@ -16,7 +16,7 @@ from typing import Protocol
 from service.goodput.policies import Policy
 from service.goodput.recovery import CostModel
 from service.goodput.trace import Failure, Trace
-from workers.runtime.cadence import CheckpointCadence
+from workers.runtime.policy.checkpoint_cadence import CheckpointCadence
 
 
 class Throughput(Protocol):

@@ -22,30 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.layout import Layout
-from workers.runtime.gang import Gang, StartFailed
-from workers.runtime.ranks import RankMap
-from workers.runtime.watchdog import Failure
-
-#: layout fields a replica group supports (TP inside a group); the others are refused
-SUPPORTED_HINT = frozenset({"tp", "micro_batch", "sp"})
-
-
-def check_spec(hint: dict[str, Any], runtime: Any, global_batch: int) -> None:
-    """Refuse what replica groups do not support (``ValueError`` naming it)."""
-    r = int(runtime.replica_groups)
-    if r < 2:
-        return
-    bad = sorted(k for k, v in hint.items() if k not in SUPPORTED_HINT and v not in (None, 1, 0, False, "none"))
-    if bad:
-        raise ValueError(f"replica_groups: a replica group runs tensor parallelism only (tp, micro_batch); "
-                         f"{', '.join(bad)} inside a replica group is not wired (use replica_groups 0 to re-plan "
-                         "all four dimensions instead)")
-    if runtime.snapshots:
-        raise ValueError("replica_groups: in-memory snapshots are not wired for replica groups (the live groups "
-                         "are each other's copy); set snapshots false")
-    mb = int(hint.get("micro_batch", 1))
-    if global_batch % mb:
-        raise ValueError(f"replica_groups: global_batch {global_batch} is not a multiple of micro_batch {mb}")
+from workers.runtime.cluster.gang import Gang, StartFailed
+from workers.runtime.cluster.ranks import RankMap
+from workers.runtime.cluster.watchdog import Failure
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.planner_spec import PlanCluster, to_planner_spec
-from workers.runtime.jobspec import JobSpec
-from workers.runtime.placement import NodeCapacity
+from workers.runtime.cluster.placement_groups import NodeCapacity
+from workers.runtime.contract.job_spec import JobSpec
 
 
 class PlanningError(RuntimeError):

@@ -7,7 +7,7 @@ Layout (``k`` is a free third octet picked at ``up``; ``id`` a short random tag)
     ox<id>-n<i>      eth0             10.250.k.(10+i)  Ray worker node i, ``gpus_per_node`` declared GPUs
 
 Each namespace is joined to the bridge by a veth pair whose root end is ``oxv<id>head`` / ``oxv<id>n<i>``;
-every fault of :mod:`workers.runtime.netfaults` acts on those links. The root namespace itself gets a
+every fault of :mod:`workers.testbed.network_faults` acts on those links. The root namespace itself gets a
 name, ``oxr<id>`` (a handle made by ``ip netns attach``: removing it removes nothing else), so a job's
 supervisor, which lives in the head's namespace, can shape the bridge ends of the links for the job
 spec's network faults (:func:`discover_here`). Ray runs across them as across
@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.runtime import procfs
-from workers.runtime.local_cluster import FAST_HEALTH_CHECK, local_env
+from workers.runtime.cluster import procfs
+from workers.testbed.local_cluster import FAST_HEALTH_CHECK, local_env
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ class NetnsCluster:
         return node
 
     def _spawn(self, netns: str | None, args: list[str]) -> subprocess.Popen[str]:
-        from workers.runtime.rank_env import minimal_env
+        from workers.runtime.cluster.rank_env import minimal_env
 
         env = minimal_env()  # the nodes and every rank process get no service secrets
         env.setdefault("RAY_AUTH_MODE", "disabled")
@@ -424,21 +424,6 @@ def leftovers(rec: dict[str, Any]) -> dict[str, list[Any]]:
 
 def subnet_of(rec: dict[str, Any]) -> ipaddress.IPv4Network:
     return ipaddress.IPv4Network(f"{SUBNET_PREFIX}.{rec['octet']}.0/24")
-
-
-def netns_cluster_up(nodes: int, gpus_per_node: int, *, cpus_per_node: float = 2.0,
-                     data_dir: Path | None = None) -> dict[str, Any]:
-    """``orthoplex cluster up --netns``: start a namespaced cluster that outlives the command."""
-    from workers.runtime.local_cluster import check_no_cluster, state_file
-
-    check_no_cluster(data_dir)
-    cluster = NetnsCluster(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node,
-                           state_path=state_file(data_dir)).start()
-    rec = cluster.record()
-    rec.update({"nodes_count": nodes, "gpus_per_node": gpus_per_node})
-    cluster._rec = rec
-    cluster._save()
-    return rec
 
 
 def _own_netns_name() -> str | None:

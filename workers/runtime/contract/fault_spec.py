@@ -8,7 +8,7 @@ replacement group started once ``at_step`` was launched, in its first step).
 
 Network faults (only on a cluster whose nodes live in their own network namespaces, ``orthoplex
 cluster up --netns`` or the ``netns_ray`` test fixture; refused elsewhere). They act on the link of
-the node hosting ``rank``, through :mod:`workers.runtime.netfaults`; ``duration_s`` > 0 heals the
+the node hosting ``rank``, through :mod:`workers.testbed.network_faults`; ``duration_s`` > 0 heals the
 fault by itself that many seconds later (a partition cannot be healed "at a step": steps stall while
 it lasts); 0 leaves it until a ``net_heal`` or the end of the job (every link is healed then):
 

@@ -34,6 +34,17 @@ ACTOR_CONCURRENCY: dict[str, Any] = {"max_concurrency": 4, "concurrency_groups":
 _on_torch_thread = ray.method(concurrency_group=TORCH_GROUP)
 
 
+
+def burn_cpu(seconds: float) -> None:
+    """Spend ``seconds`` of this thread's CPU time (a slow rank computes, it does not sleep)."""
+    if seconds <= 0:
+        return
+    end = time.thread_time() + seconds
+    x = 1.0001
+    while time.thread_time() < end:
+        for _ in range(2000):
+            x = x * 1.0000001 + 1e-9
+
 class RankWorker:
     """Plain class; ``launch``/``supervisor`` wrap it with ``ray.remote`` and per-bundle options."""
 
@@ -91,7 +102,7 @@ class RankWorker:
 
     # ---------------------------------------------------------------- lifecycle
     def endpoint(self, timeout_s: float) -> dict[str, Any]:
-        from workers.runtime.rendezvous import endpoint
+        from workers.runtime.cluster.rendezvous import endpoint
 
         return endpoint(timeout_s).to_dict()
 
@@ -107,7 +118,7 @@ class RankWorker:
         from planner.layout import Layout
         from workers.engine.config import TrainConfig
         from workers.engine.trainer import RankTrainer
-        from workers.runtime.rendezvous import Rendezvous, join
+        from workers.runtime.cluster.rendezvous import Rendezvous, join
 
         self._rank = rank
         self._rdzv = dict(rdzv)
@@ -134,7 +145,7 @@ class RankWorker:
         TCP link to the others (the addresses are asked through Ray on the first push, in the
         background). Best effort per copy: a holder that fails is dropped and counted, the rank
         goes on."""
-        from workers.runtime.snapshot_wire import LocalCopy, Sender
+        from workers.runtime.recovery.snapshot_transport import LocalCopy, Sender
 
         links = self._snap_links
 
@@ -267,8 +278,6 @@ class RankWorker:
     def step(self, expect: list[int] | None = None, prev: list[int] | None = None) -> dict[str, Any]:
         """One optimizer step; the slow/jitter hooks add busy time after the step's collectives.
         ``expect``, ``prev``: a replica group rank's step sets (:meth:`replica_step`)."""
-        from workers.runtime.faults import burn_cpu
-
         if self._replica is not None:  # a rank of a replica group: one torchft step attempt
             return self.replica_step(expect, prev)
         self._check_fence("run a step")
@@ -322,13 +331,13 @@ class RankWorker:
 
     def _check_fence(self, what: str) -> None:
         if self._fence is not None:
-            from workers.runtime.fencing import check
+            from workers.runtime.recovery.fencing import check
 
             check(self._fence[0], self._fence[1], what)
 
     def close(self) -> None:
         """Barrier + destroy the trainer's groups and the default group (clean end of a run)."""
-        from workers.runtime.rendezvous import leave
+        from workers.runtime.cluster.rendezvous import leave
 
         self._phase("close")
         if self._replica is not None:
@@ -380,7 +389,7 @@ def _kill_own_node(whole_node: bool = False) -> None:
     ``whole_node``: every other worker process of the raylet first, as a crashed host loses them all
     at once (otherwise they notice the raylet's death on their own, seconds later on a loaded host:
     a replica group's other rank would keep its torchft manager heartbeating meanwhile)."""
-    from workers.runtime.procfs import children
+    from workers.runtime.cluster.procfs import children
 
     raylet = os.getppid()
     try:

@@ -1,4 +1,4 @@
-"""Network faults on the links of a :class:`~workers.runtime.netns_cluster.NetnsCluster`.
+"""Network faults on the links of a :class:`~workers.testbed.netns_cluster.NetnsCluster`.
 
 Every node's link is a veth pair: ``eth0`` inside the node's namespace and ``oxv<id><node>`` on the
 bridge in the root namespace. A fault is shaped on the *egress of both ends*, so it hits traffic
@@ -11,7 +11,7 @@ peers=[...])``       peer's address into a drop class); everybody else still rea
 ``rate(node, mbit)`` an HTB class capped at ``mbit`` (ceil = rate) carries all of the link's traffic
 ``loss(node, pct)``  a classic-BPF filter (``ld rand``) sends ``pct`` % of packets into the drop class
 ``delay(node, ms,    every packet held ``ms`` +- ``jitter_ms`` by a userspace delay line
-jitter_ms)``         (``workers.runtime.delayline``: a TAP the packets are redirected to)
+jitter_ms)``         (``workers.testbed.delay_line``: a TAP the packets are redirected to)
 ``heal(node)``       every fault of that node is removed (``heal(node, "loss")`` just one kind)
 ===================  ==========================================================================
 
@@ -105,7 +105,7 @@ class LinkFaults:
 
 def _unmarked_bytecode() -> str:
     """cBPF: match every packet whose mark is not the delay line's (those it sent back are done)."""
-    from workers.runtime.delayline import MARK
+    from workers.testbed.delay_line import MARK
 
     prog = [(0x20, 0, 0, SKF_AD_MARK),  # ld [mark]
             (0x15, 0, 1, MARK),  # jeq MARK -> no match
@@ -142,7 +142,7 @@ class NetFaults:
     @classmethod
     def from_record(cls, rec: dict[str, Any], *, root_netns: str | None = None) -> NetFaults:
         """For a cluster started by ``orthoplex cluster up --netns`` (its state file's record)."""
-        from workers.runtime.netns_cluster import NetnsNode
+        from workers.testbed.netns_cluster import NetnsNode
 
         nodes = [NetnsNode(**n) for n in rec["nodes"]]
 
@@ -242,7 +242,7 @@ class NetFaults:
         return "oxd" + str(n.veth).removeprefix("oxv")
 
     def _start_lines(self, n: Any, st: LinkFaults) -> None:
-        args = ["-m", "workers.runtime.delayline"]
+        args = ["-m", "workers.testbed.delay_line"]
         procs = []
         for netns, dev in ((self.root_netns, n.veth), (n.netns, "eth0")):
             cmd = _in(netns, [sys.executable, *args, dev, self.tap_name(n), f"{st.delay_ms:g}", f"{st.jitter_ms:g}"])

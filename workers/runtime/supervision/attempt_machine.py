@@ -2,8 +2,8 @@
 
 :class:`AttemptMachine` holds the attempt's state (:class:`Phase`) and does one piece of work per
 :meth:`AttemptMachine.step`, returning the :class:`Transition` it took (as Ray Train V2's controller
-does). Plans and the decisions to change them come from the :class:`~workers.runtime.job_plans.Replanner`;
-everything done to the cluster goes through the :class:`~workers.runtime.cluster_port.ClusterPort`.
+does). Plans and the decisions to change them come from the :class:`~workers.runtime.policy.replanner.Replanner`;
+everything done to the cluster goes through the :class:`~workers.runtime.cluster.port.ClusterPort`.
 The machine has no Ray in it, so tests drive it over an in-memory cluster, one transition at a time::
 
     PLAN ──> PLACE ──> START ──> TRAIN ──(one step per call)──> TRAIN ... ──> FINISHED
@@ -31,19 +31,21 @@ from pathlib import Path
 from typing import Any
 
 from planner.layout import Layout
-from workers.runtime import events as ev
-from workers.runtime import fencing, memsnap, planner_bridge
-from workers.runtime.cadence import CheckpointCadence
-from workers.runtime.cluster_port import ClusterPort
-from workers.runtime.gang import Gang, StartFailed
-from workers.runtime.job_plans import Keep, Replanner, SwitchTo, held_gpus
-from workers.runtime.job_tracking import JobTracking
-from workers.runtime.jobspec import JobSpec
-from workers.runtime.placement import Reservation
-from workers.runtime.reachability import PeerProbe
-from workers.runtime.replicas import ReplicaSet, raised_to_drop
-from workers.runtime.straggler import LinkScorer, StragglerScorer, median
-from workers.runtime.watchdog import Failure, GatherResult, NodeDeaths
+from workers.runtime.cluster.gang import Gang, StartFailed
+from workers.runtime.cluster.placement_groups import Reservation
+from workers.runtime.cluster.port import ClusterPort
+from workers.runtime.cluster.reachability import PeerProbe
+from workers.runtime.cluster.watchdog import Failure, GatherResult, NodeDeaths
+from workers.runtime.contract import events as ev
+from workers.runtime.contract.job_spec import JobSpec
+from workers.runtime.policy import planning as planner_bridge
+from workers.runtime.policy.checkpoint_cadence import CheckpointCadence
+from workers.runtime.policy.replanner import Keep, Replanner, SwitchTo, held_gpus
+from workers.runtime.policy.stragglers import LinkScorer, StragglerScorer, median
+from workers.runtime.recovery import fencing
+from workers.runtime.recovery import memory_snapshots as memsnap
+from workers.runtime.recovery.replica_groups import ReplicaSet, raised_to_drop
+from workers.runtime.supervision.job_tracking import JobTracking
 from workers.states import AttemptState
 
 
@@ -160,7 +162,7 @@ class AttemptMachine:
         self.peer_probe: PeerProbe | None = None
         self.cut_off: set[str] = set()  # nodes left out for a peer partition
         # replica groups (runtime option replica_groups >= 2): the groups, dropped and replaced while
-        # the others keep stepping (workers.runtime.replicas); None for a job re-planned as one gang
+        # the others keep stepping (workers.runtime.recovery.replica_groups); None for a job re-planned as one gang
         self.replicas: ReplicaSet | None = None
         # replica groups: 0-based step -> attempts at it (1 + the survivors' voted-down attempts, or the
         # supervisor's launches that raised, whichever is more); counted from what the ranks report,
@@ -620,7 +622,7 @@ class AttemptMachine:
 
     # ------------------------------------------------------------------ replica groups
     def _plan_replicas(self) -> tuple[Phase, str]:
-        """One group's layout (the hint's TP, nothing else: ``replicas.check_spec``) times
+        """One group's layout (the hint's TP, nothing else: ``job_spec.check_replica_spec``) times
         ``replica_groups``; no planner search (the groups are the unit of failure)."""
         if self.cancel_requested or self.preempt_requested:
             return self._end_switch(Switch("cancelled" if self.cancel_requested else "preempted"))

@@ -6,10 +6,10 @@ per-node placement (the scheduler's grant, changed by ``resize``) and the measur
 A plan made from a grant (the first plan, a resize) stays within the granted GPUs of each node; a
 re-plan after a failure may use any node left (the grant's nodes may be gone), capped at the GPU
 count; the ``placed`` event tells the control plane where the gang went. It reads the cluster
-through the :class:`~workers.runtime.cluster_port.ClusterPort` and asks ``planner_bridge`` (the bridge to
+through the :class:`~workers.runtime.cluster.port.ClusterPort` and asks ``planner_bridge`` (the bridge to
 ``planner``) for plans; it returns typed decisions (:class:`Keep`, :class:`SwitchTo`) and records
 every plan and re-plan as an event. It never touches a gang: the state machine
-(``workers.runtime.lifecycle``) acts on its decisions.
+(``workers.runtime.supervision.attempt_machine``) acts on its decisions.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workers.runtime import events as ev
-from workers.runtime import planner_bridge
-from workers.runtime.cluster_port import ClusterPort
-from workers.runtime.jobspec import JobSpec
-from workers.runtime.placement import NodeCapacity
-from workers.runtime.straggler import StragglerFinding
+from workers.runtime.cluster.placement_groups import NodeCapacity
+from workers.runtime.cluster.port import ClusterPort
+from workers.runtime.contract import events as ev
+from workers.runtime.contract.job_spec import JobSpec
+from workers.runtime.policy import planning as planner_bridge
+from workers.runtime.policy.stragglers import StragglerFinding
 
 
 @dataclass(frozen=True)

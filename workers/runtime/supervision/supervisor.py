@@ -1,7 +1,7 @@
 """JobSupervisor: the Ray actor that runs one job attempt (a thin shell around the state machine).
 
 A detached, named Ray actor (``orthoplex-job-{job_id}-a{attempt}``, namespace ``orthoplex``; see
-``launch``). ``run()`` drives the attempt's :class:`~workers.runtime.lifecycle.AttemptMachine` to an
+``launch``). ``run()`` drives the attempt's :class:`~workers.runtime.supervision.attempt_machine.AttemptMachine` to an
 end in one thread while ``status()``, ``events()``, ``cancel()``, ``preempt()`` and ``resize()``
 answer from others (threaded actor). The control plane *pulls* events, so training goes on while
 the service is down.
@@ -17,12 +17,13 @@ import threading
 import time
 from typing import Any
 
-from workers.runtime.cluster_port import ClusterPort, RayCluster
-from workers.runtime.events import EventLog
-from workers.runtime.faults import FaultInjector, FaultPlan, parse_faults
-from workers.runtime.jobspec import JobSpec, parse_job
-from workers.runtime.lifecycle import ENDS, AttemptMachine
-from workers.runtime.reachability import RayPeerProbe
+from workers.runtime.cluster.port import ClusterPort
+from workers.runtime.cluster.ray_port import RayCluster
+from workers.runtime.cluster.reachability import RayPeerProbe
+from workers.runtime.contract.events import EventLog
+from workers.runtime.contract.job_spec import JobSpec, parse_job
+from workers.runtime.supervision.attempt_machine import ENDS, AttemptMachine
+from workers.testbed.fault_injector import FaultInjector, FaultPlan, parse_faults
 
 
 class JobSupervisor:

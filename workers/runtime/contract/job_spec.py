@@ -13,7 +13,7 @@ A plain dict (JSON), so the control plane can store it with the attempt::
      "runtime": {...RuntimeSettings fields...},
      "events_out": "events.jsonl", "metrics_out": "metrics.jsonl",
      "tracking": {"tensorboard_dir": ..., "mlflow_uri": ..., "experiment": ..., "run_name": ...},
-     "faults": [...]}                    # test/demo hook only (see workers.runtime.faults)
+     "faults": [...]}                    # test/demo hook only (see workers.testbed.fault_injector)
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.layout import Layout
-from workers.engine.config import TrainConfig
+from planner.layout import parse_hint
+from workers.engine.config import ModelConfig, TrainConfig
+from workers.runtime.contract.fault_spec import parse_faults
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class RuntimeSettings:
     snapshot_every: int = 1
     warm_ranks_per_node: int = 0  # pre-started rank actors (torch imported) kept idle per node (warm_pool)
     # >= 2: that many replica groups of the hint's ``tp`` ranks each (one node each), torchft between
-    # them: a lost group is dropped and replaced while the others keep stepping (workers.runtime.replicas)
+    # them: a lost group is dropped and replaced while the others keep stepping (workers.runtime.recovery.replica_groups)
     replica_groups: int = 0
     replica_timeout_s: float = 20.0  # torchft's timeouts (quorum, cross-group collectives, healing)
     replica_heartbeat_timeout_s: float = 2.0  # the quorum service drops a group silent this long; a group the
@@ -98,7 +99,7 @@ class JobSpec:
     events_out: str | None = None
     metrics_out: str | None = None
     faults: list[dict[str, Any]] = field(default_factory=list)
-    #: where the supervisor logs the job's metrics (``workers.runtime.job_tracking``)
+    #: where the supervisor logs the job's metrics (``workers.runtime.supervision.job_tracking``)
     tracking: dict[str, Any] = field(default_factory=dict)
     # the links the planner plans against, when they are known (a tc-capped test network): keys of
     # NETWORK_KEYS, overriding the GPU profile's; empty: the profile's
@@ -129,18 +130,6 @@ SPEC_KEYS: tuple[str, ...] = ("model", *(k for k in TRAIN_KEYS if k != "checkpoi
                               "checkpoint", "runtime", "faults")
 
 
-def parse_hint(hint: str | dict[str, Any] | None) -> dict[str, Any]:
-    """``"tp=2,pp=2"`` or a dict -> the parallel fields it fixes (validated through ``Layout``)."""
-    if not hint:
-        return {}
-    if isinstance(hint, str):
-        parsed = Layout.parse(hint)
-        keys = [p.split("=", 1)[0].strip() for p in hint.split(",") if "=" in p]
-        return {k: getattr(parsed, k) for k in keys}
-    Layout.from_dict(dict(hint))  # validates field names and values
-    return dict(hint)
-
-
 #: the planner's link fields a job spec may set under ``network`` (per GPU, per direction)
 NETWORK_KEYS: tuple[str, ...] = ("inter_node_bw_Gbps_per_gpu", "intra_node_bw_GBps")
 
@@ -164,10 +153,30 @@ def _placement(raw: Any) -> dict[str, int]:
     return {str(n): int(g) for n, g in raw.items()}
 
 
+#: layout fields a replica group supports (TP inside a group); the others are refused
+SUPPORTED_HINT = frozenset({"tp", "micro_batch", "sp"})
+
+
+def check_replica_spec(hint: dict[str, Any], runtime: Any, global_batch: int) -> None:
+    """Refuse what replica groups do not support (``ValueError`` naming it)."""
+    r = int(runtime.replica_groups)
+    if r < 2:
+        return
+    bad = sorted(k for k, v in hint.items() if k not in SUPPORTED_HINT and v not in (None, 1, 0, False, "none"))
+    if bad:
+        raise ValueError(f"replica_groups: a replica group runs tensor parallelism only (tp, micro_batch); "
+                         f"{', '.join(bad)} inside a replica group is not wired (use replica_groups 0 to re-plan "
+                         "all four dimensions instead)")
+    if runtime.snapshots:
+        raise ValueError("replica_groups: in-memory snapshots are not wired for replica groups (the live groups "
+                         "are each other's copy); set snapshots false")
+    mb = int(hint.get("micro_batch", 1))
+    if global_batch % mb:
+        raise ValueError(f"replica_groups: global_batch {global_batch} is not a multiple of micro_batch {mb}")
+
+
 def parse_job(spec: dict[str, Any]) -> JobSpec:
     """Validate a job spec dict; raises ``ValueError`` naming the field."""
-    from workers.engine.config import ModelConfig
-
     if not isinstance(spec, dict):
         raise ValueError("spec: must be an object")
     model = spec.get("model", "tiny")
@@ -202,11 +211,7 @@ def parse_job(spec: dict[str, Any]) -> JobSpec:
     )
     if job.min_gpus < 1 or (job.max_gpus is not None and job.max_gpus < job.min_gpus):
         raise ValueError("min_gpus/max_gpus: need 1 <= min_gpus <= max_gpus")
-    from workers.runtime.replicas import check_spec
-
-    check_spec(job.layout_hint, job.runtime, job.global_batch)
-    from workers.runtime.fault_spec import parse_faults
-
+    check_replica_spec(job.layout_hint, job.runtime, job.global_batch)
     try:
         parse_faults(job.faults)  # kinds and parameters checked here, in the caller
     except ValueError as e:

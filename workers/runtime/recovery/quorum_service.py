@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 
-from workers.runtime.watchdog import tcp_refused
+from workers.runtime.cluster.watchdog import tcp_refused
 
 _SERVICE = "torchft.LighthouseService"
 

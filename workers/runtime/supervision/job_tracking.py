@@ -16,7 +16,7 @@ from typing import Any
 
 from workers.engine.config import ModelConfig
 
-log = logging.getLogger("workers.runtime.job_tracking")
+log = logging.getLogger("workers.runtime.supervision.job_tracking")
 
 
 class JobTracking:

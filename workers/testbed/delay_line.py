@@ -13,7 +13,7 @@ so packets are delayed in userspace. For one device ``dev`` (a veth end) in the 
    same link still apply to it (after the delay).
 
 The process exits when its parent dies (``PR_SET_PDEATHSIG``) or on SIGTERM; the TAP goes with it.
-Run as ``python -m workers.runtime.delayline DEV TAP DELAY_MS JITTER_MS`` inside the namespace; it
+Run as ``python -m workers.testbed.delay_line DEV TAP DELAY_MS JITTER_MS`` inside the namespace; it
 prints ``ready`` once the TAP is up.
 """
 

@@ -9,7 +9,7 @@ from typing import Any
 
 
 def reference_losses(spec: dict[str, Any], timeout_s: float = 600.0) -> list[float]:
-    """Per-step losses of ``spec`` (a job spec as ``workers.runtime.jobspec.parse_job`` reads it:
+    """Per-step losses of ``spec`` (a job spec as ``workers.runtime.contract.job_spec.parse_job`` reads it:
     ``model``, ``steps``, ``global_batch``, ``checkpoint_dir``, ...) trained by one process."""
     from workers.engine.launch import run_ranks
 
@@ -20,7 +20,7 @@ def _one_rank(rank: int, world_size: int, spec: dict[str, Any]) -> list[float]:
     from planner.layout import Layout
     from workers.engine.config import TrainConfig
     from workers.engine.trainer import RankTrainer
-    from workers.runtime.jobspec import parse_job
+    from workers.runtime.contract.job_spec import parse_job
 
     cfg = TrainConfig.from_dict(parse_job(spec).train)
     trainer = RankTrainer(cfg, Layout(), rank, world_size)

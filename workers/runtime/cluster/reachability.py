@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.runtime.watchdog import tcp_refused
+from workers.runtime.cluster.watchdog import tcp_refused
 
 #: ``reach[src][dst]``: ``True`` connected, ``False`` refused or no answer, ``None`` not probed
 Matrix = dict[str, dict[str, bool | None]]
@@ -151,7 +151,7 @@ class RayPeerProbe:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from workers.runtime.placement import raylet_addresses
+        from workers.runtime.cluster.placement_groups import raylet_addresses
 
         t0 = time.monotonic()
         addresses = raylet_addresses(rank_nodes)

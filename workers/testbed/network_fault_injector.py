@@ -1,5 +1,5 @@
-"""The job spec's network faults (``net_*`` kinds of :mod:`workers.runtime.fault_spec`), executed by the
-fault injector through :class:`~workers.runtime.netfaults.NetFaults`.
+"""The job spec's network faults (``net_*`` kinds of :mod:`workers.runtime.contract.fault_spec`), executed by the
+fault injector through :class:`~workers.testbed.network_faults.NetFaults`.
 
 The supervisor learns the cluster from the namespace it runs in (:func:`netns_cluster.discover_here`:
 the head's namespace of a cluster made by ``orthoplex cluster up --netns`` or the ``netns_ray``
@@ -14,8 +14,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from workers.runtime.fault_spec import NET_SPEC_KINDS, Fault
-from workers.runtime.netfaults import NetFaults
+from workers.runtime.contract.fault_spec import NET_SPEC_KINDS, Fault
+from workers.testbed.network_faults import NetFaults
 
 
 class NetFaultsUnavailable(RuntimeError):
@@ -26,7 +26,7 @@ class _LiveNodes:
     """The discovered namespaces; a Ray node id is matched to its namespace by the node's IP."""
 
     def __init__(self, nodes: list[dict[str, Any]]) -> None:
-        from workers.runtime.netns_cluster import NetnsNode
+        from workers.testbed.netns_cluster import NetnsNode
 
         self.nodes = [NetnsNode(**n) for n in nodes]
 
@@ -53,7 +53,7 @@ class SpecNetFaults:
 
     @classmethod
     def discover(cls, kinds: list[str]) -> SpecNetFaults:
-        from workers.runtime.netns_cluster import discover_here
+        from workers.testbed.netns_cluster import discover_here
 
         rec = discover_here()
         if rec is None:

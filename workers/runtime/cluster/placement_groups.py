@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workers.runtime.watchdog import tcp_refused
+from workers.runtime.cluster.watchdog import tcp_refused
 
 NODE_ID_LABEL = "ray.io/node-id"
 HEAD_RESOURCE = "node:__internal_head__"

@@ -21,7 +21,7 @@ def supervisor_name(job_id: str, attempt: int) -> str:
 def _head_resource() -> dict[str, float]:
     import ray
 
-    from workers.runtime.placement import HEAD_RESOURCE
+    from workers.runtime.cluster.placement_groups import HEAD_RESOURCE
 
     for n in ray.nodes():
         if n.get("Alive") and HEAD_RESOURCE in n.get("Resources", {}):
@@ -38,8 +38,8 @@ def start_supervisor(job_id: str, attempt: int, spec: dict[str, Any], *,
     """
     import ray
 
-    from workers.runtime.jobspec import parse_job
-    from workers.runtime.supervisor import JobSupervisor
+    from workers.runtime.contract.job_spec import parse_job
+    from workers.runtime.supervision.supervisor import JobSupervisor
 
     parse_job(spec)  # fail fast, in the caller, on a bad spec
     existing = find_supervisor(job_id, attempt)

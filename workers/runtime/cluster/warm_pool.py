@@ -27,7 +27,7 @@ def preload(worker: Any) -> float:
 
     t0 = time.perf_counter()
     for name in ("torch.distributed.checkpoint", "workers.engine.trainer", "workers.engine.checkpoint.snapshot",
-                 "workers.runtime.rendezvous", "planner.layout"):
+                 "workers.runtime.cluster.rendezvous", "planner.layout"):
         with contextlib.suppress(Exception):  # best effort: setup imports it anyway
             importlib.import_module(name)
     return time.perf_counter() - t0
@@ -51,7 +51,7 @@ class WarmPool:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from workers.runtime.worker import ACTOR_CONCURRENCY, RankWorker
+        from workers.runtime.cluster.rank_worker import ACTOR_CONCURRENCY, RankWorker
 
         if self.per_node <= 0:
             return 0

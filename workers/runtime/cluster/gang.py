@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.layout import Layout
-from workers.runtime import fencing
-from workers.runtime.placement import Reservation, raylet_unreachable, release
-from workers.runtime.ranks import RankMap, assign_ranks
-from workers.runtime.watchdog import Failure, classify, gather
+from workers.runtime.cluster.placement_groups import Reservation, raylet_unreachable, release
+from workers.runtime.cluster.ranks import RankMap, assign_ranks
+from workers.runtime.cluster.watchdog import Failure, classify, gather
+from workers.runtime.recovery import fencing
 
 
 class StartFailed(RuntimeError):
@@ -52,7 +52,7 @@ class Gang:
 def worker_class(cpu_per_bundle: float) -> Any:
     import ray
 
-    from workers.runtime.worker import ACTOR_CONCURRENCY, RankWorker
+    from workers.runtime.cluster.rank_worker import ACTOR_CONCURRENCY, RankWorker
 
     return ray.remote(num_cpus=cpu_per_bundle, num_gpus=1, **ACTOR_CONCURRENCY, max_restarts=0)(RankWorker)
 
@@ -140,7 +140,7 @@ def _hand_bundle_gpus(gang: Gang, cuda: list[int], timeout_s: float) -> None:
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from workers.runtime.warm_pool import bundle_gpu_ids
+    from workers.runtime.cluster.warm_pool import bundle_gpu_ids
 
     if not cuda:
         return

@@ -3,7 +3,7 @@
 Every rank snapshots its shard after every step (``workers.engine.checkpoint.snapshot``) and pushes
 the bytes to two :class:`SnapshotHolder` actors: the one on its own node and the one on the next
 node of the ring (:func:`buddy_of`), so a snapshot survives the loss of any one node. The bytes do
-not go through Ray (``workers.runtime.snapshot_wire``: a fraction of the CPU Ray's object store costs
+not go through Ray (``workers.runtime.recovery.snapshot_transport``: a fraction of the CPU Ray's object store costs
 per push): to the buddy over a TCP link per (rank, holder), to the own node's holder as files in its
 directory in node memory (:func:`local_dir`); :meth:`SnapshotHolder.address` says where. Holders are
 plain Ray actors, one per node per job, owned by the job's supervisor (they die with it) and killed
@@ -130,7 +130,7 @@ class SnapshotHolder:
         starts on the first call, on this node's IP (``host`` overrides)."""
         import secrets
 
-        from workers.runtime.snapshot_wire import TOKEN_BYTES, Receiver
+        from workers.runtime.recovery.snapshot_transport import TOKEN_BYTES, Receiver
 
         with self._lock:
             if self._receiver is None:
@@ -170,7 +170,7 @@ class SnapshotHolder:
 
     def _local(self) -> dict[SnapshotKey, dict[str, Any]]:
         """The node-local copies: key -> ``{"world", "files": {name: path}}`` (the newest ``keep``)."""
-        from workers.runtime.snapshot_wire import parse_local_name
+        from workers.runtime.recovery.snapshot_transport import parse_local_name
 
         found: dict[SnapshotKey, dict[str, Any]] = {}
         if self._dir is None or not self._dir.is_dir():

@@ -1,7 +1,7 @@
 """Fault injection for tests, the demo and the benchmarks: kill a node, kill a rank's process, hang a
 rank, slow a node.
 
-:class:`FaultInjector` wraps the supervisor's cluster port (``workers.runtime.cluster_port``): it
+:class:`FaultInjector` wraps the supervisor's cluster port (``workers.runtime.cluster.port``): it
 fires the due faults when a step is gathered and re-arms node properties on every new gang, so the
 supervisor's own loop has no fault code. Never active in a normal run: a job spec may only carry
 ``"faults"`` when the supervisor was started with ``enable_fault_injection=True``
@@ -20,9 +20,9 @@ storage). ``kill_replacement`` (replica groups) kills the node of the next repli
 step ``at_step`` was launched (a replacement), in the middle of its first step: after it healed from a
 peer and ran its backward pass, before the cross-group reduction, i.e. before its ``replica_joined``.
 The ``net_*`` kinds (partition, delay, rate cap, loss, heal of a node's link) run through
-:mod:`workers.runtime.netfault_port` and need a namespaced cluster: on any other the injector, and so
+:mod:`workers.testbed.network_fault_injector` and need a namespaced cluster: on any other the injector, and so
 the supervisor, is refused when made. The kinds, their parameters and their validation live in
-:mod:`workers.runtime.fault_spec`.
+:mod:`workers.runtime.contract.fault_spec`.
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from workers.runtime import events as ev
-from workers.runtime.cluster_port import ClusterPort, RankCall
-from workers.runtime.fault_spec import FAULT_KINDS, NET_SPEC_KINDS, ON_START, Fault, parse_faults
-from workers.runtime.gang import Gang
-from workers.runtime.memsnap import Choice
-from workers.runtime.placement import NodeCapacity, Reservation
-from workers.runtime.watchdog import Failure, GatherResult
+from workers.runtime.cluster.gang import Gang
+from workers.runtime.cluster.placement_groups import NodeCapacity, Reservation
+from workers.runtime.cluster.port import ClusterPort, RankCall
+from workers.runtime.cluster.watchdog import Failure, GatherResult
+from workers.runtime.contract import events as ev
+from workers.runtime.contract.fault_spec import FAULT_KINDS, NET_SPEC_KINDS, ON_START, Fault, parse_faults
+from workers.runtime.recovery.memory_snapshots import Choice
 
 __all__ = ["FAULT_KINDS", "NET_SPEC_KINDS", "Fault", "FaultInjectionDisabled", "FaultInjector", "FaultPlan",
-           "burn_cpu", "parse_faults"]
+           "parse_faults"]
 
 
 class FaultInjectionDisabled(PermissionError):
@@ -97,7 +97,7 @@ class FaultInjector:
         net_kinds = [f.kind for f in plan.pending if f.network]
         self.net = None
         if net_kinds:
-            from workers.runtime.netfault_port import SpecNetFaults
+            from workers.testbed.network_fault_injector import SpecNetFaults
 
             self.net = SpecNetFaults.discover(net_kinds)
 
@@ -193,14 +193,3 @@ class FaultInjector:
             replica = getattr(gang.plan, "replica_group", None) is not None
             if f.kind == "kill_node" and self.settle_s > 0 and not replica:
                 time.sleep(self.settle_s)
-
-
-def burn_cpu(seconds: float) -> None:
-    """Spend ``seconds`` of this thread's CPU time (a slow rank computes, it does not sleep)."""
-    if seconds <= 0:
-        return
-    end = time.thread_time() + seconds
-    x = 1.0001
-    while time.thread_time() < end:
-        for _ in range(2000):
-            x = x * 1.0000001 + 1e-9
