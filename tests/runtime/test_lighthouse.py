@@ -1,7 +1,9 @@
 """The replica groups' quorum service (``workers.runtime.recovery.quorum_service``): torchft 0.2.0's lighthouse
 rules, checked pure, and the gRPC protocol, checked with torchft's own client (the Rust one its
 managers use), plus the one thing torchft's lighthouse cannot do: drop a replica the supervisor
-found dead, so the survivors' quorum does not wait for its heartbeat to time out."""
+found dead, so the survivors' quorum does not wait for its heartbeat to time out. The service binds
+the address it is given and answers only calls with the job's secret; torchft's client reaches it
+through the rank's loopback proxy (``LighthouseProxy``), which adds the secret."""
 
 from __future__ import annotations
 
@@ -15,14 +17,20 @@ import pytest
 
 from workers.runtime.recovery.quorum_service import (
     MSG,
+    SECRET_HEADER,
     Joined,
+    LighthouseProxy,
     QuorumLighthouse,
     QuorumRules,
     QuorumState,
     compute_quorum,
     manager_host_port,
+    new_secret,
     stragglers,
 )
+from workers.testbed.socket_probe import listening
+
+SECRET = new_secret()
 
 RULES = QuorumRules(min_replicas=1, join_timeout_s=60.0, heartbeat_timeout_s=5.0)
 
@@ -114,10 +122,11 @@ def _two_live_one_dead(**lighthouse_kw: Any) -> Iterator[tuple[QuorumLighthouse,
     gone = socket.create_server(("127.0.0.1", 0))
     gone_port = gone.getsockname()[1]
     gone.close()  # its process died: connections are refused
-    lh = QuorumLighthouse(min_replicas=1, join_timeout_s=600.0, heartbeat_timeout_s=600.0, tick_s=0.05,
-                          **lighthouse_kw)
+    lh = QuorumLighthouse(secret=SECRET, min_replicas=1, join_timeout_s=600.0, heartbeat_timeout_s=600.0,
+                          tick_s=0.05, **lighthouse_kw)
+    proxy = LighthouseProxy(lh.address(), SECRET)
     try:
-        client = LighthouseClient(lh.address(), timedelta(seconds=10))
+        client = LighthouseClient(proxy.address(), timedelta(seconds=10))
         addr = {"rg0:a": f"http://127.0.0.1:{live[0].getsockname()[1]}",
                 "rg1:b": f"http://127.0.0.1:{live[1].getsockname()[1]}",
                 "rg2:c": f"http://127.0.0.1:{gone_port}"}
@@ -127,6 +136,7 @@ def _two_live_one_dead(**lighthouse_kw: Any) -> Iterator[tuple[QuorumLighthouse,
         assert set(first.values()) == {(1, ("rg0:a", "rg1:b", "rg2:c"))}, first
         yield lh, client, addr
     finally:
+        proxy.close()
         lh.shutdown()
         for sock in live:
             sock.close()
@@ -169,9 +179,18 @@ def test_a_pending_quorum_probes_its_stragglers_at_once_not_a_probe_period_later
 def lighthouse() -> Any:
     # join and heartbeat timeouts far longer than the test: a quorum without a live-looking replica
     # can only come from the supervisor's word
-    lh = QuorumLighthouse(min_replicas=1, join_timeout_s=600.0, heartbeat_timeout_s=600.0, tick_s=0.05)
+    lh = QuorumLighthouse(secret=SECRET, min_replicas=1, join_timeout_s=600.0, heartbeat_timeout_s=600.0,
+                          tick_s=0.05)
     yield lh
     lh.shutdown()
+
+
+@pytest.fixture
+def proxied(lighthouse: QuorumLighthouse) -> Any:
+    """The rank's side: a loopback proxy that adds the job's secret."""
+    proxy = LighthouseProxy(lighthouse.address(), SECRET)
+    yield proxy
+    proxy.close()
 
 
 def _ask_all(client: Any, rids: list[str], *, step: int, shrink_only: bool = False,
@@ -197,10 +216,10 @@ def _ask_all(client: Any, rids: list[str], *, step: int, shrink_only: bool = Fal
     return out
 
 
-def test_torchft_client_quorums_and_the_supervisors_word(lighthouse: QuorumLighthouse) -> None:
+def test_torchft_client_quorums_and_the_supervisors_word(lighthouse: QuorumLighthouse, proxied: Any) -> None:
     from torchft._torchft import LighthouseClient
 
-    client = LighthouseClient(lighthouse.address(), timedelta(seconds=10))
+    client = LighthouseClient(proxied.address(), timedelta(seconds=10))
     for rid in ("rg0:a", "rg1:b", "rg2:c"):
         client.heartbeat(rid)
     first = _ask_all(client, ["rg0:a", "rg1:b", "rg2:c"], step=1)
@@ -249,6 +268,36 @@ def test_quorum_request_without_requester_is_refused(lighthouse: QuorumLighthous
                                    request_serializer=MSG["LighthouseQuorumRequest"].SerializeToString,
                                    response_deserializer=MSG["LighthouseQuorumResponse"].FromString)
         with pytest.raises(grpc.RpcError) as err:
-            call(MSG["LighthouseQuorumRequest"](), timeout=10)
+            call(MSG["LighthouseQuorumRequest"](), timeout=10, metadata=((SECRET_HEADER, SECRET),))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "missing requester" in err.value.details()
+
+
+def test_a_call_without_the_jobs_secret_is_refused_and_the_service_binds_only_its_address(
+        lighthouse: QuorumLighthouse) -> None:
+    """Anyone who reaches the port but lacks the job's secret cannot join or forge a quorum: torchft's
+    own client (no metadata) and a raw call with a wrong secret are refused before any handler runs,
+    and nothing about them lands in the quorum state. The socket is bound to the address given
+    (loopback here; the node's cluster address in a job), never to every interface."""
+    import os
+
+    import grpc
+    from torchft._torchft import LighthouseClient
+
+    direct = LighthouseClient(lighthouse.address(), timedelta(seconds=10))
+    with pytest.raises(Exception, match="(?i)unauthenticated|secret"):
+        direct.heartbeat("rg9:x")
+    with pytest.raises(Exception, match="(?i)unauthenticated|secret"):
+        direct.quorum(replica_id="rg9:x", timeout=timedelta(seconds=10), step=1, world_size=1)
+    with grpc.insecure_channel(f"127.0.0.1:{lighthouse.port}") as channel:
+        beat = channel.unary_unary("/torchft.LighthouseService/Heartbeat",
+                                   request_serializer=MSG["LighthouseHeartbeatRequest"].SerializeToString,
+                                   response_deserializer=MSG["LighthouseHeartbeatResponse"].FromString)
+        for meta in ((), ((SECRET_HEADER, "0" * 64),), ((SECRET_HEADER, SECRET[:-1]),)):
+            with pytest.raises(grpc.RpcError) as err:
+                beat(MSG["LighthouseHeartbeatRequest"](replica_id="rg9:x"), timeout=10, metadata=meta)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        beat(MSG["LighthouseHeartbeatRequest"](replica_id="rg8:y"), timeout=10, metadata=((SECRET_HEADER, SECRET),))
+    assert "rg9:x" not in lighthouse.state.heartbeats and "rg8:y" in lighthouse.state.heartbeats
+    mine = [item for item in listening([os.getpid()]) if item.port == lighthouse.port]
+    assert [(item.host, item.port) for item in mine] == [("127.0.0.1", lighthouse.port)], mine

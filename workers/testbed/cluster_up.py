@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from service.settings import get_settings
-from workers.runtime.cluster import procfs
+from workers.runtime.cluster import procfs, ray_auth
 from workers.runtime.cluster.rank_env import minimal_env
 from workers.testbed.local_cluster import FAST_HEALTH_CHECK, free_port, local_env
 from workers.testbed.netns_cluster import NetnsCluster, cleanup_record, record_pids
@@ -25,6 +25,20 @@ def state_file(data_dir: Path | None = None) -> Path:
     if data_dir is None:
         data_dir = get_settings().storage_path.parent
     return Path(data_dir) / "cluster.json"
+
+
+def token_file(data_dir: Path | None = None) -> Path:
+    """The recorded cluster's Ray token (``0600``, beside its record; fresh for every ``up``)."""
+    return state_file(data_dir).with_name("cluster.token")
+
+
+def head_env(env: dict[str, str], gcs_port: int) -> dict[str, str]:
+    """The head's environment: Ray 2.60's autoscaler monitor serves Prometheus metrics, with no auth, on
+    every interface (``AUTOSCALER_METRIC_PORT``, 44217) unless the head's address is loopback, which
+    ``ray start`` never leaves it (it rewrites 127.0.0.1 to the routable IP). There is no switch to turn
+    it off: it is pointed at the GCS's own port, so its bind fails and the monitor carries on without
+    it (it logs "An exception occurred while starting the metrics server")."""
+    return {**env, "AUTOSCALER_METRIC_PORT": str(gcs_port)}
 
 
 def _ray_bin() -> str:
@@ -50,20 +64,25 @@ def cluster_up(nodes: int, gpus_per_node: int, *, cpus_per_node: float = 2.0, da
     check_no_cluster(data_dir)
     port = port or free_port()
     temp_dir = Path(f"/tmp/orthoplex-ray-{os.getpid()}-{port}")
-    # the nodes (and every rank process) get no service secrets; the head and the workers listen on
-    # 127.0.0.1 only; an operator's RAY_AUTH_MODE (e.g. token) is kept as set
-    env = minimal_env()
+    # the nodes (and every rank process) get no service secrets, and token auth with a fresh token
+    tokens = ray_auth.new_token_file(token_file(data_dir))
+    env = dict(ray_auth.token_env(tokens, minimal_env()))
     address = f"127.0.0.1:{port}"
     common = ["--disable-usage-stats", f"--temp-dir={temp_dir}"]
     system_config = json.dumps(FAST_HEALTH_CHECK)
     rec: dict[str, Any] = {"mode": "local", "address": address, "temp_dir": str(temp_dir), "nodes": nodes,
-                           "gpus_per_node": gpus_per_node, "started_at": time.time(), "sessions": [], "pids": []}
+                           "gpus_per_node": gpus_per_node, "started_at": time.time(), "sessions": [], "pids": [],
+                           "auth": "token", "token_file": str(tokens)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rec, indent=2))  # before anything starts: `down` works after a crash of `up`
     try:
+        # no dashboard (so no job-submission API; Orthoplex's Ray has no aiohttp for it anyway), and were
+        # it there, loopback only; Ray's gRPC servers bind every interface whatever --node-ip-address
+        # says: the token guards them
         rec["sessions"].append(_ray_start(["--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0",
-                                           "--include-dashboard=false", "--node-ip-address=127.0.0.1",
-                                           f"--system-config={system_config}", *common], env))
+                                           "--include-dashboard=false", "--dashboard-host=127.0.0.1",
+                                           "--node-ip-address=127.0.0.1",
+                                           f"--system-config={system_config}", *common], head_env(env, port)))
         path.write_text(json.dumps(rec, indent=2))
         for _ in range(nodes):
             rec["sessions"].append(_ray_start([f"--address={address}", f"--num-cpus={cpus_per_node:g}",
@@ -134,6 +153,7 @@ def cluster_down(data_dir: Path | None = None, *, timeout_s: float = 20.0) -> in
     if rec.get("mode") == "netns":
         n = cleanup_record(rec)["processes"]
         path.unlink(missing_ok=True)
+        token_file(data_dir).unlink(missing_ok=True)
         return n
     pids = sorted(set(_pids_alive(rec)) | set(_pids_of(rec)))
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -144,6 +164,7 @@ def cluster_down(data_dir: Path | None = None, *, timeout_s: float = 20.0) -> in
         while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and not _zombie(p) for p in pids):
             time.sleep(0.2)
     path.unlink(missing_ok=True)
+    token_file(data_dir).unlink(missing_ok=True)
     return len(pids)
 
 

@@ -10,7 +10,9 @@ Two kinds:
   state file, so ``down`` stops exactly these processes (by pid), never anybody else's Ray.
 
 Every node of a local cluster shares one IP, so nodes are told apart by Ray node id. Ray never gets
-the default port 6379 (a local Redis may hold it); token auth is disabled for local clusters.
+the default port 6379 (a local Redis may hold it). Every cluster uses Ray token auth with a fresh
+token of its own (``workers.runtime.cluster.ray_auth``): Ray 2.60 binds its gRPC servers (GCS, raylets,
+workers) on every interface whatever ``--node-ip-address`` says, so the token is the boundary there.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from workers.runtime.cluster import ray_auth
 
 # Fast failure detection for local clusters (defaults would take ~15 s to mark a node dead).
 FAST_HEALTH_CHECK: dict[str, Any] = {
@@ -32,9 +37,9 @@ FAST_HEALTH_CHECK: dict[str, Any] = {
 
 
 def local_env() -> None:
-    """Environment every local cluster needs (idempotent; never overrides what is set: an
-    operator's ``RAY_AUTH_MODE`` stays; unset, the local cluster listens on 127.0.0.1 only)."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    """Environment every local cluster needs (idempotent; never overrides what is set). Token auth is
+    set by whoever starts the cluster, with that cluster's token file (:class:`InProcessCluster`,
+    ``cluster_up``)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
@@ -55,11 +60,18 @@ class InProcessCluster:
     head_cpus: float = 1.0
     connect: bool = True
     cluster: Any = None
+    #: this cluster's Ray token (0600, in a private temp dir); this process uses it while the cluster lives
+    token_file: Path | None = None
     _workers: dict[str, Any] = field(default_factory=dict)  # ray node id -> cluster_utils node
+    _saved_env: dict[str, str | None] = field(default_factory=dict)
 
     def start(self) -> InProcessCluster:
         local_env()
         from ray.cluster_utils import Cluster
+
+        self._saved_env = ray_auth.saved_env()
+        self.token_file = ray_auth.private_token_file()
+        ray_auth.use_token_file(self.token_file)  # the nodes this process starts and its driver use it
 
         self.cluster = Cluster(
             initialize_head=True,
@@ -133,3 +145,9 @@ class InProcessCluster:
         if self.cluster is not None:
             self.cluster.shutdown()
             self.cluster = None
+        if self.token_file is not None:
+            ray_auth.restore_env(self._saved_env)
+            self.token_file.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.token_file.parent.rmdir()
+            self.token_file = None

@@ -67,6 +67,7 @@ class RankWorker:
         self._rng = random.Random(os.getpid())
         self._rdzv: dict[str, Any] | None = None
         self._replica: Any = None  # ReplicaStepper: this rank's replica group under torchft (replica_groups)
+        self._lighthouse_proxy: Any = None  # LighthouseProxy: the manager's way to the job's quorum service
         self._replica_commits: list[dict[str, Any]] = []
         self._replica_aborts: list[int] = []
         self._replica_abort_rows: list[dict[str, Any]] = []  # the last aborted attempts (phases, torchft's error)
@@ -178,18 +179,25 @@ class RankWorker:
 
     # ---------------------------------------------------------------- replica groups (torchft)
     @_on_torch_thread
-    def setup_replica(self, group: int, lighthouse: str, min_replicas: int, timeout_s: float) -> dict[str, Any]:
+    def setup_replica(self, group: int, lighthouse: str, min_replicas: int, timeout_s: float,
+                      secret: str) -> dict[str, Any]:
         """Make this rank (its gang is one replica group: ``setup`` built the group's TP world) a rank
         of replica group ``group`` under torchft (``workers.engine.replica_ft.ReplicaStepper``): the
         manager uses the group's rendezvous store; the step counter starts at 0 (a replacement heals
-        from a peer at its first quorum)."""
+        from a peer at its first quorum). The manager asks the job's quorum service through a loopback
+        proxy that adds the job's ``secret`` (torchft 0.2.0's client cannot send it)."""
         from workers.engine.replica_ft import ReplicaStepper, warm_up
+        from workers.runtime.recovery.quorum_service import LighthouseProxy
 
         assert self._trainer is not None and self._rdzv is not None, "setup first"
         cfg = self._trainer.cfg
         sampler, micro_batch = self._trainer._data(), self._trainer.layout.micro_batch
         warm_s = warm_up(self._trainer, sampler, micro_batch, cfg.global_batch)  # not in its first steps
         freeze_heap()
+        if self._lighthouse_proxy is not None:
+            self._lighthouse_proxy.close()
+        self._lighthouse_proxy = LighthouseProxy(lighthouse, secret)
+        lighthouse = self._lighthouse_proxy.address()
         self._replica = ReplicaStepper(
             self._trainer, sampler, group=group, rank=self._rank, tp=self._trainer.layout.tp,
             global_batch=cfg.global_batch, micro_batch=micro_batch,
@@ -343,6 +351,9 @@ class RankWorker:
         if self._replica is not None:
             self._replica.close()
             self._replica = None
+        if self._lighthouse_proxy is not None:
+            self._lighthouse_proxy.close()
+            self._lighthouse_proxy = None
         if self._snap is not None:
             self._snap.close()
             self._snap = None

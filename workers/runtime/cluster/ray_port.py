@@ -15,7 +15,7 @@ from workers.runtime.cluster.watchdog import Failure, GatherResult, NodeWatch, c
 from workers.runtime.contract.job_spec import RuntimeSettings
 from workers.runtime.policy.planning import plan_nodes
 from workers.runtime.recovery.memory_snapshots import Choice, Holders
-from workers.runtime.recovery.quorum_service import QuorumLighthouse
+from workers.runtime.recovery.quorum_service import QuorumLighthouse, new_secret
 
 
 class RayCluster:
@@ -31,6 +31,7 @@ class RayCluster:
         self._pool_filled = False
         self._replica_nodes: dict[int, set[str]] = {}  # id(gang) -> nodes, of live replica-group gangs
         self._pool_lock = threading.Lock()  # replacement replica groups start from a background thread
+        self._lighthouse_secret = ""  # the job's quorum secret: the quorum service answers only calls with it
         self._lighthouse: QuorumLighthouse | None = None  # replica groups' quorums, in this (the supervisor's) process
 
     def nodes(self, *, exclude: Iterable[str] = (), held: Mapping[str, int] | None = None) -> list[placement.NodeCapacity]:
@@ -111,7 +112,12 @@ class RayCluster:
             # join_timeout: a quorum waits for every group that still heartbeats (a slow live group is
             # not left out); a dead group drops out when the supervisor says so (forget_replicas), or
             # after the heartbeat timeout
-            self._lighthouse = QuorumLighthouse(min_replicas=1, heartbeat_timeout_s=s.replica_heartbeat_timeout_s,
+            # bound to this node's cluster address (not every interface), answering the job's secret only
+            import ray
+
+            self._lighthouse_secret = new_secret()
+            self._lighthouse = QuorumLighthouse(secret=self._lighthouse_secret, host=ray.util.get_node_ip_address(),
+                                                min_replicas=1, heartbeat_timeout_s=s.replica_heartbeat_timeout_s,
                                                 join_timeout_s=s.replica_join_timeout_s)
         return self._lighthouse.address()
 
@@ -125,7 +131,7 @@ class RayCluster:
         s = self.settings
         address = self.lighthouse()
         refs = {r: w.setup_replica.remote(int(plan.replica_group), address, int(plan.min_replicas),
-                                          s.replica_timeout_s) for r, w in enumerate(gang.workers)}
+                                          s.replica_timeout_s, self._lighthouse_secret) for r, w in enumerate(gang.workers)}
         res = gather(refs, deadline_s=s.start_timeout_s, workers=gang.workers, heartbeat_s=s.heartbeat_s,
                      heartbeat_timeout_s=s.heartbeat_timeout_s)
         if not res.ok:

@@ -27,11 +27,19 @@ process.
 
 The messages are torchft's (``proto/torchft.proto``, package ``torchft``), built from a descriptor
 here rather than generated code; fields this module does not name pass through untouched.
+
+Who may ask: the service binds the node's cluster address (never every interface) and answers only
+calls that carry the job's secret (gRPC metadata :data:`SECRET_HEADER`, compared in constant time);
+any other call gets ``UNAUTHENTICATED`` before a handler runs. torchft 0.2.0's manager cannot send
+metadata (its Rust client builds each request itself; 0.2.0 has no interceptor or header option), so
+each rank runs a :class:`LighthouseProxy` on loopback: its manager asks the proxy, the proxy adds the
+secret and forwards the call (bytes in, bytes out) to the service.
 """
 
 from __future__ import annotations
 
-import socket
+import hmac
+import secrets
 import threading
 import time
 from collections import deque
@@ -47,6 +55,32 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, ti
 from workers.runtime.cluster.watchdog import tcp_refused
 
 _SERVICE = "torchft.LighthouseService"
+#: the gRPC metadata key that carries the job's quorum secret
+SECRET_HEADER = "x-orthoplex-quorum-secret"
+_METHODS = ("Quorum", "Heartbeat")
+
+
+def new_secret() -> str:
+    """A fresh per-job quorum secret (256 bits, hex)."""
+    return secrets.token_hex(32)
+
+
+class _RequireSecret(grpc.ServerInterceptor):
+    """Refuse (``UNAUTHENTICATED``) every call whose metadata lacks the secret."""
+
+    def __init__(self, secret: str) -> None:
+        self._secret = secret.encode()
+
+        def deny(request: Any, context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "quorum service: missing or wrong job secret")
+
+        self._deny = grpc.unary_unary_rpc_method_handler(deny, request_deserializer=None, response_serializer=None)
+
+    def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+        sent = dict(handler_call_details.invocation_metadata or ()).get(SECRET_HEADER, "")
+        if hmac.compare_digest(str(sent).encode(), self._secret):
+            return continuation(handler_call_details)
+        return self._deny
 
 
 def _messages() -> dict[str, Any]:
@@ -167,9 +201,11 @@ class QuorumLighthouse:
     """A lighthouse the supervisor hosts (see the module docstring). ``address()`` is what the
     managers get as ``lighthouse_addr``; :meth:`forget` drops dead groups; :meth:`shutdown` stops it."""
 
-    def __init__(self, *, min_replicas: int = 1, join_timeout_s: float = 60.0, heartbeat_timeout_s: float = 5.0,
-                 tick_s: float = 0.1, bind: str = "[::]:0", workers: int = 32, probe_s: float = 0.05,
+    def __init__(self, *, secret: str, host: str = "127.0.0.1", min_replicas: int = 1, join_timeout_s: float = 60.0,
+                 heartbeat_timeout_s: float = 5.0, tick_s: float = 0.1, workers: int = 32, probe_s: float = 0.05,
                  probe: Callable[[tuple[str, int], float], bool | None] = tcp_refused) -> None:
+        if not secret:
+            raise ValueError("the quorum service needs a job secret")
         self.rules = QuorumRules(min_replicas, join_timeout_s, heartbeat_timeout_s)
         self.state = QuorumState()
         self.formed = 0  # quorums formed so far
@@ -179,7 +215,9 @@ class QuorumLighthouse:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._probe_now = threading.Event()  # a quorum request is pending: probe its stragglers at once
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lighthouse"))
+        self.host = host
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lighthouse"),
+                                   interceptors=(_RequireSecret(secret),))
         handlers = {
             "Quorum": grpc.unary_unary_rpc_method_handler(
                 self._quorum, request_deserializer=MSG["LighthouseQuorumRequest"].FromString,
@@ -189,6 +227,7 @@ class QuorumLighthouse:
                 response_serializer=MSG["LighthouseHeartbeatResponse"].SerializeToString),
         }
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
+        bind = f"[{host}]:0" if ":" in host else f"{host}:0"
         self.port = self._server.add_insecure_port(bind)
         if not self.port:
             raise OSError(f"lighthouse: cannot bind {bind}")
@@ -200,7 +239,8 @@ class QuorumLighthouse:
         self._prober.start()
 
     def address(self) -> str:
-        return f"http://{socket.gethostname()}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     # ------------------------------------------------------------------ the supervisor's word
     def forget(self, names: Iterable[str]) -> None:
@@ -299,3 +339,40 @@ class QuorumLighthouse:
         with self._cond:
             self._cond.notify_all()
         self._server.stop(grace=0.5).wait(2.0)
+
+
+class LighthouseProxy:
+    """A loopback endpoint for one rank's torchft manager: forwards its lighthouse calls (``Quorum``,
+    ``Heartbeat``; bytes in, bytes out, deadline kept) to the job's quorum service with the job's secret
+    in the metadata. :meth:`address` is the manager's ``lighthouse_addr``."""
+
+    def __init__(self, upstream: str, secret: str, *, workers: int = 8) -> None:
+        target = urlsplit(upstream).netloc or upstream
+        self._channel = grpc.insecure_channel(target)
+        self._meta = ((SECRET_HEADER, secret),)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lh-proxy"))
+        handlers = {name: grpc.unary_unary_rpc_method_handler(self._forwarder(name)) for name in _METHODS}
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
+        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        if not self.port:
+            raise OSError("lighthouse proxy: cannot bind 127.0.0.1")
+        self._server.start()
+
+    def _forwarder(self, name: str) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        call = self._channel.unary_unary(f"/{_SERVICE}/{name}", request_serializer=None, response_deserializer=None)
+
+        def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
+            try:
+                return call(request, timeout=context.time_remaining(), metadata=self._meta)
+            except grpc.RpcError as exc:
+                context.abort(exc.code(), exc.details() or "")
+                raise  # not reached: abort raises
+
+        return forward
+
+    def address(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self._server.stop(grace=None)
+        self._channel.close()
