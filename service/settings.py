@@ -32,6 +32,12 @@ class Settings(BaseSettings):
     database_url: str = Field(default_factory=_default_database_url, description="SQLAlchemy URL of the job store")
     ray_address: str | None = Field(default=None, description="Ray cluster address; unset = start a local Ray")
     ray_namespace: str = Field(default="orthoplex", description="Ray namespace for named actors")
+    ray_token_file: Path | None = Field(
+        default=None, description="File holding the Ray cluster's auth token (RAY_AUTH_MODE=token); unset = "
+                                  "RAY_AUTH_TOKEN_PATH, else the token of `orthoplex cluster up` when its address matches")
+    allow_insecure_ray: bool = Field(
+        default=False, description="Serve with a Ray cluster that answers without a token (anyone who reaches "
+                                   "it runs code as the service); logged at every start, shown on /readyz")
     storage_path: Path = Field(default=DATA_DIR / "storage",
                                description="Tenant data areas (tenants/<id>/data), checkpoints (jobs/<id>)")
     shared_data_roots: dict[str, Path] = Field(

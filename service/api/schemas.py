@@ -302,6 +302,9 @@ class ClusterOut(BaseModel):
     alive_nodes: int
     nodes: list[dict[str, Any]] = Field(description="per node GPUs and allocations (admin view only)")
     jobs: list[ClusterJob] = Field(description="jobs holding GPUs (a tenant sees only its own)")
+    ray_address: str | None = Field(default=None, description="the Ray cluster's address (admin view only; "
+                                                              "its token is never shown)")
+    ray_insecure: bool | None = Field(default=None, description="ORTHOPLEX_ALLOW_INSECURE_RAY is set (admin view only)")
 
 
 # ------------------------------------------------------------------------------------- tenants
@@ -358,3 +361,4 @@ class Health(BaseModel):
 class Ready(BaseModel):
     status: Literal["ready", "not ready"]
     checks: dict[str, str]
+    warnings: list[str] = Field(default_factory=list, description="e.g. ORTHOPLEX_ALLOW_INSECURE_RAY is set")

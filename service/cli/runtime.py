@@ -121,6 +121,11 @@ def run_job(spec: dict[str, Any], *, address: str | None, nodes: int, gpus_per_n
         echo(f"starting a local Ray cluster: {nodes} nodes x {gpus_per_node} GPUs (declared)")
         local = InProcessCluster(nodes=nodes, gpus_per_node=gpus_per_node).start()
     elif not ray.is_initialized():
+        from service.controller.ray_access import use_cluster_token
+        from service.settings import get_settings
+
+        # the cluster's token: ORTHOPLEX_RAY_TOKEN_FILE, Ray's RAY_AUTH_TOKEN(_PATH), or `cluster up`'s
+        use_cluster_token(get_settings().model_copy(update={"ray_address": address}))
         ray.init(address=address, namespace="orthoplex", log_to_driver=False)
     try:
         handle = start_supervisor(job_id, 1, spec, enable_fault_injection=bool(spec.get("faults")))
@@ -257,10 +262,31 @@ def register(app: typer.Typer) -> None:
                        err=True)
         rec = cluster_up(nodes, gpus_per_node, cpus_per_node=cpus_per_node, data_dir=data_dir)
         typer.echo(json.dumps({"address": rec["address"], "mode": "local", "nodes": nodes,
-                               "gpus_per_node": gpus_per_node}))
+                               "gpus_per_node": gpus_per_node, "auth": "token", "token_file": rec["token_file"]}))
         if not as_json:
-            typer.echo(f"use it with: orthoplex run --address {rec['address']} ...; "
-                       "stop it with: orthoplex cluster down")
+            typer.echo(f"use it with: orthoplex run --address {rec['address']} ...; the service: "
+                       f"ORTHOPLEX_RAY_ADDRESS={rec['address']} (its token is found beside the record; "
+                       "`orthoplex cluster token` prints it); stop it with: orthoplex cluster down")
+
+    @cluster_app.command("token")
+    def token(data_dir: Path | None = typer.Option(None, "--data-dir", help="Where the cluster record lives."),
+              path_only: bool = typer.Option(False, "--path", help="Print the token file's path, not the token.")
+              ) -> None:
+        """Print the Ray auth token of the cluster ``cluster up`` started (for ``RAY_AUTH_TOKEN`` of a
+        client elsewhere); it is shown on request only, never by ``up``."""
+        from workers.runtime.cluster.ray_auth import read_token
+        from workers.testbed.cluster_up import read_record
+
+        rec = read_record(data_dir)
+        if rec is None or not rec.get("token_file"):
+            typer.echo("error: no local cluster with a token is recorded (orthoplex cluster up)", err=True)
+            raise typer.Exit(1)
+        try:
+            secret = read_token(Path(rec["token_file"]))
+        except (OSError, ValueError) as exc:
+            typer.echo(f"error: cannot read the cluster's token file: {exc}", err=True)
+            raise typer.Exit(1) from None
+        typer.echo(rec["token_file"] if path_only else secret)
 
     @cluster_app.command("down")
     def down(data_dir: Path | None = typer.Option(None, "--data-dir"),

@@ -62,6 +62,11 @@ def serve(
         help="Start a local Ray cluster of NODES simulated nodes with GPUS declared GPUs each (e.g. 3x4; "
              "CPU torch underneath) for this service, and stop it on exit. For trying Orthoplex on one machine.",
     ),
+    allow_insecure_ray: bool = typer.Option(
+        False, "--allow-insecure-ray",
+        help="Accept a Ray cluster that answers without a token (ORTHOPLEX_ALLOW_INSECURE_RAY=1): anyone who "
+             "reaches its ports runs code as this service. Logged at every start, shown on /readyz.",
+    ),
 ) -> None:
     """Migrate the database to the newest schema, then serve the API (and run the controller)."""
     import os
@@ -75,10 +80,27 @@ def serve(
 
     log = get_logger("service.cli.server")
     shape = parse_cluster_shape(local_cluster) if local_cluster is not None else None
+    if allow_insecure_ray:
+        os.environ["ORTHOPLEX_ALLOW_INSECURE_RAY"] = "1"
+        get_settings.cache_clear()
     settings = get_settings()
     if shape is not None and settings.ray_address:
         typer.echo("error: --local-cluster: ORTHOPLEX_RAY_ADDRESS is set too; use one or the other", err=True)
         raise typer.Exit(2)
+    if settings.allow_insecure_ray:
+        from service.controller.ray_access import INSECURE_WARNING
+
+        log.warning(INSECURE_WARNING, extra={"address": settings.ray_address or "local"})
+    if settings.ray_address:
+        from service.controller.ray_access import OpenClusterRefused, check_cluster, use_cluster_token
+
+        use_cluster_token(settings)
+        try:
+            access = check_cluster(settings)
+        except OpenClusterRefused as exc:
+            typer.echo(f"error: ORTHOPLEX_RAY_ADDRESS: {exc}", err=True)
+            raise typer.Exit(2) from None
+        log.info("Ray cluster auth checked", extra={"address": access.address, "auth": access.auth})
     migrate.upgrade(settings.database_url)
     log.info("schema at head", extra={"revision": migrate.current(settings.database_url)})
     cluster = None
@@ -89,7 +111,8 @@ def serve(
         os.environ["ORTHOPLEX_RAY_ADDRESS"] = cluster.address
         get_settings.cache_clear()
         settings = get_settings()
-        log.info("local cluster up", extra={"nodes": shape[0], "gpus_per_node": shape[1], "address": cluster.address})
+        log.info("local cluster up", extra={"nodes": shape[0], "gpus_per_node": shape[1], "address": cluster.address,
+                                            "auth": "token"})
     handle = _start_controller(settings) if controller else None
     try:
         uvicorn.run(create_app(settings), host=host or settings.host, port=port or settings.port,

@@ -24,9 +24,11 @@ import sqlalchemy as sa
 
 from service.controller.context import ControllerConfig
 from service.controller.loop import Controller
+from service.controller.ray_access import OpenClusterRefused, check_cluster, use_cluster_token
 from service.db.session import make_engine
 from service.log import get_logger
 from service.settings import Settings, get_settings
+from workers.runtime.cluster import ray_auth
 from workers.runtime.cluster.rank_env import without_secrets
 
 log = get_logger("service.controller.runner")
@@ -60,13 +62,20 @@ def connect_ray(settings: Settings) -> bool:
 
     if ray.is_initialized():
         return True
-    # an operator's RAY_AUTH_MODE is kept as set; unset, a local Ray started here listens on
-    # 127.0.0.1 only (token auth: set RAY_AUTH_MODE=token, see docs/security.md)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     local = not settings.ray_address
+    if local:
+        # a local Ray started here gets token auth with a fresh token of its own
+        ray_auth.use_token_file(ray_auth.private_token_file())
+    else:
+        use_cluster_token(settings)
+        try:
+            check_cluster(settings)  # an open cluster is refused (unless the operator opted out)
+        except OpenClusterRefused as exc:
+            log.error(str(exc), extra={"address": settings.ray_address})
+            return False
     try:
         # a local Ray started here copies os.environ into its raylet (and so every rank process):
-        # start it without the service's secrets; an operator's RAY_AUTH_MODE is kept as set
+        # start it without the service's secrets
         with without_secrets():
             ray.init(
                 address=settings.ray_address or "local",

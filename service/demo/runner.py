@@ -230,7 +230,8 @@ class Demo:
         env["ORTHOPLEX_PORT"] = str(self.port)
         env["ORTHOPLEX_LOG_FORMAT"] = "json"
         env["ORTHOPLEX_GPUS_PER_NODE"] = str(self.cfg.gpus_per_node)
-        env.setdefault("RAY_AUTH_MODE", "disabled")  # the demo's cluster listens on 127.0.0.1 only
+        # the demo's cluster takes token auth (its own token, 0600): the service connects with it
+        env["ORTHOPLEX_RAY_TOKEN_FILE"] = str(self.cluster.token_file)
         env["PYTHONUNBUFFERED"] = "1"
         return env
 

@@ -186,7 +186,6 @@ class ControllerProcess:
                     spec_overrides or {"runtime": FAST_RUNTIME}
                 ),
                 "ORTHOPLEX_LOG_FORMAT": "console",
-                "RAY_AUTH_MODE": "disabled",
             }
         )
         env.pop("ORTHOPLEX_CONTROLLER_CRASH_AT", None)

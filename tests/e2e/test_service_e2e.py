@@ -48,7 +48,6 @@ class Service:
                 "ORTHOPLEX_CONTROLLER_TICK_S": "0.5",
                 "ORTHOPLEX_CONTROLLER_LEASE_TTL_S": "5",
                 "ORTHOPLEX_CONTROLLER_SPEC_OVERRIDES": json.dumps({"runtime": h.FAST_RUNTIME}),
-                "RAY_AUTH_MODE": "disabled",
             }
         )
         env.pop("ORTHOPLEX_CONTROLLER_CRASH_AT", None)

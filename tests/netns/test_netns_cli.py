@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from service.cli.runtime import register
 from tests.netns.probes import wait_until
+from workers.runtime.cluster.ray_auth import token_env
 from workers.testbed.netns_cluster import leftovers
 
 pytestmark = [pytest.mark.cluster]
@@ -48,7 +49,7 @@ def test_cluster_up_netns_runs_ray_across_namespaces_and_down_removes_everything
                  "@ray.remote(num_gpus=1, num_cpus=0)\ndef ip(): return ray.util.get_node_ip_address()\n"
                  "print(sorted(set(ray.get([ip.remote() for _ in range(4)]))))\nray.shutdown()")
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "RAY_AUTH_MODE": "disabled", "ADDR": rec["address"]})
+                             env={**token_env(Path(rec["token_file"]), dict(os.environ)), "ADDR": rec["address"]})
         node_ips = sorted(n["ip"] for n in rec["nodes"] if n["gpus"])
         assert out.stdout.strip().splitlines()[-1] == str(node_ips), out.stderr[-3000:]
         assert json.loads(res.output.splitlines()[0])["ips"]["n1"] == node_ips[0]

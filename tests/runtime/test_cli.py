@@ -13,6 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from service.cli.runtime import build_spec, register, summarize
+from workers.runtime.cluster.ray_auth import token_env
 
 
 def _app() -> typer.Typer:
@@ -83,11 +84,10 @@ def test_cluster_up_outlives_the_command_and_down_stops_only_it(tmp_path: Path) 
     rec = json.loads((tmp_path / "cluster.json").read_text())
     try:
         assert rec["pids"] and all(Path(f"/proc/{p}").exists() for p in rec["pids"])
-        probe = ("import os, ray; os.environ['RAY_AUTH_MODE']='disabled'; "
-                 f"ray.init(address='{rec['address']}'); r = ray.cluster_resources(); "
+        probe = (f"import ray; ray.init(address='{rec['address']}'); r = ray.cluster_resources(); "
                  "print(int(r.get('GPU', 0))); ray.shutdown()")
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+                             env=dict(token_env(Path(rec["token_file"]), dict(os.environ))))
         assert out.stdout.strip().splitlines()[-1] == "2", out.stderr[-2000:]
     finally:
         res = CliRunner().invoke(app, ["cluster", "down", "--data-dir", str(tmp_path)])

@@ -285,9 +285,9 @@ def test_a_call_without_the_jobs_secret_is_refused_and_the_service_binds_only_it
     from torchft._torchft import LighthouseClient
 
     direct = LighthouseClient(lighthouse.address(), timedelta(seconds=10))
-    with pytest.raises(Exception, match="(?i)unauthenticated|secret"):
+    with pytest.raises(Exception, match=r"(?i)unauthenticated|secret"):
         direct.heartbeat("rg9:x")
-    with pytest.raises(Exception, match="(?i)unauthenticated|secret"):
+    with pytest.raises(Exception, match=r"(?i)unauthenticated|secret"):
         direct.quorum(replica_id="rg9:x", timeout=timedelta(seconds=10), step=1, world_size=1)
     with grpc.insecure_channel(f"127.0.0.1:{lighthouse.port}") as channel:
         beat = channel.unary_unary("/torchft.LighthouseService/Heartbeat",

@@ -18,7 +18,7 @@ STEPS = 3
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True,
                           timeout=600, cwd=cwd, env=env)
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.runtime.cluster import procfs
+from workers.runtime.cluster import procfs, ray_auth
 from workers.testbed.local_cluster import FAST_HEALTH_CHECK, local_env
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,9 @@ class NetnsCluster:
     head: NetnsNode | None = None
     workers: list[NetnsNode] = field(default_factory=list)
     _rec: dict[str, Any] = field(default_factory=dict)
+    #: this cluster's Ray token (0600): beside the record (``cluster.token``) or in the temp dir
+    token_file: Path | None = None
+    _saved_env: dict[str, str | None] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ names
     @property
@@ -169,9 +172,17 @@ class NetnsCluster:
             raise RuntimeError(f"no free {SUBNET_PREFIX}.x.0/24 subnet left")
         self.octet = free[secrets.randbelow(len(free))]
         self.temp_dir = f"/tmp/oxn{self.tag}"
+        os.makedirs(self.temp_dir, mode=0o700, exist_ok=True)
+        self.token_file = ray_auth.new_token_file(
+            self.state_path.with_name("cluster.token") if self.state_path is not None
+            else Path(self.temp_dir) / "ray_token")
+        # this process (its driver, its GCS queries) and every node use it
+        self._saved_env = ray_auth.saved_env()
+        ray_auth.use_token_file(self.token_file)
         self._rec = {"mode": "netns", "tag": self.tag, "octet": self.octet, "temp_dir": self.temp_dir,
                      "bridge": "", "netns": [], "links": [], "sessions": [], "nodes": [],
-                     "started_at": time.time(), "address": "", "driver_ip": ""}
+                     "started_at": time.time(), "address": "", "driver_ip": "",
+                     "auth": "token", "token_file": str(self.token_file)}
         self._save()
         try:
             self._make_network()
@@ -221,7 +232,8 @@ class NetnsCluster:
         from workers.runtime.cluster.rank_env import minimal_env
 
         env = minimal_env()  # the nodes and every rank process get no service secrets
-        env.setdefault("RAY_AUTH_MODE", "disabled")
+        assert self.token_file is not None
+        ray_auth.token_env(self.token_file, env)  # token auth, this cluster's token
         env["RAY_USAGE_STATS_ENABLED"] = "0"
         ray_bin = str(Path(sys.executable).with_name("ray"))
         cmd = [ray_bin, "start", "--disable-usage-stats", f"--temp-dir={self.temp_dir}", *args]
@@ -339,6 +351,10 @@ class NetnsCluster:
         cleanup_record(self._rec)
         if self.state_path is not None:
             self.state_path.unlink(missing_ok=True)
+        if self.token_file is not None:
+            self.token_file.unlink(missing_ok=True)
+            ray_auth.restore_env(self._saved_env)
+            self.token_file = None
 
 
 def _gcs_nodes(address: str) -> dict[str, str]:

@@ -77,7 +77,8 @@ def listening(pids: list[int]) -> list[Listener]:
     out = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            rows = open(table).read().splitlines()[1:]
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
         except OSError:
             continue
         for row in rows:

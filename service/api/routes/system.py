@@ -19,6 +19,7 @@ from service.api.fit_check import PlannerRefused, PlannerUnavailable, dry_run
 from service.api.routes.jobs import check_inputs, validate_spec
 from service.api.schemas import ClusterJob, ClusterOut, Health, HFModel, JobSpec, PlanOut, Ready
 from service.api.security import is_admin_token
+from service.controller.ray_access import INSECURE_WARNING
 from service.db.models import Attempt, Job
 from service.settings import data_area
 from workers.states import HOLDING
@@ -69,7 +70,8 @@ def readyz(request: Request) -> Any:
     if address:
         checks["ray"] = _ray_reachable(address)
     ok = all(v == "ok" for v in checks.values())
-    body = Ready(status="ready" if ok else "not ready", checks=checks)
+    warnings = [INSECURE_WARNING] if request.app.state.settings.allow_insecure_ray else []
+    body = Ready(status="ready" if ok else "not ready", checks=checks, warnings=warnings)
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
 
@@ -141,6 +143,8 @@ async def cluster(request: Request, principal: AnyPrincipal) -> ClusterOut:
         d = view.to_dict()
     except Exception as exc:  # Ray slow or broken: the API still answers
         d = {"available": False, "reason": f"{type(exc).__name__}: {exc}"[:200]}
+    if not principal.is_admin and d.get("reason"):
+        d["reason"] = "the cluster could not be asked"  # Ray's errors name its addresses: admin only
     jobs = await run_in_threadpool(_jobs, request, principal.tenant.id if principal.tenant else None)
     if principal.is_admin and d.get("nodes"):
         await run_in_threadpool(_label_allocations, request, d["nodes"])
@@ -149,6 +153,8 @@ async def cluster(request: Request, principal: AnyPrincipal) -> ClusterOut:
         used_gpus=int(d.get("used_gpus", 0)), free_gpus=int(d.get("free_gpus", 0)),
         alive_nodes=int(d.get("alive_nodes", 0)), nodes=list(d.get("nodes", [])) if principal.is_admin else [],
         jobs=jobs,
+        ray_address=(request.app.state.settings.ray_address or "local") if principal.is_admin else None,
+        ray_insecure=request.app.state.settings.allow_insecure_ray if principal.is_admin else None,
     )
 
 

@@ -464,8 +464,11 @@ function clusterView() {
       api("GET", "/v1/dashboard/decisions?limit=30", { signal })]);
     const tenantName = new Map(t.items.map((x) => [x.id, x.name]));
     const jobTenant = new Map(c.jobs.map((j) => [String(j.id), j]));
-    note.textContent = c.available ? `${c.alive_nodes} nodes alive, ${c.used_gpus} of ${c.total_gpus} GPUs in use, ${c.free_gpus} free.`
-      : `Ray could not be asked: ${c.reason}`;
+    note.textContent = (c.available ? `${c.alive_nodes} nodes alive, ${c.used_gpus} of ${c.total_gpus} GPUs in use, ${c.free_gpus} free.`
+      : `Ray could not be asked: ${c.reason}`) + (c.ray_address ? ` Ray at ${c.ray_address}.` : "");
+    note.dataset.rayInsecure = String(Boolean(c.ray_insecure));
+    if (c.ray_insecure) note.append(h("strong", { class: "warn", "data-testid": "ray-insecure" },
+      " ORTHOPLEX_ALLOW_INSECURE_RAY is set: this Ray cluster may answer without a token; anyone who reaches it runs code as the service."));
     nodesEl.replaceChildren(...c.nodes.map((n, i) => {
       const gpus = [];
       for (const a of n.allocations || []) {
