@@ -143,6 +143,11 @@ def _pids_of(rec: dict[str, Any]) -> list[int]:
     return sorted(p for p in pids if not _zombie(p))
 
 
+def cluster_pids(rec: dict[str, Any]) -> list[int]:
+    """Every live process of a recorded cluster (plain or ``--netns``)."""
+    return record_pids(rec) if rec.get("mode") == "netns" else _pids_of(rec)
+
+
 def cluster_down(data_dir: Path | None = None, *, timeout_s: float = 20.0) -> int:
     """Stop the recorded cluster's processes (SIGTERM, then SIGKILL) -- and for a ``--netns`` cluster its
     namespaces and links too; returns how many processes were signalled."""

@@ -22,9 +22,10 @@ GRPC_PROBES = (
     "/ray.rpc.NodeInfoGcsService/GetAllNodeInfo",
     "/ray.rpc.JobInfoGcsService/GetAllJobInfo",
     "/ray.rpc.NodeManagerService/GetNodeStats",
-    "/ray.rpc.ObjectManagerService/FreeObjects",
+    "/ray.rpc.ObjectManagerService/Pull",
     "/ray.rpc.CoreWorkerService/NumPendingTasks",
     "/ray.rpc.RayletDriver/ClusterInfo",
+    "/ray.rpc.ReporterService/HealthCheck",
 )
 
 
