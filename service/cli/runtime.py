@@ -253,7 +253,8 @@ def register(app: typer.Typer) -> None:
                 rec = netns_cluster_up(nodes, gpus_per_node, cpus_per_node=cpus_per_node, data_dir=data_dir)
                 ips = {n["name"]: n["ip"] for n in rec["nodes"]}
                 typer.echo(json.dumps({"address": rec["address"], "mode": "netns", "nodes": nodes,
-                                       "gpus_per_node": gpus_per_node, "ips": ips, "bridge": rec["bridge"]}))
+                                       "gpus_per_node": gpus_per_node, "ips": ips, "bridge": rec["bridge"],
+                                       "auth": "token", "token_file": rec["token_file"]}))
                 if not as_json:
                     typer.echo(f"use it with: orthoplex run --address {rec['address']} ...; "
                                "stop it with: orthoplex cluster down")

@@ -301,3 +301,25 @@ def test_a_call_without_the_jobs_secret_is_refused_and_the_service_binds_only_it
     assert "rg9:x" not in lighthouse.state.heartbeats and "rg8:y" in lighthouse.state.heartbeats
     mine = [item for item in listening([os.getpid()]) if item.port == lighthouse.port]
     assert [(item.host, item.port) for item in mine] == [("127.0.0.1", lighthouse.port)], mine
+
+
+def test_the_rank_proxy_forwards_calls_without_a_deadline_in_a_process_of_its_own(
+        lighthouse: QuorumLighthouse) -> None:
+    """torchft's manager heartbeats without a deadline (grpc reports ~9.2e18 s left): the proxy forwards
+    such calls with none, not with a timeout that expires at once; it runs as a child process."""
+    import grpc
+
+    from workers.runtime.recovery.quorum_proxy import ProxyProcess
+
+    proxy = ProxyProcess(lighthouse.address(), SECRET)
+    try:
+        with grpc.insecure_channel(proxy.address().split("//", 1)[1]) as channel:
+            beat = channel.unary_unary("/torchft.LighthouseService/Heartbeat",
+                                       request_serializer=MSG["LighthouseHeartbeatRequest"].SerializeToString,
+                                       response_deserializer=MSG["LighthouseHeartbeatResponse"].FromString)
+            beat(MSG["LighthouseHeartbeatRequest"](replica_id="rg7:z"))  # no timeout
+        assert "rg7:z" in lighthouse.state.heartbeats
+        assert [item.host for item in listening([proxy._proc.pid])] == ["127.0.0.1"]
+    finally:
+        proxy.close()
+    assert proxy._proc.returncode is not None  # it exits when the rank closes its pipe

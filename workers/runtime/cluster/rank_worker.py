@@ -67,7 +67,7 @@ class RankWorker:
         self._rng = random.Random(os.getpid())
         self._rdzv: dict[str, Any] | None = None
         self._replica: Any = None  # ReplicaStepper: this rank's replica group under torchft (replica_groups)
-        self._lighthouse_proxy: Any = None  # LighthouseProxy: the manager's way to the job's quorum service
+        self._lighthouse_proxy: Any = None  # ProxyProcess: the manager's way to the job's quorum service
         self._replica_commits: list[dict[str, Any]] = []
         self._replica_aborts: list[int] = []
         self._replica_abort_rows: list[dict[str, Any]] = []  # the last aborted attempts (phases, torchft's error)
@@ -185,9 +185,9 @@ class RankWorker:
         of replica group ``group`` under torchft (``workers.engine.replica_ft.ReplicaStepper``): the
         manager uses the group's rendezvous store; the step counter starts at 0 (a replacement heals
         from a peer at its first quorum). The manager asks the job's quorum service through a loopback
-        proxy that adds the job's ``secret`` (torchft 0.2.0's client cannot send it)."""
+        proxy (a child process) that adds the job's ``secret`` (torchft 0.2.0's client cannot send it)."""
         from workers.engine.replica_ft import ReplicaStepper, warm_up
-        from workers.runtime.recovery.quorum_service import LighthouseProxy
+        from workers.runtime.recovery.quorum_proxy import ProxyProcess
 
         assert self._trainer is not None and self._rdzv is not None, "setup first"
         cfg = self._trainer.cfg
@@ -196,7 +196,7 @@ class RankWorker:
         freeze_heap()
         if self._lighthouse_proxy is not None:
             self._lighthouse_proxy.close()
-        self._lighthouse_proxy = LighthouseProxy(lighthouse, secret)
+        self._lighthouse_proxy = ProxyProcess(lighthouse, secret)
         lighthouse = self._lighthouse_proxy.address()
         self._replica = ReplicaStepper(
             self._trainer, sampler, group=group, rank=self._rank, tp=self._trainer.layout.tp,

@@ -32,8 +32,8 @@ Who may ask: the service binds the node's cluster address (never every interface
 calls that carry the job's secret (gRPC metadata :data:`SECRET_HEADER`, compared in constant time);
 any other call gets ``UNAUTHENTICATED`` before a handler runs. torchft 0.2.0's manager cannot send
 metadata (its Rust client builds each request itself; 0.2.0 has no interceptor or header option), so
-each rank runs a :class:`LighthouseProxy` on loopback: its manager asks the proxy, the proxy adds the
-secret and forwards the call (bytes in, bytes out) to the service.
+each rank runs a :class:`LighthouseProxy` on loopback, in a child process (``quorum_proxy``): its
+manager asks the proxy, the proxy adds the secret and forwards the call (bytes in, bytes out).
 """
 
 from __future__ import annotations
@@ -362,8 +362,12 @@ class LighthouseProxy:
         call = self._channel.unary_unary(f"/{_SERVICE}/{name}", request_serializer=None, response_deserializer=None)
 
         def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
+            # the caller's deadline, if it set one: grpc reports "none" as ~9.2e18 s, which as a
+            # timeout upstream expires at once (torchft's manager heartbeats without a deadline)
+            remaining = context.time_remaining()
+            timeout = remaining if remaining is not None and remaining < 86400.0 else None
             try:
-                return call(request, timeout=context.time_remaining(), metadata=self._meta)
+                return call(request, timeout=timeout, metadata=self._meta)
             except grpc.RpcError as exc:
                 context.abort(exc.code(), exc.details() or "")
                 raise  # not reached: abort raises
