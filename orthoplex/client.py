@@ -130,7 +130,8 @@ class Client:
             since_step = rows[-1].step
 
     def recent_metrics(self, job: JobRef, rows: int = PAGE) -> builtins.list[MetricPublic]:
-        """The newest page of a job's metrics rows (one request for a job near its end)."""
+        """A page of the job's newest metrics rows: at most ``rows``, the newest one included when
+        there is any (one request for a job near its end; what a progress bar needs)."""
         j = job if isinstance(job, Job) else self.get(job)
         since = max(-1, int(j.final_step or j.spec.get("steps") or 0) - rows)
         while True:
