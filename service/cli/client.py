@@ -117,15 +117,12 @@ def check_spec(spec: dict[str, Any]) -> list[str]:
     from fastapi.exceptions import RequestValidationError
     from pydantic import ValidationError
 
+    from orthoplex._transport import field_name
     from service.api.routes.jobs import validate_spec
     from service.api.schemas import JobSpec
 
     def where(loc: Any, tagged: bool = False) -> str:
-        parts = [str(p) for p in loc if p != "body"]
-        # pydantic names the branch of a tagged union (model.hf.hf): keep the field path the user wrote
-        if tagged and len(parts) > 1 and parts[0] == "model" and parts[1] in ("preset", "shape", "hf"):
-            parts.pop(1)
-        return ".".join(parts) or "spec"
+        return field_name(loc, tagged) or "spec"
 
     try:
         parsed = JobSpec.model_validate_json(json.dumps(spec, default=str))
