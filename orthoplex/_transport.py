@@ -28,7 +28,6 @@ T = TypeVar("T")
 
 #: statuses a retry may cure (a restarting service, a proxy in front of it, the planner busy)
 RETRY_STATUSES = frozenset({502, 503, 504})
-DEFAULT_URL = "http://127.0.0.1:8470"
 USER_AGENT = "orthoplex-python"
 
 
@@ -50,7 +49,9 @@ class Retry:
 def settings(url: str | None, token: str | None) -> tuple[str, str | None]:
     """The base URL and token: the arguments, else ``ORTHOPLEX_API_URL`` / ``ORTHOPLEX_API_TOKEN``
     (the variables the CLI reads), else the service's default address and no token."""
-    base = url or os.environ.get("ORTHOPLEX_API_URL") or DEFAULT_URL
+    from service.settings import Settings  # the one home of the default address
+
+    base = url or os.environ.get("ORTHOPLEX_API_URL") or str(Settings.model_fields["api_url"].default)
     return base.rstrip("/"), token or os.environ.get("ORTHOPLEX_API_TOKEN") or None
 
 
