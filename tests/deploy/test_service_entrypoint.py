@@ -2,7 +2,7 @@
 loopback (what the Deployment and compose.yaml run): it joins the cluster as a Ray node with no CPUs
 and no GPUs, ``orthoplex serve`` then drives the cluster from it (``/readyz`` ready, the admin's
 cluster view shows the head and this empty node), and the raylet it started holds none of the
-service's secrets (RAY_AUTH_MODE stays as the operator set it)."""
+service's secrets (the Ray token stays: token auth is on, as in the RayCluster)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from workers.runtime.cluster import procfs
 pytestmark = pytest.mark.cluster
 
 ADMIN = "deploy-entrypoint-admin-4f1c"
+RAY_TOKEN = "deploy-entrypoint-ray-token-7d2e9b41c0a5"
 DB_PASSWORD = "deploy-entrypoint-pw-91ab"
 
 
@@ -50,10 +51,11 @@ def _kill_sessions(sids: set[int]) -> None:
 
 @pytest.fixture
 def ray_head() -> Iterator[tuple[str, dict[str, str]]]:
-    """A Ray head (1 CPU, no GPUs) started with ``ray start`` in a session of its own."""
+    """A Ray head (1 CPU, no GPUs) with token auth on, as the RayCluster has it, started with
+    ``ray start`` in a session of its own."""
     temp = Path(tempfile.mkdtemp(prefix="oxdep", dir="/tmp"))
     port = _free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": RAY_TOKEN, "PYTHONPATH": str(ROOT)}
     ray_bin = str(Path(sys.executable).with_name("ray"))
     head = subprocess.Popen([ray_bin, "start", "--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0",
                              "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats",
@@ -108,7 +110,7 @@ def test_the_service_joins_ray_as_an_empty_node(ray_head: tuple[str, dict[str, s
         for pid in raylets:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             names = {e.split(b"=", 1)[0].decode() for e in environ if b"=" in e}
-            assert "ORTHOPLEX_RAY_ADDRESS" in names
+            assert "ORTHOPLEX_RAY_ADDRESS" in names and "RAY_AUTH_TOKEN" in names  # token auth still works
             assert not names & {"ORTHOPLEX_ADMIN_TOKEN", "ORTHOPLEX_DATABASE_URL", "PGPASSWORD"}, names
             assert not any(ADMIN.encode() in e or DB_PASSWORD.encode() in e for e in environ)
     finally:
