@@ -31,7 +31,7 @@ COPY workers ./workers
 COPY planner ./planner
 COPY migrations ./migrations
 COPY bench ./bench
-RUN pip install --no-deps /src && python -c "import torch, ray, service, workers, planner"
+RUN pip install --no-deps /src && python -I -c "import torch, ray, service.cli.main, workers, planner"
 
 # ---------------------------------------------------------------- runtime: non-root, no compilers
 FROM ${PYTHON_IMAGE} AS runtime

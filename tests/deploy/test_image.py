@@ -141,3 +141,50 @@ def test_service_entrypoint_is_executable_and_valid_sh() -> None:
     from workers.runtime.cluster import rank_env
 
     assert "from workers.runtime.cluster.rank_env import minimal_env" in body and callable(rank_env.minimal_env)
+
+
+def test_the_copied_sources_build_a_working_install(tmp_path: Path) -> None:
+    """The build stage's last step, offline: a wheel built from exactly the paths the Dockerfile
+    copies, installed without dependencies (as in the image), imports from its own copy, carries
+    the migrations and the dashboard's files, and brings a fresh database to the newest schema."""
+    stage = tmp_path / "src"
+    stage.mkdir()
+    workdir = None
+    for k, v in _instructions():
+        workdir = v.strip() if k == "WORKDIR" else workdir
+        args = [a for a in v.split() if not a.startswith("--")]
+        if k != "COPY" or "--from=" in v or workdir != "/src" or not args[-1].startswith("./"):
+            continue  # only what lands in the build stage's /src, the tree `pip install /src` builds
+        for src in args[:-1]:
+            dest = stage / (Path(src).name if args[-1] == "./" else args[-1])
+            if (ROOT / src).is_dir():
+                shutil.copytree(ROOT / src, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                shutil.copy2(ROOT / src, dest)
+    assert {p.name for p in stage.iterdir()} >= {"pyproject.toml", "README.md", "service", "workers", "migrations"}
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "PIP_NO_INDEX": "1"}
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "dist"), str(stage)], check=True, env=env, timeout=300, capture_output=True)
+    wheel = next((tmp_path / "dist").glob("orthoplex-*.whl"))
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True, env=env, timeout=300, capture_output=True)
+    probe = (
+        "import pathlib, sys\n"
+        "import service, service.cli.main\n"
+        "from service.db import migrate\n"
+        f"assert pathlib.Path(service.__file__).is_relative_to({str(target)!r}), service.__file__\n"
+        "versions = sorted(p.name for p in (migrate.MIGRATIONS_DIR / 'versions').glob('*.py'))\n"
+        "static = pathlib.Path(service.__file__).parent / 'ui' / 'static' / 'index.html'\n"
+        "assert static.exists(), static\n"
+        f"url = 'sqlite:///{tmp_path / 'probe.db'}'\n"
+        "migrate.upgrade(url)\n"
+        "print(len(versions), migrate.current(url))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**env, "PYTHONPATH": str(target)}, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    n_versions, head = out.stdout.split()
+    assert int(n_versions) == len(list((ROOT / "migrations" / "versions").glob("*.py")))
+    newest = sorted((ROOT / "migrations" / "versions").glob("*.py"))[-1].read_text()
+    assert re.search(rf"^revision(: str)? = [\"']{re.escape(head)}[\"']", newest, re.M), head
