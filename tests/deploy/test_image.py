@@ -6,6 +6,7 @@ is there. Docker's daemon is not available here: the image itself is not built b
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 import json
 import os
 import re
@@ -129,6 +130,13 @@ def test_requirements_lock_agrees_with_pyproject() -> None:
     for req in deps:  # the unpinned ranges are in the lock too
         name = re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.\-]+", req).group(0)).lower()
         assert name in lock, f"{name} is missing from deploy/image/requirements.lock"
+    # and so is everything they need, no more: the lock's names are the installed closure's
+    spec = importlib.util.spec_from_file_location("orthoplex_image_lock", DEPLOY / "image" / "lock.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    closure = set(module.closure())
+    assert set(lock) == closure, (f"regenerate with `python deploy/image/lock.py > deploy/image/requirements.lock`: "
+                                  f"missing {sorted(closure - set(lock))}, extra {sorted(set(lock) - closure)}")
 
 
 def test_service_entrypoint_is_executable_and_valid_sh() -> None:
