@@ -140,6 +140,9 @@ def test_ray_and_s3_addresses_meet_their_servers() -> None:
     assert host == "ray-head" and port == _flag(head["command"], "--port")
     assert "--head" in head["command"] and "--block" in head["command"]
     assert int(env["ORTHOPLEX_GPUS_PER_NODE"]) == int(_flag(head["command"], "--num-gpus"))
+    from planner.profiles import lookup_gpu
+
+    assert lookup_gpu(env["ORTHOPLEX_GPU_TYPE"]) is not None, "a GPU profile the planner knows"
     assert _env(head)["RAY_AUTH_MODE"] == env["RAY_AUTH_MODE"] == "token"
     assert _env(head)["RAY_AUTH_TOKEN"] == env["RAY_AUTH_TOKEN"]
     assert _flag(head["healthcheck"]["test"], "--address").endswith(f":{port}")

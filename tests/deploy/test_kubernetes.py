@@ -124,7 +124,10 @@ def test_raycluster_and_service_agree(target: str) -> None:
         limits = g["template"]["spec"]["containers"][0]["resources"]["limits"]
         assert int(limits["nvidia.com/gpu"]) == int(env["ORTHOPLEX_GPUS_PER_NODE"]["value"]), g["groupName"]
         assert g["minReplicas"] <= g.get("replicas", 0) <= g["maxReplicas"]
-    assert env["ORTHOPLEX_GPU_TYPE"]["value"] != "CPU"
+    from planner.profiles import lookup_gpu
+
+    profile = lookup_gpu(env["ORTHOPLEX_GPU_TYPE"]["value"])
+    assert profile is not None and profile.name != "CPU", "the GPU type must be a profile the planner knows"
 
 
 @pytest.mark.parametrize("target", TARGETS)
