@@ -1,5 +1,6 @@
 """The image's service command, ``deploy/image/orthoplex-service``, against a real Ray head on
-loopback (what the Deployment and compose.yaml run): it joins the cluster as a Ray node with no CPUs
+loopback (what the Deployment and compose.yaml run): started before the head, it waits for it
+and says so; then it joins the cluster as a Ray node with no CPUs
 and no GPUs, ``orthoplex serve`` then drives the cluster from it (``/readyz`` ready, the admin's
 cluster view shows the head and this empty node), and the raylet it started holds none of the
 service's secrets (the Ray token stays: token auth is on, as in the RayCluster)."""
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -50,29 +51,34 @@ def _kill_sessions(sids: set[int]) -> None:
 
 
 @pytest.fixture
-def ray_head() -> Iterator[tuple[str, dict[str, str]]]:
-    """A Ray head (1 CPU, no GPUs) with token auth on, as the RayCluster has it, started with
-    ``ray start`` in a session of its own."""
+def ray_head() -> Iterator[tuple[str, dict[str, str], Callable[[], None]]]:
+    """A Ray head (1 CPU, no GPUs) with token auth on, as the RayCluster has it: its address, its
+    environment, and the call that starts it (``ray start`` in a session of its own)."""
     temp = Path(tempfile.mkdtemp(prefix="oxdep", dir="/tmp"))
     port = _free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": RAY_TOKEN, "PYTHONPATH": str(ROOT)}
     ray_bin = str(Path(sys.executable).with_name("ray"))
-    head = subprocess.Popen([ray_bin, "start", "--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0",
-                             "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats",
-                             f"--temp-dir={temp}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    sids = {head.pid}
-    try:
+    sids: set[int] = set()
+
+    def start() -> None:
+        head = subprocess.Popen([ray_bin, "start", "--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0",
+                                 "--node-ip-address=127.0.0.1", "--include-dashboard=false",
+                                 "--disable-usage-stats", f"--temp-dir={temp}"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        sids.add(head.pid)
         out, _ = head.communicate(timeout=180)
         assert head.returncode == 0, out[-2000:]
-        yield f"127.0.0.1:{port}", env
+
+    try:
+        yield f"127.0.0.1:{port}", env, start
     finally:
         _kill_sessions(sids)
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def test_the_service_joins_ray_as_an_empty_node(ray_head: tuple[str, dict[str, str]], tmp_path: Path) -> None:
-    address, env = ray_head
+def test_the_service_joins_ray_as_an_empty_node(
+        ray_head: tuple[str, dict[str, str], Callable[[], None]], tmp_path: Path) -> None:
+    address, env, start_head = ray_head
     port = _free_port()
     bindir = str(Path(sys.executable).parent)
     env = {**env, "PATH": f"{bindir}:{env.get('PATH', '')}", "ORTHOPLEX_RAY_ADDRESS": address,
@@ -84,6 +90,12 @@ def test_the_service_joins_ray_as_an_empty_node(ray_head: tuple[str, dict[str, s
     svc = subprocess.Popen([str(DEPLOY / "image" / "orthoplex-service")], env=env, stdout=log,
                            stderr=subprocess.STDOUT, start_new_session=True)
     try:
+        # started before the head (a RayCluster still coming up): it waits, and says so
+        deadline = time.monotonic() + 60
+        while "waiting for the Ray head" not in (tmp_path / "service.log").read_text():
+            assert svc.poll() is None and time.monotonic() < deadline, (tmp_path / "service.log").read_text()
+            time.sleep(0.5)
+        start_head()
         url = f"http://127.0.0.1:{port}"
         ready = None
         deadline = time.monotonic() + 180
