@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from service.goodput.events import play
-from service.goodput.policies import Policy
-from service.goodput.simulation import Config, simulate
-from service.goodput.trace import Trace, poisson_trace
+from service.failure_sim.events import play
+from service.failure_sim.policies import Policy
+from service.failure_sim.simulation import Config, simulate
+from service.failure_sim.trace import Trace, poisson_trace
 
 GOAL_S = 60.0
 
