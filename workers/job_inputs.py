@@ -16,7 +16,8 @@ A job spec (its REST shape, as stored) may name:
 - ``tracking``: TensorBoard files always go to ``<job dir>/tensorboard``; MLflow to the job's
   ``tracking.mlflow_uri`` or the service's default URI.
 
-Model and tokenizer checks import torch and safetensors lazily (only jobs that use them pay).
+No torch here or in what it imports: an HF checkpoint is checked from ``config.json`` and the
+safetensors headers (:mod:`workers.engine.hf.headers`); the tokenizer with ``tokenizers``.
 """
 
 from __future__ import annotations
@@ -51,14 +52,14 @@ def hf_model(model: Mapping[str, Any], area: DataArea) -> tuple[Path, dict[str, 
     except DataPathError as exc:
         raise InputError(("model", "hf"), exc.msg) from None
     from workers.engine.hf.config import HFConfigError, model_config_from_hf, read_hf_config
-    from workers.engine.hf.weights import HFCheckpoint, HFWeightsError
+    from workers.engine.hf.headers import HFWeightsError, check_checkpoint
 
     shown = str(model.get("hf"))
     try:
         data = read_hf_config(path)
         seq_len = model.get("seq_len") or min(2048, int(data.get("max_position_embeddings") or 2048))
         cfg = model_config_from_hf(data, int(seq_len), name=Path(shown).name or "hf")
-        HFCheckpoint(path).check_against(cfg, tied=bool(data.get("tie_word_embeddings", False)))
+        check_checkpoint(path, cfg, tied=bool(data.get("tie_word_embeddings", False)))
     except (HFConfigError, HFWeightsError) as exc:
         # messages name files by their absolute path: show the tenant's own name instead
         raise InputError(("model", "hf"), str(exc).replace(str(path), shown)) from None
