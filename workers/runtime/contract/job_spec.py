@@ -1,9 +1,11 @@
 """The runtime's job spec: what ``start_supervisor(job_id, attempt, spec)`` accepts.
 
-A plain dict (JSON), so the control plane can store it with the attempt::
+A plain dict (JSON), so the control plane can store it with the attempt. The control plane builds it
+from the API's spec with :func:`workers.runtime.contract.attempt_spec.attempt_spec` (the one
+translation; the field names are the API's)::
 
-    {"model": "tiny",                    # engine preset name, or a dict of ModelConfig fields
-     "steps": 20, "global_batch": 12,   # plus any TrainConfig field: seed, lr, warmup_steps, ...
+    {"model": "tiny",                    # engine preset name, or a dict of ModelConfig fields (+ "hf": DIR)
+     "steps": 20, "global_batch": 12,   # plus any TrainConfig field: seed, lr, eval_data, export, ...
      "train": {...},                     # optional extra TrainConfig fields (data, keep_checkpoints, ...)
      "checkpoint_dir": "/data/job-7",    # where the engine's layout-independent checkpoints live
      "min_gpus": 4, "max_gpus": 12,      # elastic range (max defaults to every GPU Ray has)
@@ -86,15 +88,30 @@ class RuntimeSettings:
 
 
 @dataclass(frozen=True)
+class CheckpointBounds:
+    """The job spec's ``checkpoint``: the supervisor picks the interval in between (Young's formula)."""
+
+    min_every_steps: int = 1
+    max_every_steps: int = 50
+    mtbf_s: float = 3600.0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> CheckpointBounds:
+        d = dict(d or {})
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"checkpoint: unknown field(s) {', '.join(unknown)}")
+        return cls(int(d.get("min_every_steps", 1)), int(d.get("max_every_steps", 50)), float(d.get("mtbf_s", 3600.0)))
+
+
+@dataclass(frozen=True)
 class JobSpec:
     train: dict[str, Any]  # TrainConfig.to_dict() shape
     min_gpus: int = 1
     max_gpus: int | None = None
     placement: dict[str, int] = field(default_factory=dict)  # node id -> GPUs granted (empty: any node)
     layout_hint: dict[str, Any] = field(default_factory=dict)
-    min_every_steps: int = 1
-    max_every_steps: int = 50
-    mtbf_s: float = 3600.0
+    checkpoint: CheckpointBounds = field(default_factory=CheckpointBounds)
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     events_out: str | None = None
     metrics_out: str | None = None
@@ -124,10 +141,11 @@ class JobSpec:
 #: supervisor decides ``save_every``): the one list of them
 TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainConfig)
                                     if f.name not in ("model", "save_every"))
-#: the keys of a submitted job spec the control plane hands to the runtime as they are (it sets
-#: ``checkpoint_dir``, ``gpu_type``, ``min_gpus``, ``max_gpus`` and ``placement`` itself)
-SPEC_KEYS: tuple[str, ...] = ("model", *(k for k in TRAIN_KEYS if k != "checkpoint_dir"), "train", "layout_hint",
-                              "checkpoint", "runtime", "faults")
+#: every top-level field of the runtime's job spec (what :func:`parse_job` reads); the translation
+#: from the API's spec refuses any other (``attempt_spec``), so nothing is dropped on the way
+SPEC_FIELDS: tuple[str, ...] = ("model", *TRAIN_KEYS, "train", "min_gpus", "max_gpus", "placement", "layout_hint",
+                                "checkpoint", "runtime", "events_out", "metrics_out", "faults", "tracking", "network",
+                                "gpu_type", "replan_horizon_s")
 
 
 #: the planner's link fields a job spec may set under ``network`` (per GPU, per direction)
@@ -190,16 +208,13 @@ def parse_job(spec: dict[str, Any]) -> JobSpec:
     if not train.get("checkpoint_dir"):
         raise ValueError("checkpoint_dir: required (re-plan and resume load from it)")
     cfg = TrainConfig.from_dict(train)  # validates
-    ck = dict(spec.get("checkpoint") or {})
     job = JobSpec(
         train=cfg.to_dict(),
         min_gpus=int(spec.get("min_gpus", 1)),
         max_gpus=int(spec["max_gpus"]) if spec.get("max_gpus") else None,
         placement=_placement(spec.get("placement")),
         layout_hint=parse_hint(spec.get("layout_hint")),
-        min_every_steps=int(ck.get("min_every_steps", 1)),
-        max_every_steps=int(ck.get("max_every_steps", 50)),
-        mtbf_s=float(ck.get("mtbf_s", 3600.0)),
+        checkpoint=CheckpointBounds.from_dict(spec.get("checkpoint")),
         runtime=RuntimeSettings.from_dict(spec.get("runtime")),
         events_out=spec.get("events_out"),
         metrics_out=spec.get("metrics_out"),

@@ -135,7 +135,8 @@ class AttemptMachine:
         self.log = log
         self.name = name  # the reservations' name
         self.replanner = Replanner(job, port, log)
-        self.cadence = CheckpointCadence(job.min_every_steps, job.max_every_steps, job.mtbf_s)
+        self.cadence = CheckpointCadence(job.checkpoint.min_every_steps, job.checkpoint.max_every_steps,
+                                         job.checkpoint.mtbf_s)
         self.phase = Phase.PLAN
         self.state = AttemptState.RUNNING  # what ``status()`` reports
         self.error = ""
