@@ -1,4 +1,5 @@
-"""Goodput simulator benchmark: events per second and the 16k x 54-day all-policies wall time.
+"""Failure simulator benchmark (``service.failure_sim``, the ``orthoplex simulate`` command): events per
+second and the 16k x 54-day all-policies wall time.
 
 Baseline, measured in the same run: a step-by-step simulation (one loop iteration per training step,
 the obvious way to write it) of the restart policy with unlimited spares on the same trace; its ETTR

@@ -1,4 +1,5 @@
-"""``orthoplex simulate``: goodput of one large job under failures, every recovery policy on one trace.
+"""``orthoplex simulate``: the failure simulator (``service.failure_sim``): goodput of one large job under
+failures, every recovery policy on one trace.
 
 Exit codes: 0 done; 2 bad input (the message names the field; never a traceback). See docs/goodput.md.
 """

@@ -28,10 +28,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from service.controller.cluster import cluster_view
+from service.controller.cluster_snapshot import JobRow
 from service.controller.context import Ctx
 from service.controller.crashpoints import crash_point
 from service.controller.events_pull import JobRef
-from service.controller.snapshot import JobRow
 from service.controller.supervisors import AttemptKey, SupervisorGone, SupervisorUnreachable
 from service.db import transitions as tx
 from service.db.models import Event
