@@ -20,7 +20,7 @@ from tests.engine.test_hf_data import _bpe
 from workers.data_area import DataArea
 from workers.engine.config import TrainConfig
 from workers.runtime.contract.attempt_spec import CONTROL_PLANE_ONLY, GRANTED, LANDS_AT, Grant, attempt_spec
-from workers.runtime.contract.job_spec import JobSpec, parse_job
+from workers.runtime.contract.job_spec import FLAT_NAMES, GROUPS, JobSpec, RuntimeSettings, parse_job
 
 pytestmark = pytest.mark.unit
 
@@ -151,3 +151,28 @@ def test_the_walk_sees_the_union_branches_of_model() -> None:
     paths = schema_paths(ApiJobSpec)
     assert {("model", "hf"), ("model", "seq_len"), ("model", "rope_theta"), ("layout_hint", "cp_method"),
             ("tracking", "mlflow_uri"), ("eval_data", "dtype")} <= paths
+
+
+def test_runtime_settings_read_the_flat_wire_form_and_the_grouped_one() -> None:
+    """``RuntimeSettings`` is grouped by concern; a stored spec's or an override's flat ``runtime``
+    (the wire form before the grouping) still loads, name for name."""
+    flat = {"placement_timeout_s": 7.0, "hang_timeout_s": 5.0, "straggler_window": 3, "snapshots": True,
+            "snapshot_every": 2, "replica_retry_s": 1.0, "max_recoveries": 4, "grow": False}
+    grouped = {"placement": {"timeout_s": 7.0, "grow": False}, "detection": {"hang_timeout_s": 5.0},
+               "stragglers": {"window": 3}, "snapshots": {"enabled": True, "every": 2}, "replicas": {"retry_s": 1.0},
+               "max_recoveries": 4}
+    s = RuntimeSettings.from_dict(flat)
+    assert s == RuntimeSettings.from_dict(grouped)
+    assert (s.placement.timeout_s, s.detection.hang_timeout_s, s.stragglers.window, s.snapshots.enabled,
+            s.snapshots.every, s.replicas.retry_s, s.max_recoveries, s.placement.grow) == (7.0, 5.0, 3, True, 2, 1.0, 4, False)
+    # every field of every group has exactly one flat name
+    every = {(g, f.name) for g, cls in GROUPS.items() for f in dataclasses.fields(cls)}
+    assert sorted(FLAT_NAMES.values()) == sorted(every)
+    default = RuntimeSettings()
+    for name, (group, field) in FLAT_NAMES.items():
+        value = getattr(getattr(default, group), field)
+        assert RuntimeSettings.from_dict({name: value}) == default, name
+    with pytest.raises(ValueError, match="hang_timeout"):
+        RuntimeSettings.from_dict({"hang_timeout": 1.0})
+    with pytest.raises(ValueError, match=r"detection\.bogus"):
+        RuntimeSettings.from_dict({"detection": {"bogus": 1.0}})

@@ -182,7 +182,7 @@ class AttemptMachine:
             raise ValueError(f"resize: gpus must be >= 1, got {gpus}")
         with self.lock:
             world = self.gang.world_size if self.gang is not None else 0
-        changed, armed = self.replanner.set_cap(gpus, world, self.settings.resize_retry_s, placement)
+        changed, armed = self.replanner.set_cap(gpus, world, self.settings.placement.resize_retry_s, placement)
         if armed:
             with self.lock:
                 self.resize_to = gpus
@@ -217,7 +217,7 @@ class AttemptMachine:
 
     # ------------------------------------------------------------------ phases
     def _plan(self) -> tuple[Phase, str]:
-        if self.settings.replica_groups >= 2:
+        if self.settings.replicas.groups >= 2:
             return self._plan_replicas()
         if self._cycle is None:  # a new pass: the gang that ended goes first
             if self.cancel_requested or self.preempt_requested:
@@ -227,7 +227,7 @@ class AttemptMachine:
             self.replanner.released = held_gpus(old.rank_nodes) if old is not None else {}
             cycle.teardown_s = self.port.teardown(old)
             cycle.t_plan = time.monotonic()
-            cycle.give_up = cycle.t_plan + self.settings.placement_give_up_s
+            cycle.give_up = cycle.t_plan + self.settings.placement.give_up_s
         cycle = self._cycle
         switch = self._switch
         try:
@@ -242,7 +242,7 @@ class AttemptMachine:
             if switch is None and not isinstance(exc, planner_bridge.NoCapacity):
                 raise  # a spec no cluster can run fails at once
             if time.monotonic() > cycle.give_up:
-                raise JobFailed(f"no GPUs for {self.settings.placement_give_up_s:.0f}s: {exc}") from exc
+                raise JobFailed(f"no GPUs for {self.settings.placement.give_up_s:.0f}s: {exc}") from exc
             if not cycle.waiting:
                 cycle.waiting = True
                 self.log.emit(ev.WaitingForGpus(reason=f"waiting for GPUs: {exc}", step=self.next_step,
@@ -254,7 +254,7 @@ class AttemptMachine:
 
     def _wait(self) -> tuple[Phase, str]:
         self.replanner.released = {}  # the cluster has caught up with our own release by now
-        deadline = time.monotonic() + self.settings.placement_retry_s
+        deadline = time.monotonic() + self.settings.placement.retry_s
         while True:
             if self.cancel_requested or self.preempt_requested:
                 return self._end_switch(Switch("cancelled" if self.cancel_requested else "preempted"))
@@ -269,7 +269,7 @@ class AttemptMachine:
         if self.replicas is not None:
             return self._place_replicas(cycle, self.replicas)
         if cycle.place_give_up is None:
-            cycle.place_give_up = time.monotonic() + self.settings.placement_give_up_s
+            cycle.place_give_up = time.monotonic() + self.settings.placement.give_up_s
         plan = cycle.plan
         res = self.port.reserve(plan.layout.world_size, nodes=planner_bridge.nodes_used(plan), name=self.name,
                                 per_node=self.replanner.pinned(plan))
@@ -283,11 +283,11 @@ class AttemptMachine:
             return Phase.START, f"{res.size} GPUs reserved"
         smaller: int | None = plan.layout.world_size - 1
         self.log.emit(ev.PlacementTimeout(reason=f"{plan.layout.world_size} GPUs not ready within "
-                                          f"{self.settings.placement_timeout_s}s", gpus=plan.layout.world_size))
+                                          f"{self.settings.placement.timeout_s}s", gpus=plan.layout.world_size))
         if smaller is not None and smaller < self.job.min_gpus:
             if time.monotonic() > cycle.place_give_up:
                 raise JobFailed(f"could not place even {self.job.min_gpus} GPUs")
-            time.sleep(self.settings.placement_retry_s)
+            time.sleep(self.settings.placement.retry_s)
             smaller = None
         cycle.plan = self.replanner.first("smaller plan after a placement timeout", max_gpus=smaller)
         return Phase.PLACE, "placement timed out"
@@ -334,9 +334,9 @@ class AttemptMachine:
                         "teardown_s": cycle.teardown_s, "t0": time.time()}
         s = self.settings
         roles = {r: (gang.layout.coords(r).pp,) for r in range(gang.world_size)}
-        scorer = StragglerScorer(dict(enumerate(gang.rank_nodes)), roles, window=s.straggler_window,
-                                 threshold=s.straggler_threshold, persist_fraction=s.straggler_persist)
-        links = LinkScorer(dict(enumerate(gang.rank_nodes)), window=s.straggler_window)
+        scorer = StragglerScorer(dict(enumerate(gang.rank_nodes)), roles, window=s.stragglers.window,
+                                 threshold=s.stragglers.threshold, persist_fraction=s.stragglers.persist)
+        links = LinkScorer(dict(enumerate(gang.rank_nodes)), window=s.stragglers.window)
         self._run = _Run(gang, scorer, start_step, links=links, recovery=recovery)
         self.next_step = start_step
         self._cycle = None
@@ -365,8 +365,8 @@ class AttemptMachine:
 
     # ------------------------------------------------------------------ training
     def _deadline_s(self, walls: list[float], first: bool) -> float:
-        base = self.settings.hang_factor * median(walls[-20:]) if walls else 0.0
-        d = max(self.settings.hang_timeout_s, base)
+        base = self.settings.detection.hang_factor * median(walls[-20:]) if walls else 0.0
+        d = max(self.settings.detection.hang_timeout_s, base)
         return d * 3 if first else d
 
     def _train_one(self, run: _Run) -> Switch | None:
@@ -420,7 +420,7 @@ class AttemptMachine:
             run.since_save = 0
             if self.preempt_requested:
                 return Switch("preempted")
-            if not last and s.grow:
+            if not last and s.placement.grow:
                 decision = self.replanner.maybe_grow(gang.rank_nodes)
                 if isinstance(decision, SwitchTo):
                     return Switch("grow", change=decision.change, replan=decision.replan, plan_s=decision.plan_s)
@@ -433,11 +433,11 @@ class AttemptMachine:
         than the last step the machine saw done), else the newest checkpoint; the start step and where
         it came from."""
         choice = None
-        if self.settings.snapshots:
+        if self.settings.snapshots.enabled:
             # no copy held on a node left out for a peer partition (it may be cut from the new gang)
             held = {n: v for n, v in self.port.snapshots().items() if n not in self.cut_off}
             choice = memsnap.choose(held, not_before=self.last_ckpt_step, not_after=self.next_step)
-        res = self.port.restore(gang, choice, deadline_s=self.settings.start_timeout_s)
+        res = self.port.restore(gang, choice, deadline_s=self.settings.detection.start_timeout_s)
         if not res.ok:
             raise StartFailed(self.port.classify(res, gang, "restore"))
         starts = set(res.results.values())
@@ -447,7 +447,7 @@ class AttemptMachine:
 
     def _save(self, gang: Gang, step: int) -> Switch | None:
         t0 = time.time()
-        res = self.port.gather(gang, "save", deadline_s=max(self.settings.hang_timeout_s, 10 * self.cadence.save_s))
+        res = self.port.gather(gang, "save", deadline_s=max(self.settings.detection.hang_timeout_s, 10 * self.cadence.save_s))
         if not res.ok:
             return self._on_failure(gang, res, t0, what="checkpoint")
         info = res.results[0]
@@ -490,7 +490,7 @@ class AttemptMachine:
     def _on_straggler(self, gang: Gang, findings: list[Any], run: _Run, step: int) -> Switch | None:
         for f in findings:
             self.log.emit(ev.StragglerFound(reason=f"node {f.node[:8]} ({f.cause}) at {f.score:.2f}x the median over window "
-                                            f"{f.window} (threshold {self.settings.straggler_threshold})",
+                                            f"{f.window} (threshold {self.settings.stragglers.threshold})",
                                             step=step, **f.to_dict()))
         decision = self.replanner.on_straggler(findings, gang.rank_nodes)
         run.scorer.ignore_nodes = frozenset(run.scorer.ignore_nodes | {f.node for f in findings})
@@ -632,9 +632,9 @@ class AttemptMachine:
         hint = self.job.layout_hint
         layout = Layout(tp=int(hint.get("tp", 1)), micro_batch=int(hint.get("micro_batch", 1)),
                         sp=bool(hint.get("sp", False))).with_global_batch(self.job.global_batch)
-        self.replicas = ReplicaSet(layout, int(self.settings.replica_groups), self.name)
+        self.replicas = ReplicaSet(layout, int(self.settings.replicas.groups), self.name)
         now = time.monotonic()
-        self._cycle = _Cycle(t_down=now, t_plan=now, t_place=now, give_up=now + self.settings.placement_give_up_s)
+        self._cycle = _Cycle(t_down=now, t_plan=now, t_place=now, give_up=now + self.settings.placement.give_up_s)
         return Phase.PLACE, f"{self.replicas.want} replica groups of {layout.short()}"
 
     def _place_replicas(self, cycle: _Cycle, reps: ReplicaSet) -> tuple[Phase, str]:
@@ -655,7 +655,7 @@ class AttemptMachine:
         if not got:
             if time.monotonic() > cycle.give_up:
                 raise JobFailed(f"no node with {tp} free GPUs for a replica group")
-            time.sleep(self.settings.placement_retry_s)
+            time.sleep(self.settings.placement.retry_s)
             return Phase.PLACE, "no room for a replica group yet"
         cycle.plan = got  # (node, reservation) per group, in group order
         return Phase.START, f"{len(got)} of {reps.want} replica groups reserved"
@@ -676,8 +676,8 @@ class AttemptMachine:
         self.port.refill_pool()  # what the groups took, on the nodes no group runs on
         view, _ = reps.view()
         s = self.settings
-        scorer = StragglerScorer({}, {}, window=s.straggler_window, threshold=s.straggler_threshold,
-                                 persist_fraction=s.straggler_persist)
+        scorer = StragglerScorer({}, {}, window=s.stragglers.window, threshold=s.stragglers.threshold,
+                                 persist_fraction=s.stragglers.persist)
         self._run = _Run(view, scorer, 0)
         self.next_step = 0
         self._cycle = None
@@ -727,7 +727,7 @@ class AttemptMachine:
             # a replacement was in this step's quorum (its first: it healed there, with no micro-batches):
             # it joins the step set now, before the next quorum (left out, it would hold that quorum up
             # for the join timeout)
-            reps.wait_stepping(self.settings.replica_timeout_s)
+            reps.wait_stepping(self.settings.replicas.timeout_s)
             self._adopt_replacements(reps)
         recent: dict[int, dict[str, Any]] = {}
         for (g, r), row in committed.items():
@@ -752,7 +752,7 @@ class AttemptMachine:
                 raise JobFailed(f"replica groups: the final checkpoint failed: {failed.cause}")
             if self.preempt_requested:
                 return Switch("preempted")
-        reps.start_replacements(self.port, self.replanner.excluded, self.settings.replica_retry_s, lambda g: None)
+        reps.start_replacements(self.port, self.replanner.excluded, self.settings.replicas.retry_s, lambda g: None)
         return None
 
     def _replica_step_done(self, run: _Run, row: dict[str, Any], committed: dict[tuple[int, int], dict[str, Any]],
@@ -853,7 +853,7 @@ class AttemptMachine:
             return
         if reps.at_end is None:
             reps.at_end = sorted(reps.groups)
-        for j in reps.wait_joining(self.settings.start_timeout_s):
+        for j in reps.wait_joining(self.settings.detection.start_timeout_s):
             if j.gang is not None:
                 self.port.teardown(j.gang)
         for g in sorted(reps.groups):
