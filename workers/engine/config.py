@@ -197,13 +197,11 @@ class ExportConfig:
         return {"format": self.format, "dir": self.dir}
 
 
-#: names a stored train config (a checkpoint manifest's ``extra["train"]``) used before the job spec's
-#: names reached the engine: ``init_hf`` is ``model.hf``, ``export_hf`` is ``export.dir``, ``val_data``
-#: is ``eval_data``. :meth:`TrainConfig.from_dict` reads them; nothing writes them.
-_LEGACY_TRAIN_KEYS = ("init_hf", "export_hf", "val_data")
-
-
 def _from_legacy(d: dict[str, Any]) -> dict[str, Any]:
+    """A stored train config (a checkpoint manifest's ``extra["train"]``) under the names used before
+    the job spec's names reached the engine: ``init_hf`` is ``model.hf``, ``export_hf`` is
+    ``export.dir``, ``val_data`` is ``eval_data``. :meth:`TrainConfig.from_dict` reads them; nothing
+    writes them."""
     if "val_data" in d:
         d.setdefault("eval_data", d.pop("val_data"))
     init_hf = d.pop("init_hf", None)

@@ -69,7 +69,7 @@ class RankTrainer:
         self.n_micro = layout.num_micro_batches
         torch.manual_seed(cfg.seed)
         self.parts: ModelParts = build_parts(cfg.model, cfg.seed, layout, self.groups, self.device,
-                                                  init_hf=cfg.model.hf)
+                                                  hf=cfg.model.hf)
         self.params = self.parts.parameters()
         named = self.parts.named_parameters()
         # tied embeddings over pipeline stages: the first stage's embedding and the last stage's head
