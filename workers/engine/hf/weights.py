@@ -19,14 +19,15 @@ whole heads around it, which the row permutation needs.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from workers.data_area import referenced_path
 from workers.engine.config import ModelConfig
+from workers.tenant_json import load_file
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -88,12 +89,17 @@ class HFCheckpoint:
         from safetensors import safe_open
 
         self.path = Path(path)
-        index = self.path / INDEX_FILE
-        if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise HFWeightsError(f"{index}: not a safetensors index ({e})") from None
+        # every file it opens follows the data area's rule for paths a tenant's file names: relative,
+        # no '..', inside this directory with symlinks followed (never another tenant's weights)
+        shown = str(self.path / INDEX_FILE)
+        index = referenced_path(self.path, INDEX_FILE, shown, required=False)
+        if index is not None:
+            weight_map = load_file(index, shown).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise HFWeightsError(f"{shown}: weight_map must be a non-empty object "
+                                     f"(tensor name -> file), got {type(weight_map).__name__}")
+            for k, v in weight_map.items():
+                referenced_path(self.path, v, f"{shown}: weight_map[{k[:80]!r}]")
             files = sorted(set(weight_map.values()))
         else:
             files = sorted(p.name for p in self.path.glob("*.safetensors"))
@@ -105,9 +111,7 @@ class HFCheckpoint:
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.dtypes: dict[str, str] = {}
         for f in files:
-            fp = self.path / f
-            if not fp.is_file():
-                raise HFWeightsError(f"{fp}: listed in {INDEX_FILE} but missing")
+            fp = referenced_path(self.path, f, shown if weight_map is not None else str(self.path / f))
             try:
                 h = safe_open(str(fp), framework="pt")
                 keys = list(h.keys())
@@ -116,7 +120,7 @@ class HFCheckpoint:
                     self.shapes[k] = tuple(sl.get_shape())
                     self.dtypes[k] = sl.get_dtype()
             except Exception as e:  # safetensors raises its own SafetensorError / OSError
-                raise HFWeightsError(f"{fp}: corrupt or unreadable safetensors file ({e})") from None
+                raise HFWeightsError(f"{self.path / f}: corrupt or unreadable safetensors file ({e})") from None
             self._handles[f] = h
             for k in keys:
                 if weight_map is not None and weight_map.get(k) != f:
