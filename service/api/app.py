@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from service.api.attempts import AttemptLog
 from service.api.config import ApiSettings
+from service.api.data_ledger import Ledger
 from service.api.docs import mount as mount_docs
 from service.api.errors import AllowHeader, BodyLimit, install_handlers
 from service.api.headers import SecurityHeaders
@@ -61,6 +62,8 @@ def create_app(settings: Settings | None = None, api_settings: ApiSettings | Non
     app.state.sessions = sessions
     app.state.streams = StreamSlots(api.sse_max_per_tenant)
     app.state.attempts = AttemptLog(RATE_WINDOW_S)
+    app.state.data_ledger = Ledger(settings.tenant_quota_bytes, settings.tenant_quota_entries,
+                                   settings.upload_max_concurrent)
     registry, tenant_registry, latency = make_registry(sessions, api.metrics_cache_s)
     app.state.registry = registry
     app.state.tenant_registry = tenant_registry
