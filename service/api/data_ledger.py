@@ -70,9 +70,22 @@ def walk(root: Path, limit: int) -> tuple[int, int]:
     return used, entries
 
 
-def iter_files(root: Path, after: str | None = None) -> Iterator[tuple[str, int]]:
+class WalkBudget:
+    """How many directory entries a listing may look at (``spent`` past ``limit``: it stopped early)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.seen = 0
+
+    @property
+    def spent(self) -> bool:
+        return self.seen > self.limit
+
+
+def iter_files(root: Path, after: str | None = None, budget: WalkBudget | None = None) -> Iterator[tuple[str, int]]:
     """``(relative path, bytes)`` of the files under ``root`` in the byte order of their paths,
-    starting after the path ``after``; subtrees wholly before ``after`` are not entered."""
+    starting after the path ``after``; subtrees wholly before ``after`` are not entered. Stops once
+    ``budget`` is spent."""
     def key(e: os.DirEntry[str]) -> str:
         return e.name + "/" if e.is_dir(follow_symlinks=False) else e.name
 
@@ -82,6 +95,10 @@ def iter_files(root: Path, after: str | None = None) -> Iterator[tuple[str, int]
         except OSError:
             return
         for e in entries:
+            if budget is not None:
+                budget.seen += 1
+                if budget.spent:
+                    return
             rel = prefix + e.name
             if not prefix and e.name == UPLOADS:
                 continue

@@ -1,6 +1,6 @@
-"""``/docs``: Swagger UI served by the API itself, from the files the pinned ``swagger-ui-bundle-v2`` (Swagger UI 5, which reads OpenAPI 3.1)
-package ships (no CDN: the dashboard's origin loads scripts from itself only, see
-``service.api.headers``). No inline script: the page loads ``/docs/init.js``, which points Swagger UI
+"""``/docs``: Swagger UI served by the API itself, from the files the pinned ``swagger-ui-bundle-v2``
+package ships (Swagger UI 5, which reads OpenAPI 3.1; no CDN: the dashboard's origin loads scripts
+from itself only, see ``service.api.headers``). No inline script: the page loads ``/docs/init.js``, which points Swagger UI
 at ``/openapi.json``. ReDoc is not served (it would need a CDN or another bundle).
 """
 

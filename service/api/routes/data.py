@@ -28,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
-from service.api.data_ledger import UPLOADS, Ledger, QuotaExceeded, TooManyUploads, iter_files
+from service.api.data_ledger import UPLOADS, Ledger, QuotaExceeded, TooManyUploads, WalkBudget, iter_files
 from service.api.deps import CurrentTenant
 from service.api.errors import responses
 from service.settings import data_area
@@ -102,11 +102,13 @@ def list_data(
     used, entries = ledger(request).usage(tenant.id, root)
     items: list[DataFile] = []
     more = False
-    for rel, size in iter_files(root, cursor):
+    budget = WalkBudget(max(limit, settings.tenant_quota_entries) * 2)  # an area over its entry quota
+    for rel, size in iter_files(root, cursor, budget):
         if len(items) == limit:
             more = True
             break
         items.append(DataFile(path=rel, bytes=size))
+    more = more or (budget.spent and bool(items))  # stopped early: the next page goes on from here
     return DataList(items=items, used_bytes=used, quota_bytes=settings.tenant_quota_bytes, used_entries=entries,
                     quota_entries=settings.tenant_quota_entries, next_cursor=items[-1].path if more else None,
                     truncated=more)
