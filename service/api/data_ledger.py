@@ -125,19 +125,26 @@ class Ledger:
         self.max_concurrent = max_concurrent
         self._areas: dict[int, _Area] = {}
         self._lock = threading.Lock()
+        self._gen = 0  # bumped by every change of the counts (a walk in progress then defers to them)
 
     def _area(self, tenant_id: int, root: Path) -> _Area:
+        """The tenant's counts, read from the disk again when it has no upload in flight. Called
+        with the lock held; the walk itself runs without it (uploads of other tenants, and this
+        tenant's ``reserve`` calls on the event loop, never wait for a walk)."""
         st = self._areas.get(tenant_id)
-        if st is None or st.uploads == 0:  # nothing in flight: read the disk again
+        if st is not None and st.uploads:
+            return st
+        gen = self._gen
+        self._lock.release()
+        try:
             used, entries = walk(root, 10 * self.quota_entries)
-            st = self._areas[tenant_id] = _Area(used=used, entries=entries)
+        finally:
+            self._lock.acquire()
+        st = self._areas.get(tenant_id)
+        if st is not None and (st.uploads or self._gen != gen):
+            return st  # changed while we walked: the counts kept up to date in between win
+        st = self._areas[tenant_id] = _Area(used=used, entries=entries)
         return st
-
-    def usage(self, tenant_id: int, root: Path) -> tuple[int, int]:
-        """``(bytes, entries)`` the area holds now (uploads in flight not included)."""
-        with self._lock:
-            st = self._area(tenant_id, root)
-            return st.used, st.entries
 
     def begin(self, tenant_id: int, root: Path, new_entries: int, replaces: int) -> Ticket:
         """Admit an upload that creates ``new_entries`` entries and replaces a file of ``replaces``
@@ -170,6 +177,7 @@ class Ledger:
             st.reserved -= ticket.reserved
             st.reserved_entries -= ticket.entries
             st.uploads -= 1
+            self._gen += 1
             if placed:
                 st.used += size - ticket.replaces
                 st.entries += created
@@ -177,6 +185,7 @@ class Ledger:
     def removed(self, tenant_id: int, nbytes: int, entries: int) -> None:
         """A deletion of ``entries`` entries holding ``nbytes`` bytes."""
         with self._lock:
+            self._gen += 1
             st = self._areas.get(tenant_id)
             if st is not None:
                 st.used = max(0, st.used - nbytes)
