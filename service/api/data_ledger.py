@@ -146,6 +146,12 @@ class Ledger:
         st = self._areas[tenant_id] = _Area(used=used, entries=entries)
         return st
 
+    def usage(self, tenant_id: int, root: Path) -> tuple[int, int]:
+        """``(bytes, entries)`` the area holds now (uploads in flight not included)."""
+        with self._lock:
+            st = self._area(tenant_id, root)
+            return st.used, st.entries
+
     def begin(self, tenant_id: int, root: Path, new_entries: int, replaces: int) -> Ticket:
         """Admit an upload that creates ``new_entries`` entries and replaces a file of ``replaces``
         bytes; :class:`TooManyUploads` or :class:`QuotaExceeded` otherwise."""
