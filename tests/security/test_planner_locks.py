@@ -97,6 +97,8 @@ def test_nothing_waits_on_a_planning_request(client: TestClient, monkeypatch: py
         for _ in range(2):  # both planner slots now held by A's searches
             assert gate.entered.acquire(timeout=WAIT_S), "a planning request never reached the planner"
         submit = Call(lambda: client.post("/v1/jobs", json=job_body(name="s", global_batch=n + 24), headers=a))
+        # a second explain of the same job waits for the first one's search (one search per question)
+        explain2 = Call(lambda: client.get(f"/v1/dashboard/jobs/{job_a}/explain", headers=a))
         # while A's explain and dry run sit in the planner: no connection is checked out ...
         assert client.app.state.engine.pool.checkedout() == 0
         # ... and everyone else's requests complete, reads and writes (on SQLite a write needs the lock)
@@ -111,10 +113,12 @@ def test_nothing_waits_on_a_planning_request(client: TestClient, monkeypatch: py
         codes = [c.get().status_code for c in others]
         assert codes == [200, 200, 200, 200, 200, 201], codes
         assert explain.is_alive() and dry.is_alive(), "the planning requests were held all along"
+        assert client.app.state.engine.pool.checkedout() == 0
     finally:
         gate.release.set()
     r = explain.get()
     assert r.status_code == 200 and r.json()["available"] is True, r.text
+    assert explain2.get().json() == r.json()
     assert dry.get().status_code == 200
     assert submit.get().status_code == 201
     assert connections_held() == 0
