@@ -38,7 +38,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from workers.runtime import procfs
+from workers.runtime.cluster import procfs
 
 RATE = 200.0  # req/s of the main phases
 SECONDS = 12.0  # measured seconds per main phase (2,400 requests at 200 req/s: 24 beyond p99)

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.runtime.reference import reference_losses
 from workers.states import ATTEMPT_TERMINAL
+from workers.testbed.reference_run import reference_losses
 
 GLOBAL_BATCH = 8
 
@@ -50,7 +50,7 @@ def _reference_losses(steps: int, ckpt: str) -> list[float]:
 def _run_job(job_id: str, spec: dict[str, Any], during: Any = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     import ray
 
-    from workers.runtime.launch import start_supervisor, stop_supervisor
+    from workers.runtime.supervision.launch import start_supervisor, stop_supervisor
 
     h = start_supervisor(job_id, 1, spec)
     events: list[dict[str, Any]] = []
@@ -215,9 +215,9 @@ def soak(soak_s: float, every: tuple[float, float], seed: int = 0) -> dict[str, 
     what failed."""
     import ray
 
-    from workers.runtime.local_cluster import FAST_HEALTH_CHECK
-    from workers.runtime.netfaults import NetFaults
-    from workers.runtime.netns_cluster import NetnsCluster, leftovers
+    from workers.testbed.local_cluster import FAST_HEALTH_CHECK
+    from workers.testbed.netns_cluster import NetnsCluster, leftovers
+    from workers.testbed.network_faults import NetFaults
 
     rng = random.Random(seed)
     load_start = os.getloadavg()[0]

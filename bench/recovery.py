@@ -29,7 +29,7 @@ NODES, GPUS_PER_NODE, GLOBAL_BATCH, KILL_AT, SAVE_EVERY = 2, 2, 12, 4, 2
 def _ours(cluster: Any, work: Path, steps: int) -> dict[str, Any]:
     import ray
 
-    from workers.runtime.launch import start_supervisor, stop_supervisor
+    from workers.runtime.supervision.launch import start_supervisor, stop_supervisor
 
     spec = {
         "model": "tiny", "steps": steps, "global_batch": GLOBAL_BATCH, "checkpoint_dir": str(work / "ours"),
@@ -59,7 +59,7 @@ def _train_fn(config: dict[str, Any]) -> None:
     from planner.layout import Layout
     from workers.engine.config import TrainConfig
     from workers.engine.trainer import RankTrainer
-    from workers.runtime.worker import _kill_own_node
+    from workers.runtime.cluster.rank_worker import _kill_own_node
 
     torch.set_num_threads(1)
     ctx = ray.train.get_context()
@@ -91,7 +91,7 @@ def _ray_train(work: Path, steps: int, start_timeout_s: float | None) -> dict[st
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from workers.runtime.jobspec import parse_job
+    from workers.runtime.contract.job_spec import parse_job
 
     if start_timeout_s is not None:
         os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(start_timeout_s)
@@ -159,7 +159,7 @@ def _replan_run(tag: str, work: Path, *, steps: int, snapshots: bool, fault: boo
                 warm: int, every: int = 1) -> dict[str, Any]:
     import ray
 
-    from workers.runtime.launch import start_supervisor, stop_supervisor
+    from workers.runtime.supervision.launch import start_supervisor, stop_supervisor
 
     faults: list[dict[str, Any]] = []
     if drop:
@@ -259,7 +259,7 @@ def _replan(quick: bool) -> dict[str, Any]:
     this host's run-to-run noise (+-10 % seen), so the goal is judged on the median of the pairs,
     and also inside ``RECOVERY_INJOB_RUNS`` jobs (default 2; ``quick``: 1) that snapshot after every
     ``INJOB_EVERY``-th step (:func:`in_job_overhead`: no job-to-job swing)."""
-    from workers.runtime.local_cluster import InProcessCluster
+    from workers.testbed.local_cluster import InProcessCluster
 
     steps = 20 if quick else RE_STEPS
     reps = int(os.environ.get("RECOVERY_OVERHEAD_REPS", "1" if quick else "3"))
@@ -478,7 +478,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     + torchft and Ray Train restart, same cluster and failure, see ``bench.recovery_replicas``) and the
     re-plan path (memory vs storage) on the issue's 3 x 4 cluster (``RECOVERY_PARTS=compare`` or
     ``replan``: that part alone)."""
-    from workers.runtime.local_cluster import InProcessCluster
+    from workers.testbed.local_cluster import InProcessCluster
 
     parts = os.environ.get("RECOVERY_PARTS", "baseline,compare,replan").split(",")
     steps = 8 if quick else 12

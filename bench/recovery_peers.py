@@ -68,7 +68,7 @@ PeerKind = Literal["torchft", "restart"]
 
 
 def _train_config(steps: int, work: Path, tag: str) -> dict[str, Any]:
-    from workers.runtime.jobspec import parse_job
+    from workers.runtime.contract.job_spec import parse_job
 
     return parse_job({"model": "tiny", "steps": steps, "global_batch": GLOBAL_BATCH,
                       "checkpoint_dir": str(work / f"ckpt-{tag}")}).train
@@ -152,7 +152,7 @@ class _Run:
         backward pass, before the reduction; once per run; ``>=``: a group that joined late may have
         healed past it)."""
         if step >= self.kill_at and self.group == self.kill_group and not self.marker.exists():
-            from workers.runtime.worker import _kill_own_node
+            from workers.runtime.cluster.rank_worker import _kill_own_node
 
             self.marker.touch()
             self.note("fault", step=step)
@@ -420,7 +420,7 @@ def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster
         raise ValueError(f"pad must be 'sleep' or 'compute', got {pad!r}")
     own = cluster is None
     if own:
-        from workers.runtime.local_cluster import InProcessCluster
+        from workers.testbed.local_cluster import InProcessCluster
 
         cluster = InProcessCluster(nodes=NODES, gpus_per_node=GPUS_PER_NODE).start()
     tmp = work is None
@@ -499,7 +499,7 @@ LIMITS = (
 
 def run(quick: bool = False) -> dict[str, Any]:
     """Both peers, same workload and failure, one cluster, one invocation."""
-    from workers.runtime.local_cluster import InProcessCluster
+    from workers.testbed.local_cluster import InProcessCluster
 
     steps = 30 if quick else STEPS
     cluster = InProcessCluster(nodes=NODES, gpus_per_node=GPUS_PER_NODE).start()

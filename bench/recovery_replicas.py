@@ -119,7 +119,7 @@ def stall_window(step_ts: dict[str, list[list[float]]], kill_ts: float, full_ts:
 def _replica_run(tag: str, work: Path, *, tp: int, fault: bool, steps: int = REP_STEPS) -> dict[str, Any]:
     import ray
 
-    from workers.runtime.launch import start_supervisor, stop_supervisor
+    from workers.runtime.supervision.launch import start_supervisor, stop_supervisor
 
     spec = {"model": "tiny", "steps": steps, "global_batch": GLOBAL_BATCH, "checkpoint_dir": str(work / tag),
             "layout_hint": {"tp": tp, "micro_batch": REP_MICRO_BATCH}, "checkpoint": {"min_every_steps": 100, "max_every_steps": 100},
@@ -239,7 +239,7 @@ def compare(quick: bool) -> dict[str, Any]:
     """The four systems on one cluster, one invocation (``quick``: no tp=1 no-fault run, shorter peers)."""
     import time
 
-    from workers.runtime.local_cluster import InProcessCluster
+    from workers.testbed.local_cluster import InProcessCluster
 
     started, t0 = time.strftime("%Y-%m-%d %H:%M", time.gmtime()), time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="orthoplex-bench-compare-"))

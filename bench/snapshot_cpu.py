@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workers.runtime import procfs
+from workers.runtime.cluster import procfs
 
 KINDS = ("SnapshotHolder", "RankWorker", "JobSupervisor", "raylet", "gcs_server", "dashboard", "log_monitor",
          "runtime_env", "ray::IDLE")
@@ -91,7 +91,7 @@ class CpuByKind:
 
 def run(quick: bool = False) -> dict[str, Any]:
     from bench.recovery import RE_GPUS, RE_NODES, RE_STEPS, _replan_run
-    from workers.runtime.local_cluster import InProcessCluster
+    from workers.testbed.local_cluster import InProcessCluster
 
     order = [False, True] if quick else [False, True, True, False]
     work = Path(tempfile.mkdtemp(prefix="orthoplex-bench-snapcpu-"))

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Dim = Literal["tp", "cp", "dp", "pp"]
 DIMS: tuple[Dim, ...] = ("tp", "cp", "dp", "pp")  # fastest-varying first
@@ -293,3 +294,15 @@ class Layout:
             values["sp"] = True  # sequence parallelism is the default companion of TP
 
         return cls(**values)  # type: ignore[arg-type]
+
+
+def parse_hint(hint: str | Mapping[str, Any] | None) -> dict[str, Any]:
+    """``"tp=2,pp=2"`` or a dict -> the parallel fields it fixes (validated through ``Layout``)."""
+    if not hint:
+        return {}
+    if isinstance(hint, str):
+        parsed = Layout.parse(hint)
+        keys = [p.split("=", 1)[0].strip() for p in hint.split(",") if "=" in p]
+        return {k: getattr(parsed, k) for k in keys}
+    Layout.from_dict(dict(hint))  # validates field names and values
+    return dict(hint)

@@ -1,6 +1,6 @@
 """Job spec + cluster -> the planner's input: the one builder, used by the API's fit check and dry
 run (``service.api.fit_check``), the controller's goodput curves (``service.controller.curves``) and
-the runtime's plans and re-plans (``workers.runtime.planner_bridge``), so the fit check, the goodput
+the runtime's plans and re-plans (``workers.runtime.policy.planning``), so the fit check, the goodput
 curve and the real plan price the same model, batch, hint and precision on the same GPU profile.
 
 Pure Python (no torch, no Ray).
@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from planner.layout import parse_hint
 from workers.engine.config import planner_model
 
 PRECISION = "bf16"  # what the engine trains in
@@ -45,8 +46,6 @@ def hint_fields(hint: str | Mapping[str, Any] | None) -> dict[str, Any]:
     names the field it refuses), or the CLI syntax ``"tp=2,pp=2"`` parsed."""
     if isinstance(hint, Mapping):
         return {k: v for k, v in hint.items() if v is not None}
-    from workers.runtime.jobspec import parse_hint
-
     return parse_hint(hint)
 
 

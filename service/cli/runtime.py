@@ -112,8 +112,8 @@ def run_job(spec: dict[str, Any], *, address: str | None, nodes: int, gpus_per_n
     """Run ``spec`` to an end on ``address`` (or on a fresh local cluster); returns the supervisor's summary."""
     import ray
 
-    from workers.runtime.launch import start_supervisor, stop_supervisor
-    from workers.runtime.local_cluster import InProcessCluster, local_env
+    from workers.runtime.supervision.launch import start_supervisor, stop_supervisor
+    from workers.testbed.local_cluster import InProcessCluster, local_env
 
     local_env()
     local = None
@@ -149,7 +149,7 @@ def run_job(spec: dict[str, Any], *, address: str | None, nodes: int, gpus_per_n
 def _parse_fault_options(options: list[str], address: str | None) -> list[dict[str, Any]]:
     """``--fault`` JSON objects, validated (``fault_spec``); network kinds refused without ``--address``
     (the local cluster ``run`` would start is in-process: no network namespaces)."""
-    from workers.runtime.fault_spec import parse_fault
+    from workers.runtime.contract.fault_spec import parse_fault
 
     out = []
     for raw in options:
@@ -237,10 +237,11 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print only the cluster's JSON line."),
     ) -> None:
         """Start a head and NODES worker nodes as ``ray start`` processes that outlive this command."""
-        from workers.runtime.local_cluster import cluster_up
+        from workers.testbed.cluster_up import cluster_up
 
         if netns:
-            from workers.runtime.netns_cluster import netns_available, netns_cluster_up
+            from workers.testbed.cluster_up import netns_cluster_up
+            from workers.testbed.netns_cluster import netns_available
 
             ok, why = netns_available()
             if ok:
@@ -266,7 +267,7 @@ def register(app: typer.Typer) -> None:
              as_json: bool = typer.Option(False, "--json", help="Print {\"stopped\": N} as JSON.")) -> None:
         """Stop the local cluster started by ``cluster up``: its own processes (Ray's agents included) and,
         for ``--netns``, its namespaces and links; also after a crash of ``up``."""
-        from workers.runtime.local_cluster import cluster_down
+        from workers.testbed.cluster_up import cluster_down
 
         n = cluster_down(data_dir)
         if as_json:

@@ -83,7 +83,7 @@ def serve(
     log.info("schema at head", extra={"revision": migrate.current(settings.database_url)})
     cluster = None
     if shape is not None:
-        from workers.runtime.local_cluster import InProcessCluster
+        from workers.testbed.local_cluster import InProcessCluster
 
         cluster = InProcessCluster(nodes=shape[0], gpus_per_node=shape[1]).start()
         os.environ["ORTHOPLEX_RAY_ADDRESS"] = cluster.address

@@ -39,7 +39,7 @@ from service.log import get_logger
 from service.scheduler.types import Admit, Decision, Grow, Preempt, Shrink, Wait
 from workers.data_area import DataArea, tenant_area
 from workers.job_inputs import CHECKPOINT_DIR, runtime_fields
-from workers.runtime.jobspec import SPEC_KEYS
+from workers.runtime.contract.job_spec import SPEC_KEYS
 from workers.states import AttemptState, JobState
 
 log = get_logger("service.controller.apply")

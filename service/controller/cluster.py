@@ -35,7 +35,7 @@ class Allocation:
 class RayNode:
     """One Ray node as the control plane sees it (health, GPUs used, placement groups); the scheduler
     gets it as a ``service.scheduler.types.NodeView``, a job's supervisor plans on a
-    ``workers.runtime.placement.NodeCapacity``."""
+    ``workers.runtime.cluster.placement_groups.NodeCapacity``."""
 
     node_id: str
     alive: bool

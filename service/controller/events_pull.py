@@ -38,7 +38,7 @@ from service.controller.supervisors import AttemptKey
 from service.db import transitions as tx
 from service.db.models import Event
 from service.log import get_logger
-from workers.runtime import events as ev
+from workers.runtime.contract import events as ev
 from workers.states import TERMINAL, AttemptState, JobState
 
 log = get_logger("service.controller.events")

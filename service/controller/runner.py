@@ -27,7 +27,7 @@ from service.controller.loop import Controller
 from service.db.session import make_engine
 from service.log import get_logger
 from service.settings import Settings, get_settings
-from workers.runtime.rank_env import without_secrets
+from workers.runtime.cluster.rank_env import without_secrets
 
 log = get_logger("service.controller.runner")
 

@@ -1,7 +1,7 @@
 """The controller's side of the JobSupervisor actors: find, start, ask, tell, reap.
 
 Supervisors are detached, named ``orthoplex-job-{job_id}-a{attempt}`` in namespace ``orthoplex``,
-so a restarted controller finds them by name (``workers.runtime.launch.find_supervisor``). Every
+so a restarted controller finds them by name (``workers.runtime.supervision.launch.find_supervisor``). Every
 call here is bounded by a timeout; the answers distinguish a supervisor that is *gone* (no actor by
 that name, or Ray says it died) from one that is only *unreachable right now* (a timeout, a node
 that is being declared dead): only the first may start a new attempt.
@@ -50,7 +50,7 @@ class Supervisors:
         would otherwise start a private local Ray instance and find nothing)."""
         import ray
 
-        from workers.runtime.launch import find_supervisor
+        from workers.runtime.supervision.launch import find_supervisor
 
         if not ray.is_initialized():
             raise SupervisorUnreachable("not connected to Ray")
@@ -69,7 +69,7 @@ class Supervisors:
     def start(self, key: AttemptKey, spec: dict[str, Any]) -> Any:
         """Create the attempt's supervisor (or take the one a crashed controller already created)
         and make sure it runs. Idempotent per attempt: the actor name is the attempt."""
-        from workers.runtime.launch import start_supervisor
+        from workers.runtime.supervision.launch import start_supervisor
 
         handle = self.find(key)
         if handle is None:

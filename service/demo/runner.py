@@ -146,7 +146,7 @@ class Demo:
         """Detached supervisors outlive their driver: end them before the cluster goes."""
         import ray
 
-        from workers.runtime.launch import find_supervisor
+        from workers.runtime.supervision.launch import find_supervisor
 
         if not ray.is_initialized():
             ray.init(address=self.cluster.address, namespace="orthoplex", log_to_driver=False,
@@ -204,7 +204,7 @@ class Demo:
 
     # ------------------------------------------------------------------ steps
     def _start_cluster(self) -> None:
-        from workers.runtime.local_cluster import InProcessCluster
+        from workers.testbed.local_cluster import InProcessCluster
 
         cfg = self.cfg
         with self.console.status(f"starting a local Ray cluster: {cfg.nodes} nodes x {cfg.gpus_per_node} GPUs"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from workers.runtime.cadence import young_interval_s
+from workers.runtime.policy.checkpoint_cadence import young_interval_s
 
 
 def ettr(restart_s: float, save_s: float, interval_s: float, mttf_s: float, lost_s: float | None = None) -> float:

@@ -150,7 +150,7 @@ def checkpoints(engine: sa.Engine, job_id: int) -> list[Any]:
 
 def live_supervisors(job_id: int, up_to_attempt: int = 6) -> list[int]:
     """Attempt numbers of this job whose supervisor actor exists right now."""
-    from workers.runtime.launch import find_supervisor
+    from workers.runtime.supervision.launch import find_supervisor
 
     return [a for a in range(1, up_to_attempt + 1) if find_supervisor(job_id, a) is not None]
 
@@ -239,7 +239,7 @@ class GpuHog:
         import ray
         from ray.util import placement_group
 
-        from workers.runtime.placement import NODE_ID_LABEL
+        from workers.runtime.cluster.placement_groups import NODE_ID_LABEL
 
         free = {n.node_id: n.gpus_free for n in _view().alive_nodes if n.node_id in nodes}
         count = max(0, sum(free.values()) - leave_free)

@@ -13,7 +13,7 @@ from service.controller.loop import Controller
 from service.db import transitions as tx
 from service.db.session import make_engine, make_sessionmaker
 from tests.controller import helpers as h
-from workers.runtime import events as ev
+from workers.runtime.contract import events as ev
 
 
 def _step(seq: int, loss: float) -> dict:

@@ -13,9 +13,9 @@ import planner
 from service.controller.apply import supervisor_spec
 from service.controller.loop import Controller
 from service.controller.snapshot import JobRow
-from workers.runtime.jobspec import parse_job
-from workers.runtime.placement import NodeCapacity
-from workers.runtime.planner_bridge import first_plan, planner_spec
+from workers.runtime.cluster.placement_groups import NodeCapacity
+from workers.runtime.contract.job_spec import parse_job
+from workers.runtime.policy.planning import first_plan, planner_spec
 
 pytestmark = pytest.mark.unit
 

@@ -19,7 +19,7 @@ from service.goodput.recovery import MEASURED, CostModel
 from service.goodput.simulation import Config, self_check, simulate
 from service.goodput.throughput import JobThroughput
 from service.goodput.trace import Failure, Trace, poisson_trace
-from workers.runtime.cadence import young_interval_s
+from workers.runtime.policy.checkpoint_cadence import young_interval_s
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]

@@ -129,7 +129,7 @@ import torch, torch.distributed as dist
 from planner.layout import Layout
 from workers.engine.groups import ParallelGroups
 from workers.engine.launch import free_port
-from workers.runtime.rendezvous import Rendezvous, join, leave
+from workers.runtime.cluster.rendezvous import Rendezvous, join, leave
 for attempt in range(3):
     join(Rendezvous("127.0.0.1", free_port(), "nccl", 60.0), 0, 1)
     ParallelGroups(Layout(), 0, 1)

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from tests.netns.probes import connects, ns_python, server, wait_until
-from workers.runtime.events import EventLog
-from workers.runtime.fault_spec import parse_faults
-from workers.runtime.faults import FaultInjector, FaultPlan
-from workers.runtime.jobspec import parse_job
-from workers.runtime.netfault_port import NetFaultsUnavailable
+from workers.runtime.contract.events import EventLog
+from workers.runtime.contract.fault_spec import parse_faults
+from workers.runtime.contract.job_spec import parse_job
+from workers.testbed.fault_injector import FaultInjector, FaultPlan
+from workers.testbed.network_fault_injector import NetFaultsUnavailable
 
 BASE = {"model": "tiny", "steps": 4, "global_batch": 8, "checkpoint_dir": "/nowhere"}
 
@@ -53,9 +53,9 @@ def test_network_faults_are_refused_on_a_cluster_without_namespaces() -> None:
 
 FIRE = """
 import json, sys
-from workers.runtime.fault_spec import parse_fault
-from workers.runtime.netfault_port import SpecNetFaults
-from workers.runtime.netns_cluster import discover_here
+from workers.runtime.contract.fault_spec import parse_fault
+from workers.testbed.network_fault_injector import SpecNetFaults
+from workers.testbed.netns_cluster import discover_here
 rec = discover_here()
 print(json.dumps(rec))
 net = SpecNetFaults(rec)
@@ -76,13 +76,13 @@ def test_a_node_namespace_finds_its_cluster_and_partitions_a_link_through_the_ro
     try:
         with server(n2.netns):
             assert not connects(n1.netns, n2.ip)  # the bridge end (root namespace) is down
-            ns_python(n1.netns, "import json\nfrom workers.runtime.netfault_port import SpecNetFaults\n"
-                      "from workers.runtime.netns_cluster import discover_here\n"
+            ns_python(n1.netns, "import json\nfrom workers.testbed.network_fault_injector import SpecNetFaults\n"
+                      "from workers.testbed.netns_cluster import discover_here\n"
                       "SpecNetFaults(discover_here()).net.heal('n2')")
             # back within seconds (n1's neighbour entry for n2 failed during the cut and is resolved anew)
             wait_until(lambda: connects(n1.netns, n2.ip), 20, "n2 reachable again after the heal")
     finally:
-        from workers.runtime.netfaults import NetFaults
+        from workers.testbed.network_faults import NetFaults
 
         NetFaults(c).heal("n2")
 

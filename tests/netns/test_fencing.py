@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.runtime import fencing
+from workers.runtime.recovery import fencing
 
 pytestmark = [pytest.mark.unit]
 
@@ -23,7 +23,7 @@ def test_each_gang_start_advances_the_epoch_and_fences_older_ones(tmp_path: Path
 
 
 def test_a_fenced_rank_refuses_steps_and_saves_before_touching_its_trainer(tmp_path: Path) -> None:
-    from workers.runtime.worker import RankWorker
+    from workers.runtime.cluster.rank_worker import RankWorker
 
     w = RankWorker()
     w._fence = (str(tmp_path), fencing.advance(tmp_path))

@@ -13,10 +13,10 @@ import pytest
 
 from tests.runtime.memory_cluster import MemoryCluster
 from tests.runtime.test_recovery_decisions import finished_cleanly, machine, of, step_until
-from workers.runtime import events as ev
-from workers.runtime import planner_bridge
-from workers.runtime.job_plans import heavy_groups_crossing
-from workers.runtime.jobspec import parse_job
+from workers.runtime.contract import events as ev
+from workers.runtime.contract.job_spec import parse_job
+from workers.runtime.policy import planning as planner_bridge
+from workers.runtime.policy.replanner import heavy_groups_crossing
 
 pytestmark = pytest.mark.unit
 

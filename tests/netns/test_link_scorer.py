@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from workers.runtime.straggler import LinkScorer, StragglerScorer
+from workers.runtime.policy.stragglers import LinkScorer, StragglerScorer
 
 pytestmark = [pytest.mark.unit]
 

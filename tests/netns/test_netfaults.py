@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.netns.probes import connects, rtts_ms, send_seconds, server, udp_delivered
-from workers.runtime.netfaults import NetFaults, delay_supported
+from workers.testbed.network_faults import NetFaults, delay_supported
 
 pytestmark = [pytest.mark.cluster]
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from service.cli.runtime import register
 from tests.netns.probes import wait_until
-from workers.runtime.netns_cluster import leftovers
+from workers.testbed.netns_cluster import leftovers
 
 pytestmark = [pytest.mark.cluster]
 

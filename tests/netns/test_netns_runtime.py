@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.netns.probes import wait_until
-from workers.runtime.reachability import RayPeerProbe
+from workers.runtime.cluster.reachability import RayPeerProbe
 
 pytestmark = [pytest.mark.cluster]
 
@@ -47,7 +47,7 @@ def _spec(tmp_path: Path, steps: int = STEPS) -> dict[str, Any]:
 
 class Job:
     def __init__(self, job_id: str, spec: dict[str, Any]) -> None:
-        from workers.runtime.launch import start_supervisor
+        from workers.runtime.supervision.launch import start_supervisor
 
         self.job_id = job_id
         self.h = start_supervisor(job_id, 1, spec, enable_fault_injection=bool(spec.get("faults")))
@@ -75,7 +75,7 @@ class Job:
         return res
 
     def stop(self) -> None:
-        from workers.runtime.launch import stop_supervisor
+        from workers.runtime.supervision.launch import stop_supervisor
 
         stop_supervisor(self.job_id, 1)
 
@@ -135,7 +135,7 @@ def test_partition_declares_the_node_lost_recovers_and_fences_the_node_when_it_r
         netns_ray: Any, tmp_path: Path) -> None:
     import ray
 
-    from workers.runtime import fencing
+    from workers.runtime.recovery import fencing
 
     job = Job("nn-part", _spec(tmp_path, PARTITION_STEPS))
     name = ""

@@ -70,7 +70,7 @@ def test_added_node_and_bad_change() -> None:
 
 
 def test_runtime_shaped_spec_and_change() -> None:
-    """The spec and change the runtime sends (workers/runtime/planner_bridge.py): Ray node ids, a GPU cap,
+    """The spec and change the runtime sends (workers/runtime/policy/planning.py): Ray node ids, a GPU cap,
     min_gpus, engine_only, a layout hint; re-plan with ``slow_nodes``."""
     spec = {
         "model": {"name": "tiny", "layers": 4, "hidden": 64, "heads": 8, "kv_heads": 4, "ffn": 172, "vocab": 256,

@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.runtime.gang import Gang, StartFailed
-from workers.runtime.memsnap import METADATA, Choice, buddy_of
-from workers.runtime.placement import NodeCapacity, Reservation
-from workers.runtime.planner_bridge import plan_nodes
-from workers.runtime.ranks import assign_ranks
-from workers.runtime.watchdog import Failure, GatherResult
+from workers.runtime.cluster.gang import Gang, StartFailed
+from workers.runtime.cluster.placement_groups import NodeCapacity, Reservation
+from workers.runtime.cluster.ranks import assign_ranks
+from workers.runtime.cluster.watchdog import Failure, GatherResult
+from workers.runtime.policy.planning import plan_nodes
+from workers.runtime.recovery.memory_snapshots import METADATA, Choice, buddy_of
 
 
 class RankDied(RuntimeError):

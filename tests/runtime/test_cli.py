@@ -96,7 +96,7 @@ def test_cluster_up_outlives_the_command_and_down_stops_only_it(tmp_path: Path) 
     assert [p for p in rec["pids"] if _running(p)] == []
     # Ray's DashboardAgent and RuntimeEnvAgent rename themselves (their titles do not name the temp
     # dir) but stay in the sessions of the `ray start` commands: none of them may be left
-    from workers.runtime.netns_cluster import _pids_in_sessions
+    from workers.runtime.cluster.procfs import in_sessions as _pids_in_sessions
 
     assert rec["sessions"] and [p for p in _pids_in_sessions(set(rec["sessions"])) if _running(p)] == []
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from workers.runtime.reference import reference_losses
+from workers.testbed.reference_run import reference_losses
 
 pytestmark = pytest.mark.cluster
 
@@ -126,7 +126,7 @@ def test_node_loss_replans_onto_8_gpus_and_matches_the_no_failure_loss(ray_clust
 def test_straggler_jitter_grow_and_hang_in_one_job(ray_cluster, tmp_path) -> None:
     import ray
 
-    from workers.runtime.launch import start_supervisor, stop_supervisor
+    from workers.runtime.supervision.launch import start_supervisor, stop_supervisor
 
     window = 3
     spec = {

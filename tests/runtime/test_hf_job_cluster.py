@@ -30,13 +30,13 @@ def test_hf_job_tracks_evaluates_and_exports_through_the_runtime(ray_cluster, tm
     import ray
 
     from workers.job_inputs import runtime_fields
-    from workers.runtime.jobspec import SPEC_KEYS
-    from workers.runtime.launch import start_supervisor, stop_supervisor
+    from workers.runtime.contract.job_spec import SPEC_KEYS
+    from workers.runtime.supervision.launch import start_supervisor, stop_supervisor
 
     area = tmp_path / "tenants" / "1" / "data"
     (area / "data").mkdir(parents=True)
     text = "\n\n".join(p.read_text() for p in sorted((Path(__file__).resolve().parents[2] / "workers" / "runtime")
-                                                     .glob("*.py")))
+                                                     .rglob("*.py")))
     (area / "data" / "a.txt").write_text(text[: len(text) // 2])
     (area / "data" / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n"
                                                    for t in text[len(text) // 2:].split("\n\n")))

@@ -1,4 +1,4 @@
-"""The replica groups' quorum service (``workers.runtime.lighthouse``): torchft 0.2.0's lighthouse
+"""The replica groups' quorum service (``workers.runtime.recovery.quorum_service``): torchft 0.2.0's lighthouse
 rules, checked pure, and the gRPC protocol, checked with torchft's own client (the Rust one its
 managers use), plus the one thing torchft's lighthouse cannot do: drop a replica the supervisor
 found dead, so the survivors' quorum does not wait for its heartbeat to time out."""
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from workers.runtime.lighthouse import (
+from workers.runtime.recovery.quorum_service import (
     MSG,
     Joined,
     QuorumLighthouse,

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from tests.controller import helpers as h
-from workers.runtime.memsnap import METADATA
-from workers.runtime.reference import reference_losses
+from workers.runtime.recovery.memory_snapshots import METADATA
+from workers.testbed.reference_run import reference_losses
 
 pytestmark = pytest.mark.cluster
 
@@ -44,7 +44,7 @@ def _spec(tmp_path: Path) -> dict[str, Any]:
 def test_replan_from_memory_then_from_storage_when_the_memory_copies_are_gone(ray_cluster, tmp_path: Path) -> None:
     import ray
 
-    from workers.runtime.launch import start_supervisor, stop_supervisor
+    from workers.runtime.supervision.launch import start_supervisor, stop_supervisor
 
     spec = _spec(tmp_path)
     sup = start_supervisor("t-memsnap", 1, spec, enable_fault_injection=True)
@@ -84,7 +84,7 @@ def test_a_restoring_rank_fetches_only_the_snapshot_files_it_asks_for(ray_cluste
     from ray.experimental import get_object_locations
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from workers.runtime.memsnap import Holders
+    from workers.runtime.recovery.memory_snapshots import Holders
 
     a, b = ray_cluster.worker_node_ids()[:2]
     holders = Holders(keep=2)

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from workers.runtime import events as ev
-from workers.runtime import fencing
-from workers.runtime.events import EventLog
-from workers.runtime.faults import FaultInjector, FaultPlan, parse_faults
-from workers.runtime.gang import Gang, StartFailed
-from workers.runtime.jobspec import parse_job
-from workers.runtime.lifecycle import AttemptMachine, Phase
-from workers.runtime.reachability import Matrix, Verdict, connect_all, cut_pairs, judge, to_exclude
-from workers.runtime.watchdog import Failure
+from workers.runtime.cluster.gang import Gang, StartFailed
+from workers.runtime.cluster.reachability import Matrix, Verdict, connect_all, cut_pairs, judge, to_exclude
+from workers.runtime.cluster.watchdog import Failure
+from workers.runtime.contract import events as ev
+from workers.runtime.contract.events import EventLog
+from workers.runtime.contract.job_spec import parse_job
+from workers.runtime.recovery import fencing
+from workers.runtime.supervision.attempt_machine import AttemptMachine, Phase
+from workers.testbed.fault_injector import FaultInjector, FaultPlan, parse_faults
 
 from .memory_cluster import MemoryCluster
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from planner.layout import Layout
-from workers.runtime import placement
-from workers.runtime.ranks import assign_ranks, spanning_groups
+from workers.runtime.cluster import placement_groups as placement
+from workers.runtime.cluster.ranks import assign_ranks, spanning_groups
 
 pytestmark = pytest.mark.cluster
 

@@ -1,4 +1,4 @@
-"""``workers.runtime.procfs``: this process's and a child's stat fields, a zombie, a gone process."""
+"""``workers.runtime.cluster.procfs``: this process's and a child's stat fields, a zombie, a gone process."""
 
 import os
 import subprocess
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from workers.runtime import procfs
+from workers.runtime.cluster import procfs
 
 pytestmark = pytest.mark.unit
 

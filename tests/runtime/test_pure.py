@@ -9,14 +9,14 @@ import time
 
 import pytest
 
-from planner.layout import Layout
-from workers.runtime import events as ev
-from workers.runtime.cadence import CheckpointCadence, young_interval_s
-from workers.runtime.events import EventLog
-from workers.runtime.faults import Fault, FaultInjectionDisabled, FaultPlan, parse_faults
-from workers.runtime.jobspec import parse_hint, parse_job
-from workers.runtime.ranks import assign_ranks, spanning_groups
-from workers.runtime.straggler import StragglerScorer
+from planner.layout import Layout, parse_hint
+from workers.runtime.cluster.ranks import assign_ranks, spanning_groups
+from workers.runtime.contract import events as ev
+from workers.runtime.contract.events import EventLog
+from workers.runtime.contract.job_spec import parse_job
+from workers.runtime.policy.checkpoint_cadence import CheckpointCadence, young_interval_s
+from workers.runtime.policy.stragglers import StragglerScorer
+from workers.testbed.fault_injector import Fault, FaultInjectionDisabled, FaultPlan, parse_faults
 
 pytestmark = pytest.mark.unit
 
@@ -149,7 +149,7 @@ def test_event_log_sequence_since_and_sink(tmp_path) -> None:
 
 
 def test_a_steps_snapshot_wait_is_its_slowest_ranks_and_none_without_snapshots() -> None:
-    from workers.runtime.lifecycle import _snapshot_s
+    from workers.runtime.supervision.attempt_machine import _snapshot_s
 
     assert _snapshot_s({0: {"snapshot_s": 0.004}, 1: {"snapshot_s": 0.0123456}}) == 0.0123
     assert _snapshot_s({0: {"snapshot_s": None}, 1: {}}) is None  # snapshots off (or a replica group's step)
@@ -230,7 +230,7 @@ def test_job_spec_parsing(tmp_path) -> None:
 def test_classify_tells_node_loss_rank_crash_raise_and_hang_apart() -> None:
     from ray.exceptions import ActorDiedError
 
-    from workers.runtime.watchdog import GatherResult, classify
+    from workers.runtime.cluster.watchdog import GatherResult, classify
 
     nodes = ["a", "a", "b", "b"]
     died = GatherResult(errors={2: ActorDiedError(), 3: ActorDiedError(), 0: RuntimeError("Connection closed")})
@@ -258,7 +258,7 @@ def test_classify_trusts_a_dead_raylet_before_the_gcs_notices() -> None:
     A node whose raylet answers stays a rank failure."""
     from ray.exceptions import ActorDiedError
 
-    from workers.runtime.watchdog import GatherResult, classify
+    from workers.runtime.cluster.watchdog import GatherResult, classify
 
     nodes = ["a", "a", "b", "b"]
     died = GatherResult(errors={2: ActorDiedError(), 3: ActorDiedError()})
@@ -284,7 +284,8 @@ def test_classify_trusts_a_dead_raylet_before_the_gcs_notices() -> None:
 def test_a_node_where_ranks_keep_dying_becomes_suspect_and_nothing_else_does() -> None:
     from ray.exceptions import ActorDiedError
 
-    from workers.runtime.watchdog import Failure, GatherResult, NodeDeaths, classify
+    from workers.runtime.cluster.watchdog import Failure, GatherResult, classify
+    from workers.runtime.policy.recovery import NodeDeaths
 
     nodes = ["a", "a", "b", "b"]
     live = {"alive_nodes": lambda: {"a", "b"}, "confirm_s": 0.2, "unreachable": lambda n: False}
@@ -311,7 +312,7 @@ def test_raylet_probe_tells_a_listening_port_from_a_closed_one(monkeypatch) -> N
 
     import ray
 
-    from workers.runtime import placement
+    from workers.runtime.cluster import placement_groups as placement
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -342,7 +343,7 @@ def test_every_event_the_runtime_emits_is_a_registered_class() -> None:
 
     import workers.runtime as runtime
 
-    emitted = {m for f in Path(runtime.__file__).parent.glob("*.py")
+    emitted = {m for f in Path(runtime.__file__).parent.rglob("*.py")
                for m in re.findall(r"\bev\.([A-Z][A-Za-z]+)\(", f.read_text())}
     registered = {cls.__name__ for cls in ev.EVENTS.values()}
     assert {"NodeExcluded", "WaitingForGpus", "RankFailed"} <= emitted
@@ -357,7 +358,7 @@ def test_the_log_refuses_an_event_whose_fields_do_not_fit_its_type() -> None:
 
 
 def test_memsnap_choose_takes_the_newest_complete_snapshot_over_the_surviving_holders() -> None:
-    from workers.runtime.memsnap import SnapshotKey, buddy_of, choose
+    from workers.runtime.recovery.memory_snapshots import SnapshotKey, buddy_of, choose
 
     def entry(epoch: int, step: int, world: int, *files: str) -> dict:
         return {"epoch": epoch, "step": step, "world": world, "files": list(files)}
@@ -382,7 +383,7 @@ def test_node_watch_marks_a_node_down_when_its_port_refuses_or_stays_silent() ->
     import socket
     import time
 
-    from workers.runtime.watchdog import NodeWatch
+    from workers.runtime.cluster.watchdog import NodeWatch
 
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -410,7 +411,7 @@ def test_node_watch_marks_a_node_down_when_its_port_refuses_or_stays_silent() ->
 
 
 def test_classify_trusts_the_node_heartbeat() -> None:
-    from workers.runtime.watchdog import GatherResult, classify
+    from workers.runtime.cluster.watchdog import GatherResult, classify
 
     res = GatherResult(pending=[2, 3], lost_nodes=["b"])
     assert not res.ok
@@ -419,7 +420,7 @@ def test_classify_trusts_the_node_heartbeat() -> None:
 
 
 def test_snapshot_holder_keeps_the_newest_snapshots_by_step() -> None:
-    from workers.runtime.memsnap import SnapshotHolder, choose
+    from workers.runtime.recovery.memory_snapshots import SnapshotHolder, choose
 
     h = SnapshotHolder(keep=2)
     for step in (1, 2, 3):
@@ -434,7 +435,7 @@ def test_snapshot_holder_keeps_the_newest_snapshots_by_step() -> None:
 def test_replica_groups_refuse_layouts_a_replica_group_cannot_run() -> None:
     """``runtime.replica_groups``: TP (and the micro-batch) inside a group only; PP, CP, DP/ZeRO and
     snapshots are refused when the spec is parsed, naming the option."""
-    from workers.runtime.jobspec import parse_job
+    from workers.runtime.contract.job_spec import parse_job
 
     base = {"model": "tiny", "steps": 2, "global_batch": 12, "checkpoint_dir": "/nonexistent/ckpt",
             "runtime": {"replica_groups": 3}}
@@ -455,7 +456,7 @@ def test_a_ranks_torch_work_runs_in_a_one_thread_concurrency_group_and_its_heart
     ``torch`` concurrency group (one thread, so a new rank warms one cache, not four), and what must
     answer while a step runs (heartbeat, a peer group's loss, fault hooks, close) stays in the default
     group's threads."""
-    from workers.runtime.worker import ACTOR_CONCURRENCY, TORCH_GROUP, RankWorker
+    from workers.runtime.cluster.rank_worker import ACTOR_CONCURRENCY, TORCH_GROUP, RankWorker
 
     assert ACTOR_CONCURRENCY["concurrency_groups"] == {TORCH_GROUP: 1} and ACTOR_CONCURRENCY["max_concurrency"] > 1
     group = {name: getattr(getattr(RankWorker, name), "__ray_concurrency_group__", None)

@@ -10,13 +10,13 @@ from typing import Any, TypeVar
 
 import pytest
 
-from workers.runtime import events as ev
-from workers.runtime.events import EventLog
-from workers.runtime.faults import FaultInjector, FaultPlan, parse_faults
-from workers.runtime.jobspec import parse_job
-from workers.runtime.lifecycle import AttemptMachine, Phase
-from workers.runtime.planner_bridge import nodes_used
+from workers.runtime.contract import events as ev
+from workers.runtime.contract.events import EventLog
+from workers.runtime.contract.job_spec import parse_job
+from workers.runtime.policy.planning import nodes_used
+from workers.runtime.supervision.attempt_machine import AttemptMachine, Phase
 from workers.states import AttemptState
+from workers.testbed.fault_injector import FaultInjector, FaultPlan, parse_faults
 
 from .memory_cluster import MemoryCluster
 
@@ -278,5 +278,6 @@ def test_the_attempt_loop_has_no_fault_code() -> None:
     import workers.runtime as runtime
 
     root = Path(runtime.__file__).parent
-    for name in ("lifecycle.py", "job_plans.py"):
+    for name in ("supervision/attempt_machine.py", "supervision/attempt_state.py", "supervision/replica_attempt.py",
+                 "policy/replanner.py", "policy/recovery.py"):
         assert not re.search(r"\bfault|inject", (root / name).read_text(), re.IGNORECASE), name

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from planner.layout import Layout
-from workers.runtime.replicas import FRUITLESS_LIMIT, ReplicaSet, raised_to_drop
+from workers.runtime.recovery.replica_groups import FRUITLESS_LIMIT, ReplicaSet, raised_to_drop
 
 
 def _reps() -> ReplicaSet:

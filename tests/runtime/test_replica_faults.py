@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from workers.runtime.gang import Gang
+from workers.runtime.cluster.gang import Gang
 
 pytestmark = pytest.mark.unit
 
@@ -24,8 +24,8 @@ class _Injectable:
 
 def _gang(replica: bool) -> Gang:
     from planner.layout import Layout
-    from workers.runtime.placement import Reservation
-    from workers.runtime.ranks import RankMap
+    from workers.runtime.cluster.placement_groups import Reservation
+    from workers.runtime.cluster.ranks import RankMap
 
     plan = SimpleNamespace(replica_group=0 if replica else None)
     return Gang(plan, Layout(tp=2), Reservation(None, ["n1"], 0.0, "PACK"), RankMap([0, 1], ["n1", "n1"], "test"),
@@ -36,8 +36,8 @@ def test_a_kill_in_the_middle_of_a_replica_step_is_not_followed_by_a_settle_wait
     """``kill_node`` on a replica rank lands after its backward pass in the step launched next: the
     survivors' stall must not include the injector's settle wait (0.2 s, for a gang whose next step
     would otherwise be launched onto the dying node)."""
-    from workers.runtime import faults
-    from workers.runtime.events import EventLog
+    from workers.runtime.contract.events import EventLog
+    from workers.testbed import fault_injector as faults
 
     slept: list[float] = []
     monkeypatch.setattr(faults.time, "sleep", slept.append)

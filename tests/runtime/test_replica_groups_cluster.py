@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.controller import helpers as h
-from workers.runtime.reference import reference_losses
+from workers.testbed.reference_run import reference_losses
 
 pytestmark = pytest.mark.cluster
 
@@ -50,7 +50,7 @@ def _run(job_id: str, spec: dict[str, Any], timeout_s: float) -> tuple[dict[str,
     """Run ``spec`` under a supervisor with fault injection: its summary, its events and the seconds it took."""
     import ray
 
-    from workers.runtime.launch import start_supervisor, stop_supervisor
+    from workers.runtime.supervision.launch import start_supervisor, stop_supervisor
 
     t0 = time.monotonic()
     sup = start_supervisor(job_id, 1, spec, enable_fault_injection=True)
@@ -149,7 +149,7 @@ def test_no_spare_gpus_the_job_goes_on_with_fewer_groups_and_grows_back(ray_clus
     import ray
     from ray.util import placement_group, remove_placement_group
 
-    from workers.runtime.launch import start_supervisor, stop_supervisor
+    from workers.runtime.supervision.launch import start_supervisor, stop_supervisor
 
     # enough steps after the GPUs come back for a replacement to start (a warm actor: ~2-4 s here)
     steps, kill_at = 80, 6

@@ -51,7 +51,7 @@ def _spec(tmp_path: Path) -> dict[str, Any]:
 def test_crash_suspect_node_shrink_wait_for_gpus_capped_recovery_and_preempt(ray_cluster, tmp_path: Path) -> None:
     import ray
 
-    from workers.runtime.launch import start_supervisor, stop_supervisor
+    from workers.runtime.supervision.launch import start_supervisor, stop_supervisor
 
     workers = ray_cluster.worker_node_ids()
     hog: h.GpuHog | None = h.GpuHog(workers[1:], leave_free=0)  # only workers[0] has free GPUs

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from workers.runtime.jobspec import RuntimeSettings
+from workers.runtime.contract.job_spec import RuntimeSettings
 
 pytestmark = pytest.mark.engine
 
@@ -17,8 +17,8 @@ pytestmark = pytest.mark.engine
 def _run(tmp_path: Any, every: int, steps: int) -> tuple[list[dict[str, Any]], list[tuple[int, list[str]]]]:
     from planner.layout import Layout
     from workers.engine.config import ModelConfig, TrainConfig
-    from workers.runtime.rendezvous import Rendezvous, free_port
-    from workers.runtime.worker import RankWorker
+    from workers.runtime.cluster.rank_worker import RankWorker
+    from workers.runtime.cluster.rendezvous import Rendezvous, free_port
 
     pushed: list[tuple[int, list[str]]] = []
 

@@ -1,4 +1,4 @@
-"""The snapshot push's wire (``workers.runtime.snapshot_wire``): files arrive whole and in order, a
+"""The snapshot push's wire (``workers.runtime.recovery.snapshot_transport``): files arrive whole and in order, a
 holder with another token or a dead or silent one fails that copy only (counted, dropped, no hang),
 and a ``SnapshotHolder`` stores what its listener receives. Plain sockets on loopback, no Ray."""
 
@@ -8,8 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from workers.runtime.memsnap import SnapshotHolder, choose
-from workers.runtime.snapshot_wire import (
+from workers.runtime.recovery.memory_snapshots import SnapshotHolder, choose
+from workers.runtime.recovery.snapshot_transport import (
     TOKEN_BYTES,
     LocalCopy,
     Receiver,

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from workers.runtime.rank_env import minimal_env
+from workers.runtime.cluster.rank_env import minimal_env
 
 # values no real environment holds by chance: the Ray-worker test looks for each as a substring of every
 # variable a worker sees (a 2-letter password, "pw", turned up inside some other value once, 2026-12-06)

@@ -163,7 +163,7 @@ def test_the_planner_plans_the_imported_shape(setup) -> None:
 def test_stored_spec_becomes_a_runtime_spec_the_runtime_accepts(setup, tmp_path: Path) -> None:
     from workers.engine.config import TrainConfig
     from workers.job_inputs import runtime_fields
-    from workers.runtime.jobspec import SPEC_KEYS, parse_job
+    from workers.runtime.contract.job_spec import SPEC_KEYS, parse_job
 
     c, a, _, area_a = setup
     stored = c.post("/v1/jobs", json=good_spec(), headers=a).json()["spec"]

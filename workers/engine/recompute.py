@@ -30,15 +30,12 @@ The modes are the planner's (``planner.layout.RECOMPUTE_MODES``; the list the en
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from planner.layout import checkpoint_interval
-
-if TYPE_CHECKING:
-    from workers.engine.model import Transformer
 
 #: the matmuls of one block, in order: wq, wk, wv, wo, w1, w3, w2
 MMS_PER_BLOCK = 7
@@ -92,7 +89,7 @@ def checkpointed_positions(num_blocks: int, recompute: str) -> list[bool]:
     return [bool(every) and c % every == 0 for c in range(1, num_blocks + 1)]
 
 
-def apply_recompute(modules: list[Transformer], recompute: str) -> None:
+def apply_recompute(modules: list[torch.nn.Module], recompute: str) -> None:
     """Set ``recompute`` on this rank's model parts (all its pipeline chunks, in order)."""
     blocks = [(m, name) for m in modules for name in m.layers]
     full = checkpointed_positions(len(blocks), recompute)

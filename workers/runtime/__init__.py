@@ -1,14 +1,21 @@
-"""Elastic runtime on Ray: gang placement, topology-aware ranks, failure and straggler handling.
+"""Elastic runtime on Ray: one job attempt supervised from plan to end, in five rooms.
 
-Modules (one concept each): ``events`` (the typed event registry and log), ``cadence`` (Young's
-checkpoint interval), ``straggler`` (per-rank speed scoring), ``ranks`` (rank assignment after
-placement), ``placement`` (placement groups and the cluster view), ``rendezvous`` (torch.distributed
-bootstrap), ``worker`` (the RankWorker actor), ``watchdog`` (deadlines, heartbeats, failure
-classification), ``cluster_port`` (the one port to the cluster), ``faults`` (fault injection, a
-wrapper of that port), ``planner_bridge`` (the bridge to ``planner``), ``job_plans`` (the
-``Replanner``), ``lifecycle`` (the attempt's state machine), ``supervisor`` (the JobSupervisor actor
-around it), ``launch`` (start/find/stop a supervisor), ``local_cluster`` (local clusters with
-declared GPUs).
+* ``contract``: what crosses the runtime's border: the job spec it accepts (``job_spec``), its
+  faults list (``fault_spec``) and the typed events it emits (``events``).
+* ``supervision``: the JobSupervisor actor (``supervisor``), the attempt's state machine
+  (``attempt_machine``, its state ``attempt_state``, its replica-group phases ``replica_attempt``),
+  starting and finding supervisors (``launch``) and a job's tracking.
+* ``policy``: decisions, no Ray: re-plans (``replanner``, ``planning``), straggler scores
+  (``stragglers``), checkpoint cadence (``checkpoint_cadence``) and the recovery policy (``recovery``,
+  its names ``recovery_names``, shared with the goodput simulator).
+* ``cluster``: mechanism: the port to the cluster (``port``) and its Ray implementation
+  (``ray_port``), placement groups, ranks, the RankWorker actor, the warm pool, rendezvous, the
+  watchdog, reachability and the environment of the processes Orthoplex starts.
+* ``recovery``: state that outlives a rank: memory snapshots and their transport, replica groups and
+  their quorum service, fencing.
+
+Development tooling (fault injection, network faults, local and namespaced clusters, reference runs)
+lives in :mod:`workers.testbed`, outside the production runtime.
 
 Heavy imports (ray, torch) happen inside the modules that need them, never here.
 """

@@ -1,0 +1,1 @@
+"""Decisions without Ray: plans and re-plans, stragglers, checkpoint cadence, recovery policy."""

@@ -1,0 +1,1 @@
+"""State that outlives a rank: memory snapshots and their transport, replica groups, quorum, fencing."""

@@ -1,0 +1,30 @@
+"""The no-failure baseline of a job: the engine's single-process run of the same spec, no Ray.
+
+Chaos tests and benchmarks compare a job's per-step losses under faults against this curve.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def reference_losses(spec: dict[str, Any], timeout_s: float = 600.0) -> list[float]:
+    """Per-step losses of ``spec`` (a job spec as ``workers.runtime.contract.job_spec.parse_job`` reads it:
+    ``model``, ``steps``, ``global_batch``, ``checkpoint_dir``, ...) trained by one process."""
+    from workers.engine.launch import run_ranks
+
+    return run_ranks(_one_rank, 1, spec, timeout_s=timeout_s)[0]
+
+
+def _one_rank(rank: int, world_size: int, spec: dict[str, Any]) -> list[float]:
+    from planner.layout import Layout
+    from workers.engine.config import TrainConfig
+    from workers.engine.trainer import RankTrainer
+    from workers.runtime.contract.job_spec import parse_job
+
+    cfg = TrainConfig.from_dict(parse_job(spec).train)
+    trainer = RankTrainer(cfg, Layout(), rank, world_size)
+    try:
+        return [trainer.step().loss for _ in range(cfg.steps)]
+    finally:
+        trainer.close()
