@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from workers.data_area import DataArea, DataPathError, resolve_data_paths, resolve_path
+from workers.data_area import DataArea, DataPathError, TenantFileError, resolve_data_paths, resolve_path
 
 Loc = tuple[str | int, ...]
 
@@ -60,9 +60,13 @@ def hf_model(model: Mapping[str, Any], area: DataArea) -> tuple[Path, dict[str, 
         seq_len = model.get("seq_len") or min(2048, int(data.get("max_position_embeddings") or 2048))
         cfg = model_config_from_hf(data, int(seq_len), name=Path(shown).name or "hf")
         check_checkpoint(path, cfg, tied=bool(data.get("tie_word_embeddings", False)))
-    except (HFConfigError, HFWeightsError) as exc:
+    except (HFConfigError, HFWeightsError, TenantFileError) as exc:
         # messages name files by their absolute path: show the tenant's own name instead
-        raise InputError(("model", "hf"), str(exc).replace(str(path), shown)) from None
+        raise InputError(("model", "hf"), str(exc).replace(str(path), shown)[:400]) from None
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+        # a value of the tenant's config.json of the wrong type (e.g. "rope_theta": [1])
+        raise InputError(("model", "hf"), f"{shown}/config.json: unusable value "
+                                          f"({type(exc).__name__}: {str(exc).replace(str(path), shown)[:200]})") from None
     return path, cfg.to_dict()
 
 
@@ -91,7 +95,8 @@ def tokenizer_path(raw: str, area: DataArea, vocab: int) -> Path:
         tok = load_tokenizer(path)
         eos_id(tok, path)  # documents are separated by it
     except ValueError as exc:
-        raise InputError(("tokenizer",), str(exc).removeprefix("tokenizer: ").replace(str(path), raw)[:300]) from None
+        msg = str(exc).removeprefix("tokenizer: ").replace(str(path), raw)
+        raise InputError(("tokenizer",), msg.replace(str(area.root.resolve()) + "/", "")[:300]) from None
     size = tok.get_vocab_size()
     if size > vocab:
         raise InputError(("tokenizer",), f"vocabulary of {size} does not fit the model's vocab {vocab}")

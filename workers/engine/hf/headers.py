@@ -17,12 +17,13 @@ them). :mod:`workers.engine.hf.weights` reads the data with torch, by these name
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.data_area import referenced_path
 from workers.engine.config import ModelConfig
+from workers.tenant_json import load_file, loads
 
 INDEX_FILE = "model.safetensors.index.json"
 #: bytes per element of each safetensors dtype
@@ -117,7 +118,7 @@ def read_header(fp: Path) -> dict[str, TensorHeader]:
             (n,) = struct.unpack("<Q", head)
             if n > MAX_HEADER_BYTES or 8 + n > size:
                 raise ValueError(f"header length {n} does not fit the file of {size} bytes")
-            header = json.loads(f.read(n))
+            header = loads(f.read(n), str(fp))
         if not isinstance(header, dict):
             raise ValueError("the header is not a JSON object")
         data_len = size - 8 - n
@@ -147,14 +148,22 @@ def read_header(fp: Path) -> dict[str, TensorHeader]:
 
 def checkpoint_files(path: Path) -> tuple[list[str], dict[str, str] | None]:
     """The ``*.safetensors`` files of a checkpoint directory and its index's weight map (None when
-    it has no ``model.safetensors.index.json``: every file's tensors count)."""
-    index = path / INDEX_FILE
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise HFWeightsError(f"{index}: not a safetensors index ({e})") from None
+    it has no ``model.safetensors.index.json``: every file's tensors count).
+
+    Every file it names follows the data area's rule for paths a tenant's file names
+    (:func:`workers.data_area.referenced_path`): relative, no ``..``, inside this directory with
+    symlinks followed, so an index never reaches another tenant's weights; errors never say whether
+    an outside file exists (:class:`~workers.data_area.TenantFileError`)."""
+    shown = str(path / INDEX_FILE)
+    index = referenced_path(path, INDEX_FILE, shown, required=False)
+    if index is not None:
+        weight_map = load_file(index, shown).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise HFWeightsError(f"{shown}: weight_map must be a non-empty object "
+                                 f"(tensor name -> file), got {type(weight_map).__name__}")
+        for k, v in weight_map.items():
+            referenced_path(path, v, f"{shown}: weight_map[{str(k)[:80]!r}]")
+        files = sorted(set(weight_map.values()))
     else:
         files = sorted(p.name for p in path.glob("*.safetensors"))
         weight_map = None

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from workers.data_area import referenced_path
 from workers.engine.config import ModelConfig
 from workers.engine.hf.headers import (
     INDEX_FILE,
@@ -69,9 +70,8 @@ class HFCheckpoint:
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.dtypes: dict[str, str] = {}
         for f in files:
-            fp = self.path / f
-            if not fp.is_file():
-                raise HFWeightsError(f"{fp}: listed in {INDEX_FILE} but missing")
+            fp = referenced_path(self.path, f, str(self.path / INDEX_FILE) if weight_map is not None
+                                 else str(self.path / f))
             try:
                 h = safe_open(str(fp), framework="pt")
                 keys = list(h.keys())
@@ -80,7 +80,7 @@ class HFCheckpoint:
                     self.shapes[k] = tuple(sl.get_shape())
                     self.dtypes[k] = sl.get_dtype()
             except Exception as e:  # safetensors raises its own SafetensorError / OSError
-                raise HFWeightsError(f"{fp}: corrupt or unreadable safetensors file ({e})") from None
+                raise HFWeightsError(f"{self.path / f}: corrupt or unreadable safetensors file ({e})") from None
             self._handles[f] = h
             for k in keys:
                 if weight_map is not None and weight_map.get(k) != f:
