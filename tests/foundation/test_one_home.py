@@ -20,7 +20,7 @@ from workers.states import AttemptState, JobState
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("service", "workers", "planner", "bench", "tests")
+SOURCES = ("orthoplex", "service", "workers", "planner", "bench", "tests")
 HOME = "workers/states.py"
 #: names a job- or attempt-state set has had; only their one home may assign them
 SET_NAMES = {

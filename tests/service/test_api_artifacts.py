@@ -89,31 +89,32 @@ def test_traversal_gives_no_content(setup, path: str) -> None:
     assert b"not an artifact" not in r.content
 
 
-def test_cli_lists_and_downloads_the_export(setup, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_cli_lists_and_downloads_the_export(setup, sqlite_url: str, tmp_path: Path) -> None:
+    """The CLI (its SDK client) against a real server on the same database and storage."""
     from service.cli import client as cli_client
+    from tests.service.live import LiveServer
 
-    c, a, _, ja, jb, _ = setup
+    _, a, _, ja, jb, _ = setup
+    server = LiveServer(sqlite_url, ADMIN_TOKEN, env={"ORTHOPLEX_STORAGE_PATH": str(tmp_path / "storage")})
+    server.start()
+    try:
+        def run(*args: str) -> Any:
+            token = a["Authorization"].removeprefix("Bearer ")
+            return CliRunner().invoke(app, [*args, "--url", server.url, "--token", token])
 
-    class Same:  # the CLI's ``with _client(...) as c`` on the test app, with the tenant's token
-        def __enter__(self) -> Any:
-            c.headers.update(a)
-            return c
-
-        def __exit__(self, *exc: object) -> None:
-            c.headers.pop("Authorization", None)
-
-    monkeypatch.setattr(cli_client, "_client", lambda url, token: Same())
-    app = typer.Typer()
-    cli_client.register(app)
-    r = CliRunner().invoke(app, ["artifacts", str(ja)])
-    assert r.exit_code == 0, r.output
-    assert "checkpoints/step_00000004" in r.output and "export/model.safetensors" in r.output
-    out = tmp_path / "model"
-    r = CliRunner().invoke(app, ["artifacts", str(ja), "--get", "export", "--out", str(out)])
-    assert r.exit_code == 0, r.output
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
-    assert b'"owner": "A"' in (out / "config.json").read_bytes()
-    r = CliRunner().invoke(app, ["artifacts", str(ja), "--get", "nothing"])
-    assert r.exit_code == 2 and "--get nothing" in r.output
-    r = CliRunner().invoke(app, ["artifacts", str(jb)])  # another tenant's job
-    assert r.exit_code == 1 and "404" in r.output
+        app = typer.Typer()
+        cli_client.register(app)
+        r = run("artifacts", str(ja))
+        assert r.exit_code == 0, r.output
+        assert "checkpoints/step_00000004" in r.output and "export/model.safetensors" in r.output
+        out = tmp_path / "model"
+        r = run("artifacts", str(ja), "--get", "export", "--out", str(out))
+        assert r.exit_code == 0, r.output
+        assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+        assert b'"owner": "A"' in (out / "config.json").read_bytes()
+        r = run("artifacts", str(ja), "--get", "nothing")
+        assert r.exit_code == 2 and "--get nothing" in r.output
+        r = run("artifacts", str(jb))  # another tenant's job
+        assert r.exit_code == 1 and "404" in r.output
+    finally:
+        server.stop()
