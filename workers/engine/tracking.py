@@ -14,6 +14,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from workers import object_store
+
 
 class TensorBoardLog:
     """A TensorBoard event file under ``log_dir``."""
@@ -21,7 +23,8 @@ class TensorBoardLog:
     def __init__(self, log_dir: str | Path) -> None:
         from tensorboardX import SummaryWriter
 
-        self.dir = Path(log_dir)
+        # an s3:// URL stays a string: tensorboardX writes it through boto3 (AWS_* variables)
+        self.dir: str | Path = log_dir if object_store.is_url(log_dir) else Path(log_dir)
         self.writer = SummaryWriter(logdir=str(self.dir), flush_secs=5)
 
     def log(self, step: int, metrics: dict[str, float], prefix: str = "train") -> None:
