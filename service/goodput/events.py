@@ -17,6 +17,7 @@ from service.goodput.policies import Policy
 from service.goodput.recovery import CostModel
 from service.goodput.trace import Failure, Trace
 from workers.runtime.policy.checkpoint_cadence import CheckpointCadence
+from workers.runtime.policy.recovery_names import REPLICA_GROUP, RESTART
 
 
 class Throughput(Protocol):
@@ -146,7 +147,7 @@ def _cadence(trace: Trace, save_s: float, step_s: float) -> CheckpointCadence:
 def play(policy: Policy, trace: Trace, thr: Throughput, cost: CostModel, *, idle_nodes: int = 0,
          restart_s: float, stall_s: float, save_s: float | None = None, switch_horizon_s: float = 3600.0) -> PolicyResult:
     """Play ``policy`` on ``trace``; ``idle_nodes`` are cluster nodes the plan leaves unused (spares too)."""
-    if policy.kind == "replica_group" or policy.source == "memory":
+    if policy.kind == REPLICA_GROUP or policy.source == "memory":
         save = cost.snapshot_s() if save_s is None else save_s
     else:
         save = cost.save_storage_s() if save_s is None else save_s
@@ -161,7 +162,7 @@ def play(policy: Policy, trace: Trace, thr: Throughput, cost: CostModel, *, idle
     _, _, nodes_per_group = thr.group_shape()  # a node failure takes out one unit of whole groups
     units = max(1, trace.slots // nodes_per_group)
     inactive: set[int] = set()
-    first_restart = restart_s if kind == "restart" else cost.phases(policy.source).total
+    first_restart = restart_s if kind == RESTART else cost.phases(policy.source).total
 
     def interrupt(t: float) -> None:
         if prog.running:
@@ -210,7 +211,7 @@ def play(policy: Policy, trace: Trace, thr: Throughput, cost: CostModel, *, idle
             st.push(t + f.repair_s, "repair")
         fill()
         extra = save if f.planned else 0.0
-        if kind == "restart":
+        if kind == RESTART:
             if st.empty:
                 st.version += 1  # wait for a repair
                 st.resume_at = None
@@ -264,7 +265,7 @@ def play(policy: Policy, trace: Trace, thr: Throughput, cost: CostModel, *, idle
 
     def on_repair(t: float) -> None:
         st.pool += 1
-        if kind == "replica_group":
+        if kind == REPLICA_GROUP:
             before = set(st.empty)
             fill()
             for slot in before - st.empty:
@@ -273,14 +274,14 @@ def play(policy: Policy, trace: Trace, thr: Throughput, cost: CostModel, *, idle
                     st.push(t + cost.replica_join_s(), "join", unit)
         elif not prog.running and st.resume_at is None:  # waiting for nodes
             fill()
-            if kind == "restart":
+            if kind == RESTART:
                 if not st.empty:
                     resume_in(t, st.restart_s)
             else:
                 tps, _, gpus = shape_tps()
                 if tps > 0:
                     resume_in(t, cost.phases(policy.source, reshard=True, gpus=gpus).total)
-        elif kind != "restart":
+        elif kind != RESTART:
             replan_grow(t)
 
     def on_resume(t: float) -> None:
@@ -288,10 +289,10 @@ def play(policy: Policy, trace: Trace, thr: Throughput, cost: CostModel, *, idle
             st.downtime += t - st.down_since
         st.down_since = None
         st.resume_at = None
-        if kind == "replica_group":
+        if kind == REPLICA_GROUP:
             prog.start(t, unit_tps(), fresh=False)
             return
-        if kind == "restart":
+        if kind == RESTART:
             prog.start(t, full, fresh=True)
             return
         st.lost = len(st.empty)
@@ -319,7 +320,7 @@ def play(policy: Policy, trace: Trace, thr: Throughput, cost: CostModel, *, idle
             i += 1
             if f.slot in st.empty:
                 continue  # no node in that slot now
-            if kind == "replica_group":
+            if kind == REPLICA_GROUP:
                 replica_failure(f)
             else:
                 restart_like(f)
@@ -340,6 +341,6 @@ def play(policy: Policy, trace: Trace, thr: Throughput, cost: CostModel, *, idle
     ettr = tokens / (full * end) if full > 0 and end > 0 else 0.0
     lost_h = thr.job_gpus * end * (1.0 - ettr) / 3600.0
     mean_rec = st.downtime / st.recoveries if st.recoveries else 0.0
-    r_nominal = st.stall_s if kind == "replica_group" else first_restart
+    r_nominal = st.stall_s if kind == REPLICA_GROUP else first_restart
     return PolicyResult(policy.name, ettr, lost_h, st.recoveries, mean_rec, tokens, st.events, prog.tau, save,
                         r_nominal)

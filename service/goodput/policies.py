@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KINDS: tuple[str, ...] = ("restart", "replan_storage", "replan_memory", "replica_group")
+from workers.runtime.policy.recovery_names import POLICY_NAMES, SOURCES, check_name
+
+#: the policies' names, the runtime's (``workers.runtime.policy.recovery_names``: one home)
+KINDS: tuple[str, ...] = POLICY_NAMES
 
 
 @dataclass(frozen=True)
@@ -27,8 +30,7 @@ class Policy:
     spares: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"policy: unknown policy {self.kind!r}; choose from {', '.join(KINDS)}")
+        check_name(self.kind)
         if self.spares < 0:
             raise ValueError(f"spares: must be >= 0, got {self.spares}")
 
@@ -39,7 +41,7 @@ class Policy:
     @property
     def source(self) -> str:
         """Where the state is restored from after a failure."""
-        return "storage" if self.kind in ("restart", "replan_storage") else "memory"
+        return SOURCES[self.kind]
 
 
 def policies_for(kinds: list[str] | tuple[str, ...], spares: int) -> list[Policy]:

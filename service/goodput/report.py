@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from service.goodput.simulation import Simulation
+from workers.runtime.policy.recovery_names import REPLICA_GROUP, RESTART
 
 #: the issue's goals for Orthoplex's best policy
 TARGET_UP_TO_16K = 0.97
@@ -18,7 +19,7 @@ def target_for(job_gpus: int) -> float:
 
 def verdict(sim: Simulation) -> str:
     """Whether Orthoplex's best policy reaches the goal, and if not, what would have to change."""
-    ours = [r for r in sim.results if not r.name.startswith("restart")]
+    ours = [r for r in sim.results if not r.name.startswith(RESTART)]
     if not ours:
         return "no Orthoplex policy simulated"
     best = max(ours, key=lambda r: r.ettr)
@@ -26,7 +27,7 @@ def verdict(sim: Simulation) -> str:
     if best.ettr >= target:
         return f"best Orthoplex policy {best.name}: ETTR {best.ettr:.1%} >= goal {target:.0%}"
     m = sim.trace.mttf_s
-    lost = sim.throughput.step_s / 2 if best.name.startswith("replica_group") else best.interval_s / 2
+    lost = sim.throughput.step_s / 2 if best.name.startswith(REPLICA_GROUP) else best.interval_s / 2
     ckpt = best.save_s / best.interval_s if best.interval_s > 0 else 0.0
     r_max = m * (1 - target - ckpt) - lost
     m_min = (best.restart_s + lost) / max(1e-9, 1 - target - ckpt)

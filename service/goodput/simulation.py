@@ -14,6 +14,7 @@ from service.goodput.policies import KINDS, Policy, policies_for
 from service.goodput.recovery import BASELINE_RESTART_S, CostModel
 from service.goodput.throughput import DEFAULT_MODEL, JobThroughput
 from service.goodput.trace import Trace, poisson_trace
+from workers.runtime.policy.recovery_names import REPLICA_GROUP, RESTART
 
 MAX_GPUS = 1 << 20
 MAX_DAYS = 3650.0
@@ -97,7 +98,7 @@ class Simulation:
 def closed_form_for(result: PolicyResult, kind: str, mttf_s: float, step_s: float) -> float:
     """The closed form with this policy's restart time, save cost and Young's interval (at least a step)."""
     tau = max(step_s, closed_form.young(result.save_s, mttf_s)) if result.save_s > 0 else step_s
-    lost = step_s / 2 if kind == "replica_group" else None
+    lost = step_s / 2 if kind == REPLICA_GROUP else None
     return closed_form.ettr(result.restart_s, result.save_s, tau, mttf_s, lost)
 
 
@@ -130,7 +131,7 @@ def simulate(config: Config, on_policy: Callable[[str], None] | None = None) -> 
 
 def _save_override(config: Config, policy: Policy) -> float | None:
     """``save_s`` overrides the blocking save of the storage policies (snapshots keep their model)."""
-    return config.save_s if policy.source == "storage" and policy.kind != "replica_group" else None
+    return config.save_s if policy.source == "storage" and policy.kind != REPLICA_GROUP else None
 
 
 def sweep(config: Config, sizes: Sequence[int] = PLOT_SIZES,
@@ -155,5 +156,5 @@ def self_check(gpus: int = 1024, gpus_per_node: int = 8, mttf_s: float = 6 * 360
     cost = CostModel(thr.job_gpus, gpus_per_node, float(thr.params), thr.step_s)
     tau = max(1, round(closed_form.young(save_s, mttf_s) / thr.step_s)) * thr.step_s
     trace = periodic_trace(thr.job_nodes, mttf_s, days * 86_400.0, sweep_s=tau + save_s)
-    res = play(Policy("restart"), trace, thr, cost, restart_s=restart_s, stall_s=0.0, save_s=save_s)
+    res = play(Policy(RESTART), trace, thr, cost, restart_s=restart_s, stall_s=0.0, save_s=save_s)
     return res.ettr, closed_form.ettr(restart_s, save_s, res.interval_s, mttf_s)

@@ -284,7 +284,8 @@ def test_classify_trusts_a_dead_raylet_before_the_gcs_notices() -> None:
 def test_a_node_where_ranks_keep_dying_becomes_suspect_and_nothing_else_does() -> None:
     from ray.exceptions import ActorDiedError
 
-    from workers.runtime.cluster.watchdog import Failure, GatherResult, NodeDeaths, classify
+    from workers.runtime.cluster.watchdog import Failure, GatherResult, classify
+    from workers.runtime.policy.recovery import NodeDeaths
 
     nodes = ["a", "a", "b", "b"]
     live = {"alive_nodes": lambda: {"a", "b"}, "confirm_s": 0.2, "unreachable": lambda n: False}

@@ -278,5 +278,6 @@ def test_the_attempt_loop_has_no_fault_code() -> None:
     import workers.runtime as runtime
 
     root = Path(runtime.__file__).parent
-    for name in ("supervision/attempt_machine.py", "policy/replanner.py"):
+    for name in ("supervision/attempt_machine.py", "supervision/attempt_state.py", "supervision/replica_attempt.py",
+                 "policy/replanner.py", "policy/recovery.py"):
         assert not re.search(r"\bfault|inject", (root / name).read_text(), re.IGNORECASE), name

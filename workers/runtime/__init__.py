@@ -3,9 +3,11 @@
 * ``contract``: what crosses the runtime's border: the job spec it accepts (``job_spec``), its
   faults list (``fault_spec``) and the typed events it emits (``events``).
 * ``supervision``: the JobSupervisor actor (``supervisor``), the attempt's state machine
-  (``attempt_machine``), starting and finding supervisors (``launch``) and a job's tracking.
+  (``attempt_machine``, its state ``attempt_state``, its replica-group phases ``replica_attempt``),
+  starting and finding supervisors (``launch``) and a job's tracking.
 * ``policy``: decisions, no Ray: re-plans (``replanner``, ``planning``), straggler scores
-  (``stragglers``), checkpoint cadence (``checkpoint_cadence``) and the recovery policy (``recovery``).
+  (``stragglers``), checkpoint cadence (``checkpoint_cadence``) and the recovery policy (``recovery``,
+  its names ``recovery_names``, shared with the goodput simulator).
 * ``cluster``: mechanism: the port to the cluster (``port``) and its Ray implementation
   (``ray_port``), placement groups, ranks, the RankWorker actor, the warm pool, rendezvous, the
   watchdog, reachability and the environment of the processes Orthoplex starts.

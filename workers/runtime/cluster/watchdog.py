@@ -260,23 +260,3 @@ def classify(
         return Failure("hang", f"{what}: no progress within the deadline; ranks {res.pending} still pending",
                        tuple(nodes), tuple(res.pending), now)
     raise ValueError("classify() called on a successful gather")
-
-
-class NodeDeaths:
-    """Tells a bad node from bad luck: a node on which rank processes died ``limit`` times while the
-    node itself stayed up (its raylet answering: ``rank_failed``, not ``node_lost``), each time on that
-    node alone, is suspect -- a failing GPU, driver or memory that the node's health checks do not see.
-    Deaths spread over several nodes at once (a layout that runs out of memory everywhere, a bug) and
-    errors that ranks *raised* count against no node. ``limit`` 0 turns this off."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.deaths: dict[str, int] = {}
-
-    def record(self, failure: Failure) -> str | None:
-        """Count ``failure``; the node to keep out of plans from now on, if it became suspect."""
-        if failure.kind != "rank_failed" or not failure.died or len(failure.nodes) != 1:
-            return None
-        node = failure.nodes[0]
-        self.deaths[node] = self.deaths.get(node, 0) + 1
-        return node if self.limit and self.deaths[node] == self.limit else None

@@ -17,6 +17,11 @@ The machine has no Ray in it, so tests drive it over an in-memory cluster, one t
 A ``Switch`` says why a gang ends before the job does; the next PLAN tears the gang down and asks
 the replanner for the plan the switch names (or re-plans after a failure). The phases of a switch
 (detect, plan, place, start, load, first_step) are timed into one ``recovery`` event.
+
+What a failure leads to is the :class:`~workers.runtime.policy.recovery.RecoveryPolicy`'s decision
+(:meth:`_decide`: one call, a typed decision); the machine carries it out. The policy's name picks
+the phases once: replica groups (``replica_group``) plan, place and start in
+:mod:`~workers.runtime.supervision.replica_attempt`.
 """
 
 from __future__ import annotations
@@ -25,109 +30,31 @@ import json
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from planner.layout import Layout
 from workers.runtime.cluster.gang import Gang, StartFailed
-from workers.runtime.cluster.placement_groups import Reservation
 from workers.runtime.cluster.port import ClusterPort
-from workers.runtime.cluster.reachability import PeerProbe
-from workers.runtime.cluster.watchdog import Failure, GatherResult, NodeDeaths
+from workers.runtime.cluster.reachability import PeerProbe, Verdict
+from workers.runtime.cluster.watchdog import Failure, GatherResult
 from workers.runtime.contract import events as ev
 from workers.runtime.contract.job_spec import JobSpec
 from workers.runtime.policy import planning as planner_bridge
 from workers.runtime.policy.checkpoint_cadence import CheckpointCadence
+from workers.runtime.policy.recovery import Fail, FailureDecision, FailureView, GroupStep, RecoveryPolicy
 from workers.runtime.policy.replanner import Keep, Replanner, SwitchTo, held_gpus
 from workers.runtime.policy.stragglers import LinkScorer, StragglerScorer, median
 from workers.runtime.recovery import fencing
-from workers.runtime.recovery import memory_snapshots as memsnap
-from workers.runtime.recovery.replica_groups import ReplicaSet, raised_to_drop
+from workers.runtime.recovery.replica_groups import ReplicaSet
+from workers.runtime.supervision.attempt_state import ENDS, Cycle, JobFailed, Phase, Run, Switch, Transition
 from workers.runtime.supervision.job_tracking import JobTracking
+from workers.runtime.supervision.replica_attempt import ReplicaGroupPhases
 from workers.states import AttemptState
 
-
-class JobFailed(RuntimeError):
-    pass
+__all__ = ["ENDS", "AttemptMachine", "JobFailed", "Phase", "Switch", "Transition"]
 
 
-class Phase(StrEnum):
-    PLAN = "PLAN"  # tear down the gang that ended, choose the next plan
-    WAIT = "WAIT"  # too few GPUs free: wait for some (cancel and preempt end the wait)
-    PLACE = "PLACE"  # reserve the plan's GPUs (a timeout tries a smaller plan)
-    START = "START"  # start the gang and restore the newest checkpoint
-    TRAIN = "TRAIN"  # one step per call (and checkpoints, resizes, stragglers, grows between steps)
-    FINISHED = "FINISHED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    PREEMPTED = "PREEMPTED"
-
-
-ENDS: dict[Phase, AttemptState] = {
-    Phase.FINISHED: AttemptState.SUCCEEDED,
-    Phase.FAILED: AttemptState.FAILED,
-    Phase.CANCELLED: AttemptState.CANCELLED,
-    Phase.PREEMPTED: AttemptState.PREEMPTED,
-}
-
-
-@dataclass(frozen=True)
-class Transition:
-    source: Phase
-    target: Phase
-    reason: str = ""
-
-
-@dataclass
-class Switch:
-    """Why the current gang ends before the job does."""
-
-    kind: str  # failure | straggler | grow | resize | finished | cancelled | preempted
-    failure: Failure | None = None
-    change: planner_bridge.ClusterChange | None = None
-    replan: Any = None  # decided already (straggler, grow, resize): the planner's Replan
-    detect_s: float = 0.0
-    plan_s: float = 0.0  # planner time already spent deciding the switch
-
-    @property
-    def cause(self) -> str:
-        return self.failure.kind if self.failure else self.kind
-
-
-@dataclass
-class _Cycle:
-    """Timings of one pass from tear-down to the first step of the next gang."""
-
-    t_down: float
-    t_plan: float = 0.0
-    teardown_s: float = 0.0
-    give_up: float = 0.0  # waiting for GPUs ends in failure after this (monotonic)
-    waiting: bool = False
-    place_give_up: float | None = None
-    t_place: float = 0.0
-    phases: dict[str, float] = field(default_factory=dict)
-    plan: Any = None
-    replan: Any = None
-    reservation: Reservation | None = None
-
-
-@dataclass
-class _Run:
-    """One gang's training run."""
-
-    gang: Gang
-    scorer: StragglerScorer
-    step: int
-    links: LinkScorer | None = None  # slow or lossy links, from heartbeat round trips
-    walls: list[float] = field(default_factory=list)
-    since_save: int = 0
-    recovery: dict[str, Any] | None = None  # the switch being timed, until its first step
-    last_groups: set[int] = field(default_factory=set)  # replica groups: those the last attempt ran on
-
-
-class AttemptMachine:
+class AttemptMachine(ReplicaGroupPhases):
     def __init__(self, job: JobSpec, port: ClusterPort, log: ev.EventLog, *, name: str = "orthoplex") -> None:
         self.job = job
         self.settings = job.runtime
@@ -151,16 +78,15 @@ class AttemptMachine:
         self.failures: list[dict[str, Any]] = []
         self.recoveries: list[dict[str, Any]] = []
         self.last_ckpt_step = 0
-        self.deaths = NodeDeaths(self.settings.node_death_limit)
-        self._start_failures: dict[tuple[str, str], int] = {}  # deterministic start errors end the job
+        # what a failure leads to (budget, node exclusion, restore source, replica groups dropped)
+        self.policy = RecoveryPolicy.for_settings(self.settings)
         self._switch: Switch | None = None
-        self._cycle: _Cycle | None = None
-        self._run: _Run | None = None
+        self._cycle: Cycle | None = None
+        self._run: Run | None = None
         self.tracking = JobTracking(job.tracking, job.model, job.gpu_type, job.steps)
         # after a failure without a dead node: which node pairs cannot connect (``reachability``);
         # set by the supervisor (Ray), None in the in-memory tests
         self.peer_probe: PeerProbe | None = None
-        self.cut_off: set[str] = set()  # nodes left out for a peer partition
         # replica groups (runtime option replica_groups >= 2): the groups, dropped and replaced while
         # the others keep stepping (workers.runtime.recovery.replica_groups); None for a job re-planned as one gang
         self.replicas: ReplicaSet | None = None
@@ -169,6 +95,13 @@ class AttemptMachine:
         # since a rank redoes a voted-down attempt at once, itself
         self.step_attempts: dict[int, int] = {}
         self._failed_tries: Counter[int] = Counter()  # step -> voted-down attempts (most of any group)
+        self._phases = {Phase.PLAN: self._plan, Phase.WAIT: self._wait, Phase.PLACE: self._place,
+                        Phase.START: self._start, Phase.TRAIN: self._train}
+        self._train_step = self._train_one
+        if self.policy.keeps_groups:  # replica groups: their own plan, placement, start and step
+            self._phases.update({Phase.PLAN: self._plan_replicas, Phase.PLACE: self._place_replicas,
+                                 Phase.START: self._start_replicas})
+            self._train_step = self._train_replicas
 
     # ------------------------------------------------------------------ requests (from other threads)
     def request_resize(self, gpus: int, placement: dict[str, int] | None = None) -> dict[str, Any]:
@@ -201,7 +134,7 @@ class AttemptMachine:
         if self.done:
             return Transition(source, source, "ended")
         try:
-            target, reason = getattr(self, f"_{source.value.lower()}")()
+            target, reason = self._phases[source]()
         except (JobFailed, planner_bridge.PlanningError) as exc:
             target, reason = self._fail(str(exc))
         except Exception as exc:  # anything unexpected: never leak actors or placement groups
@@ -216,12 +149,10 @@ class AttemptMachine:
 
     # ------------------------------------------------------------------ phases
     def _plan(self) -> tuple[Phase, str]:
-        if self.settings.replica_groups >= 2:
-            return self._plan_replicas()
         if self._cycle is None:  # a new pass: the gang that ended goes first
             if self.cancel_requested or self.preempt_requested:
                 return self._end_switch(Switch("cancelled" if self.cancel_requested else "preempted"))
-            cycle = self._cycle = _Cycle(t_down=time.monotonic())
+            cycle = self._cycle = Cycle(t_down=time.monotonic())
             old = self._take_gang()
             self.replanner.released = held_gpus(old.rank_nodes) if old is not None else {}
             cycle.teardown_s = self.port.teardown(old)
@@ -265,8 +196,6 @@ class AttemptMachine:
         """Reserve the plan's GPUs; on timeout try a smaller plan down to min_gpus, then wait and retry."""
         cycle = self._cycle
         assert cycle is not None
-        if self.replicas is not None:
-            return self._place_replicas(cycle, self.replicas)
         if cycle.place_give_up is None:
             cycle.place_give_up = time.monotonic() + self.settings.placement_give_up_s
         plan = cycle.plan
@@ -293,8 +222,6 @@ class AttemptMachine:
 
     def _start(self) -> tuple[Phase, str]:
         cycle = self._cycle
-        if self.replicas is not None and cycle is not None:
-            return self._start_replicas(cycle, self.replicas)
         assert cycle is not None and cycle.reservation is not None
         res = cycle.reservation
         t_start = time.monotonic()
@@ -312,13 +239,9 @@ class AttemptMachine:
             t_load = time.monotonic()
             start_step, source = self._restore(gang)
             cycle.phases["load"] = time.monotonic() - t_load
-        except StartFailed as exc:  # a node died while we started: re-plan without it
-            self._switch = self._record_failure(exc.failure, time.time())
-            self._check_failure_budget()
-            key = (exc.failure.kind, exc.failure.reason)
-            self._start_failures[key] = self._start_failures.get(key, 0) + 1
-            if exc.failure.kind != "node_lost" and self._start_failures[key] >= 2:
-                raise JobFailed(f"the same start failure twice, giving up: {exc.failure.reason}") from exc
+        except StartFailed as exc:  # a node died while we started: re-plan without it (the policy's call)
+            since = time.time()
+            self._switch = self._switch_for(self._decide(exc.failure, since, during="start"), since)
             self._cycle = None
             return Phase.PLAN, f"start failed: {exc.failure.reason}"
         switch = self._switch
@@ -336,7 +259,7 @@ class AttemptMachine:
         scorer = StragglerScorer(dict(enumerate(gang.rank_nodes)), roles, window=s.straggler_window,
                                  threshold=s.straggler_threshold, persist_fraction=s.straggler_persist)
         links = LinkScorer(dict(enumerate(gang.rank_nodes)), window=s.straggler_window)
-        self._run = _Run(gang, scorer, start_step, links=links, recovery=recovery)
+        self._run = Run(gang, scorer, start_step, links=links, recovery=recovery)
         self.next_step = start_step
         self._cycle = None
         self._set_state(AttemptState.RECOVERING if switch is not None else AttemptState.RUNNING)
@@ -345,7 +268,7 @@ class AttemptMachine:
     def _train(self) -> tuple[Phase, str]:
         run = self._run
         assert run is not None
-        sw = self._train_one(run) if self.replicas is None else self._train_replicas(run, self.replicas)
+        sw = self._train_step(run)
         if sw is None:
             # the warm pool refills once the gang has stepped twice and no replacement is joining: its new
             # processes would compete with a recovery's load and first step, or a replacement's heal
@@ -356,8 +279,6 @@ class AttemptMachine:
         self._run = None
         if sw.kind in ("finished", "cancelled", "preempted"):
             return self._end_switch(sw)
-        if sw.kind == "failure":
-            self._check_failure_budget()
         self._switch = sw
         self._set_state(AttemptState.RECOVERING)
         return Phase.PLAN, f"switch: {sw.cause}"
@@ -368,7 +289,7 @@ class AttemptMachine:
         d = max(self.settings.hang_timeout_s, base)
         return d * 3 if first else d
 
-    def _train_one(self, run: _Run) -> Switch | None:
+    def _train_one(self, run: Run) -> Switch | None:
         """One step of ``run`` and what follows it; a ``Switch`` when the gang must end."""
         gang, step, s = run.gang, run.step, self.settings
         if step >= self.job.steps:
@@ -432,10 +353,9 @@ class AttemptMachine:
         than the last step the machine saw done), else the newest checkpoint; the start step and where
         it came from."""
         choice = None
-        if self.settings.snapshots:
-            # no copy held on a node left out for a peer partition (it may be cut from the new gang)
-            held = {n: v for n, v in self.port.snapshots().items() if n not in self.cut_off}
-            choice = memsnap.choose(held, not_before=self.last_ckpt_step, not_after=self.next_step)
+        if self.policy.source == "memory":
+            choice = self.policy.restore_choice(self.port.snapshots(), not_before=self.last_ckpt_step,
+                                                not_after=self.next_step)
         res = self.port.restore(gang, choice, deadline_s=self.settings.start_timeout_s)
         if not res.ok:
             raise StartFailed(self.port.classify(res, gang, "restore"))
@@ -486,7 +406,7 @@ class AttemptMachine:
             return failed
         return Switch("resize", change=decision.change, replan=decision.replan, plan_s=decision.plan_s)
 
-    def _on_straggler(self, gang: Gang, findings: list[Any], run: _Run, step: int) -> Switch | None:
+    def _on_straggler(self, gang: Gang, findings: list[Any], run: Run, step: int) -> Switch | None:
         for f in findings:
             self.log.emit(ev.StragglerFound(reason=f"node {f.node[:8]} ({f.cause}) at {f.score:.2f}x the median over window "
                                             f"{f.window} (threshold {self.settings.straggler_threshold})",
@@ -505,73 +425,73 @@ class AttemptMachine:
 
     # ------------------------------------------------------------------ failures
     def _on_failure(self, gang: Gang, res: GatherResult, since: float, what: str = "step") -> Switch:
-        return self._record_failure(self.port.classify(res, gang, what), since)
+        during = "save" if what == "checkpoint" else "step"
+        return self._switch_for(self._decide(self.port.classify(res, gang, what), since, during=during), since)
 
-    def _record_failure(self, failure: Failure, since: float) -> Switch:
-        """Record ``failure`` (events, excluded nodes); ``since``: when the failed call was launched."""
-        failure = self._peer_partition(failure)
+    def _decide(self, failure: Failure, since: float, *, during: str = "step",
+                groups: GroupStep | None = None) -> FailureDecision:
+        """The policy's decision on ``failure`` (``since``: when the failed call was launched), with
+        what it read carried out: the fence and event of a partition, the failure's event, nodes kept
+        out of plans, the failure on record. The caller carries out the rest."""
+        rank_nodes = self._rank_nodes()
+        verdict = self._probe(failure, rank_nodes)
+        decision = self.policy.decide(failure, FailureView(during, tuple(rank_nodes), verdict, groups))
         detected = time.time()
-        change = planner_bridge.ClusterChange(reason=failure.reason)
-        if failure.kind == "node_lost":
-            self.replanner.exclude(failure.nodes)
-            change.lost_nodes = list(failure.nodes)
-            self.log.emit(ev.NodeLost(reason=failure.reason, nodes=list(failure.nodes), ranks=list(failure.ranks),
+        read = decision.failure
+        if decision.cut_off and verdict is not None:
+            ckpt_dir = self.job.train.get("checkpoint_dir")
+            if ckpt_dir:  # the left-out node's ranks can neither save nor step from now on
+                fencing.advance(ckpt_dir, owner="peer_unreachable")
+            self.log.emit(ev.PeerUnreachable(reason=verdict.reason(), nodes=list(verdict.exclude),
+                                             pairs=[list(p) for p in verdict.cut], probe_s=round(verdict.seconds, 3),
+                                             step=self.next_step))
+        if read.kind == "node_lost":
+            self.log.emit(ev.NodeLost(reason=read.reason, nodes=list(read.nodes), ranks=list(read.ranks),
                                       step=self.next_step))
-        elif failure.kind == "hang":
-            self.log.emit(ev.Hang(reason=failure.reason, ranks=list(failure.ranks), step=self.next_step))
+        elif read.kind == "hang":
+            self.log.emit(ev.Hang(reason=read.reason, ranks=list(read.ranks), step=self.next_step))
         else:
-            self.log.emit(ev.RankFailed(reason=failure.reason, ranks=list(failure.ranks), nodes=list(failure.nodes),
+            self.log.emit(ev.RankFailed(reason=read.reason, ranks=list(read.ranks), nodes=list(read.nodes),
                                         step=self.next_step))
-            suspect = self.deaths.record(failure)
-            if suspect is not None:  # re-planned as if the node were lost
-                self.replanner.exclude([suspect])
-                change.lost_nodes = [suspect]
-                self.log.emit(ev.NodeExcluded(
-                    reason=f"rank processes died {self.deaths.deaths[suspect]} times on node {suspect[:8]} "
-                    "while it stayed up: kept out of this job's plans",
-                    node=suspect, deaths=self.deaths.deaths[suspect], step=self.next_step))
-        self.failures.append({**failure.to_dict(), "step": self.next_step, "ts": detected})
-        return Switch("failure", failure=failure, change=change, detect_s=max(0.0, detected - since))
+        self.replanner.exclude(decision.exclude)
+        if decision.suspect is not None:
+            node, deaths = decision.suspect.node, decision.suspect.deaths
+            self.log.emit(ev.NodeExcluded(
+                reason=f"rank processes died {deaths} times on node {node[:8]} while it stayed up: kept out of "
+                "this job's plans", node=node, deaths=deaths, step=self.next_step))
+        self.failures.append({**read.to_dict(), "step": self.next_step, "ts": detected})
+        self.cadence.observe_failure()
+        return decision
 
-    def _peer_partition(self, failure: Failure) -> Failure:
-        """A failure with no dead node (ranks raised, or hung): probe which node pairs of the gang can
-        connect; when some cannot while all answer the head, the nodes ``reachability.to_exclude``
-        picks are fenced at once (a new epoch) and the failure becomes ``node_lost`` for them, so the
-        re-plan leaves them out instead of restarting on the same nodes."""
-        if self.peer_probe is None or failure.kind not in ("rank_failed", "hang") or failure.died:
-            return failure
+    def _switch_for(self, decision: FailureDecision, since: float) -> Switch:
+        """Carry out a gang's decision: a switch that re-plans (over the nodes left, or the same nodes),
+        or the end of the job."""
+        if isinstance(decision, Fail):
+            raise JobFailed(decision.reason)
+        change = planner_bridge.ClusterChange(reason=decision.failure.reason, lost_nodes=list(decision.exclude))
+        detected = float(self.failures[-1]["ts"])
+        return Switch("failure", failure=decision.failure, change=change, detect_s=max(0.0, detected - since))
+
+    def _rank_nodes(self) -> list[str]:
+        """Where the failed gang's ranks ran (its reservation's bundles while it was not up yet)."""
         with self.lock:
             gang = self.gang
         cycle = self._cycle
         if gang is not None:
-            rank_nodes = list(gang.rank_nodes)
-        elif cycle is not None and cycle.reservation is not None:
-            rank_nodes = list(cycle.reservation.bundle_nodes)
-        else:
-            return failure
-        if len(set(rank_nodes)) < 2:
-            return failure
-        try:
-            verdict = self.peer_probe(rank_nodes)
-        except Exception:  # a probe that cannot run leaves the failure as it was (restart as before)
-            return failure
-        if verdict is None or not verdict.exclude:
-            return failure
-        ckpt_dir = self.job.train.get("checkpoint_dir")
-        if ckpt_dir:  # the left-out node's ranks can neither save nor step from now on
-            fencing.advance(ckpt_dir, owner="peer_unreachable")
-        self.log.emit(ev.PeerUnreachable(reason=verdict.reason(), nodes=list(verdict.exclude),
-                                         pairs=[list(p) for p in verdict.cut], probe_s=round(verdict.seconds, 3),
-                                         step=self.next_step))
-        self.cut_off.update(verdict.exclude)
-        ranks = tuple(r for r, n in enumerate(rank_nodes) if n in verdict.exclude)
-        return Failure("node_lost", f"{verdict.reason()} (after: {failure.reason})", tuple(verdict.exclude), ranks,
-                       failure.detected_at)
+            return list(gang.rank_nodes)
+        if cycle is not None and cycle.reservation is not None:
+            return list(cycle.reservation.bundle_nodes)
+        return []
 
-    def _check_failure_budget(self) -> None:
-        self.cadence.observe_failure()
-        if len(self.failures) > self.settings.max_recoveries:
-            raise JobFailed(f"more than {self.settings.max_recoveries} failures")
+    def _probe(self, failure: Failure, rank_nodes: list[str]) -> Verdict | None:
+        """Which node pairs of the gang cannot connect, when the policy asks (ranks raised or hung on
+        two nodes or more); None when not asked, or when the probe cannot run (the failure stays as it was)."""
+        if self.peer_probe is None or not self.policy.wants_probe(failure, rank_nodes):
+            return None
+        try:
+            return self.peer_probe(rank_nodes)
+        except Exception:
+            return None
 
     def _event_recovery(self, recovery: dict[str, Any], first_step_s: float) -> None:
         sw: Switch = recovery["switch"]
@@ -621,242 +541,7 @@ class AttemptMachine:
         return Phase.FAILED, error
 
     # ------------------------------------------------------------------ replica groups
-    def _plan_replicas(self) -> tuple[Phase, str]:
-        """One group's layout (the hint's TP, nothing else: ``job_spec.check_replica_spec``) times
-        ``replica_groups``; no planner search (the groups are the unit of failure)."""
-        if self.cancel_requested or self.preempt_requested:
-            return self._end_switch(Switch("cancelled" if self.cancel_requested else "preempted"))
-        if self.replicas is not None:
-            raise JobFailed("replica groups: every group was lost (no re-plan path for replica groups yet)")
-        hint = self.job.layout_hint
-        layout = Layout(tp=int(hint.get("tp", 1)), micro_batch=int(hint.get("micro_batch", 1)),
-                        sp=bool(hint.get("sp", False))).with_global_batch(self.job.global_batch)
-        self.replicas = ReplicaSet(layout, int(self.settings.replica_groups), self.name)
-        now = time.monotonic()
-        self._cycle = _Cycle(t_down=now, t_plan=now, t_place=now, give_up=now + self.settings.placement_give_up_s)
-        return Phase.PLACE, f"{self.replicas.want} replica groups of {layout.short()}"
 
-    def _place_replicas(self, cycle: _Cycle, reps: ReplicaSet) -> tuple[Phase, str]:
-        """A node per group (nodes holding no group first), each group its own placement group; fewer
-        groups when fewer nodes have room (the others are started later, as replacements)."""
-        tp = reps.layout.world_size
-        nodes = reps.pick_nodes(self.port, reps.want, self.replanner.excluded)
-        got: list[tuple[str, Reservation]] = []
-        for g, node in enumerate(nodes):
-            res = self.port.reserve(tp, nodes=[node], name=f"{self.name}-rg{g}", per_node={node: tp})
-            if res is None:
-                break
-            got.append((node, res))
-            self.log.emit(ev.Placed(reason=f"replica group {g}: {tp} GPU bundles on node {node[:8]}",
-                                    gpus=res.size, placement_group=res.name, gpus_per_node=res.gpus_per_node,
-                                    bundle_nodes=list(res.bundle_nodes), seconds=round(res.seconds, 4),
-                                    strategy=res.strategy))
-        if not got:
-            if time.monotonic() > cycle.give_up:
-                raise JobFailed(f"no node with {tp} free GPUs for a replica group")
-            time.sleep(self.settings.placement_retry_s)
-            return Phase.PLACE, "no room for a replica group yet"
-        cycle.plan = got  # (node, reservation) per group, in group order
-        return Phase.START, f"{len(got)} of {reps.want} replica groups reserved"
-
-    def _start_replicas(self, cycle: _Cycle, reps: ReplicaSet) -> tuple[Phase, str]:
-        t0 = time.monotonic()
-        for g, (node, res) in enumerate(cycle.plan):
-            try:
-                gang = self.port.start_gang(reps.plan(g, node), res, on_created=lambda gang, g=g: reps.add(g, gang))
-            except StartFailed as exc:
-                if reps.groups.get(g) is None:
-                    self.port.release(res)
-                for _, later in cycle.plan[g + 1:]:
-                    self.port.release(later)
-                raise JobFailed(f"replica group {g} did not start: {exc.failure.reason}") from exc
-            reps.add(g, gang)
-            self._emit_started(gang, f"replica group {g}: {gang.world_size} rank actors up, torchft manager joined")
-        self.port.refill_pool()  # what the groups took, on the nodes no group runs on
-        view, _ = reps.view()
-        s = self.settings
-        scorer = StragglerScorer({}, {}, window=s.straggler_window, threshold=s.straggler_threshold,
-                                 persist_fraction=s.straggler_persist)
-        self._run = _Run(view, scorer, 0)
-        self.next_step = 0
-        self._cycle = None
-        cycle.phases["start"] = time.monotonic() - t0
-        return Phase.TRAIN, f"{reps.size} replica groups training from step 0"
-
-    def _train_replicas(self, run: _Run, reps: ReplicaSet) -> Switch | None:
-        """One step attempt of every live replica group. A group that lost a node is dropped (the
-        others redo the step without it: torchft voted it down) and a replacement starts in the
-        background; a replacement that is up joins at this step boundary and heals from a peer."""
-        self._adopt_replacements(reps)
-        step = run.step
-        if step >= self.job.steps:
-            return Switch("finished")
-        if self.cancel_requested:
-            return Switch("cancelled")
-        view, owners = reps.view()
-        t_launch = time.time()
-        # the groups of the last attempt still here: a redo's quorum (a replacement joins after it)
-        expect = sorted({g for g, _ in owners} & run.last_groups) if run.last_groups else None
-        prev, run.last_groups = sorted(run.last_groups), {g for g, _ in owners}
-        res = self.port.gather(view, "step", deadline_s=self._deadline_s(run.walls, first=not run.walls),
-                               step=step, kwargs={"expect": expect, "prev": prev})
-        if res.lost_nodes:
-            self._tell_survivors(reps, res.lost_nodes)
-        rows = {owners[r]: row for r, row in res.results.items()}
-        done = {g for (g, _), row in rows.items() if row["event"] == "step"}
-        if not res.ok:
-            self._drop_replicas(reps, view, owners, res, t_launch, step, done)
-        else:
-            raised_to_drop(reps, set(), done, [])
-        live = set(reps.groups)
-        if ({owners[r][0] for r in res.errors if r < len(owners)} & live) - done:
-            self._failed_tries[step] += 1  # a group that stays raised in it: the next gather launches it again
-        for (g, r), row in rows.items():
-            if r == 0:
-                for st, k in Counter(int(x) for x in row.get("aborted_steps", [])).items():
-                    self._failed_tries[st] = max(self._failed_tries[st], k)
-            if r == 0 and g in reps.history:
-                reps.history[g].update(aborted=list(row["aborted_steps"]), pids=sorted(
-                    {int(x["pid"]) for (gg, _), x in rows.items() if gg == g}))
-                _keep_phases(reps.history[g], row)
-        committed = {k: row for k, row in rows.items() if row["event"] == "step" and k[0] in live}
-        if not committed:
-            return None  # voted down (a group died in it): the survivors redo this step
-        if max(len(r.get("groups") or ()) for r in committed.values()) > len(live):
-            # a replacement was in this step's quorum (its first: it healed there, with no micro-batches):
-            # it joins the step set now, before the next quorum (left out, it would hold that quorum up
-            # for the join timeout)
-            reps.wait_stepping(self.settings.replica_timeout_s)
-            self._adopt_replacements(reps)
-        recent: dict[int, dict[str, Any]] = {}
-        for (g, r), row in committed.items():
-            if r == 0 and g in reps.history:
-                _keep_phases(reps.history[g], row)
-        for (g, r), row in committed.items():  # commits an abandoned wait missed come back in ``recent``
-            for old in row["recent"]:
-                recent.setdefault(int(old["step"]), old)
-            if r == 0:
-                reps.history[g]["committed"] = sorted(set(reps.history[g]["committed"]) |
-                                                      {int(x["step"]) for x in row["recent"]})
-                # the group's own commit times (0-based step -> time.time()): the survivors' stalls
-                reps.history[g].setdefault("commit_ts", {}).update({str(x["step"]): x["ts"] for x in row["recent"]})
-        for st in sorted(k for k in recent if k >= step):
-            self.step_attempts[st] = 1 + self._failed_tries[st]
-            self._replica_step_done(run, recent[st], committed, reps)
-        run.step = max(recent) + 1
-        if run.step >= self.job.steps or self.preempt_requested:
-            target = max(reps.groups, key=lambda g: int(reps.groups[g].timings.get("fence_epoch") or 0))
-            failed = self._save(reps.groups[target], run.step)
-            if failed is not None:
-                raise JobFailed(f"replica groups: the final checkpoint failed: {failed.cause}")
-            if self.preempt_requested:
-                return Switch("preempted")
-        reps.start_replacements(self.port, self.replanner.excluded, self.settings.replica_retry_s, lambda g: None)
-        return None
-
-    def _replica_step_done(self, run: _Run, row: dict[str, Any], committed: dict[tuple[int, int], dict[str, Any]],
-                           reps: ReplicaSet) -> None:
-        done = int(row["step"]) + 1
-        wall = max(float(r["wall_s"]) for r in committed.values())
-        run.walls.append(wall)
-        loss = float(row["loss"])
-        with self.lock:
-            self.last_loss = loss
-            self.losses[done] = loss
-            self.step_ts[done] = float(row.get("ts", time.time()))
-            self.next_step = done
-        self.cadence.observe_step(wall)
-        world = int(row["participants"]) * reps.layout.world_size
-        busy = [float(r["busy_s"]) for r in committed.values()]
-        self.log.emit(ev.StepDone(step=done, loss=round(loss, 6), wall_s=round(wall, 4), busy_max_s=round(max(busy), 4),
-                                  world_size=world, tokens_per_s=round(float(row["tokens"]) / max(wall, 1e-9), 1),
-                                  val_loss=None))
-        out = {i: {**r, "loss": loss} for i, r in enumerate(committed.values())}
-        view, _ = reps.view()
-        self._metrics(done, out, view)
-        self.tracking.on_step(done, out[0], world, wall)
-
-    def _drop_replicas(self, reps: ReplicaSet, view: Gang, owners: list[tuple[int, int]], res: GatherResult,
-                       since: float, step: int, done: set[int]) -> None:
-        failure = self.port.classify(res, view, "step")
-        lost = reps.hit(failure, owners, res.unresponsive)
-        # a group whose ranks raised in two attempts in a row is dropped (and replaced) rather than
-        # redoing the step with it for ever; a survivor's raises while the redo after a peer's death
-        # waits for torchft are not held against it (replicas.raised_to_drop)
-        raised = {owners[r][0] for r in res.errors if r < len(owners)} if failure.kind == "rank_failed" else set()
-        blamed = raised_to_drop(reps, raised - set(lost), done, list(lost))
-        lost = lost or blamed
-        self.port.forget_replicas(lost)
-        self._record_failure(failure, since)  # node_lost / rank_failed / hang, as for any gang
-        self._check_failure_budget()
-        if not lost and failure.kind == "hang":
-            raise JobFailed(f"replica groups: a step hung with every group alive ({failure.reason})")
-        for g in lost:
-            gang = reps.drop(g)
-            if gang is None:
-                continue
-            nodes = gang.nodes
-            self.port.teardown(gang)
-            reps.dropped.append({"group": g, "nodes": nodes, "step": step + 1, "ts": time.time()})
-            self.log.emit(ev.ReplicaDropped(reason=f"replica group {g} lost ({failure.kind}: {failure.reason}); "
-                                            f"{reps.size} groups keep stepping", group=g, nodes=list(nodes),
-                                            step=step + 1, groups_left=reps.size))
-        if reps.size == 0:
-            raise JobFailed("replica groups: every group was lost (no re-plan path for replica groups yet)")
-        reps.start_replacements(self.port, self.replanner.excluded, 0.0, lambda g: None)
-
-    def _tell_survivors(self, reps: ReplicaSet, nodes: list[str]) -> None:
-        """The node heartbeat found ``nodes`` down: the other groups' ranks stop waiting for a
-        cross-group reduction with the groups there (``RankWorker.replica_peers_lost``) before the
-        failure is classified and the groups torn down, so the redo starts without waiting for gloo
-        to notice (or, for a host gone silent, for its collective timeout); the quorum service drops
-        them too, so the redo's quorum does not wait for their heartbeat to time out."""
-        lost = reps.on_nodes(nodes)
-        self.port.forget_replicas(lost)  # the survivors' next quorum forms without them at once
-        if lost and len(lost) < reps.size:
-            view, _ = reps.view(exclude=lost)
-            self.port.gather(view, "replica_peers_lost", deadline_s=10.0, kwargs={"groups": lost})
-
-    def _adopt_replacements(self, reps: ReplicaSet) -> None:
-        """Replacements done starting: the ones that healed from a peer and stepped join the step set
-        (``replica_joined``); a failed one is torn down (another is tried after ``replica_retry_s``)."""
-        up, failed = reps.ready()
-        for j in failed:
-            reps.history.setdefault(j.group, {"node": j.node, "error": j.error})
-            # a replacement whose node died is not in the step set, so no failure of the job names the
-            # node: keep it out of the next replacement's placement here (the GCS may list it for seconds)
-            self.replanner.exclude(j.lost_nodes)
-            if j.gang is not None:
-                self.port.teardown(j.gang)
-        for j in up:
-            gang = j.gang
-            assert gang is not None
-            row = j.first[0]
-            reps.history[j.group].update(healed_from=row["healed_from"], committed=[int(row["step"])],
-                                         commit_ts={str(row["step"]): row["ts"]},
-                                         pids=sorted({int(r["pid"]) for r in j.first.values()}),
-                                         warm_ranks=int(gang.timings.get("warm_ranks", 0)))
-            _keep_phases(reps.history[j.group], row)  # the replacement's first (healing) attempt
-            self._emit_started(gang, f"replacement replica group {j.group} on node {j.node[:8]}")
-            healed = row["healed_from"]
-            self.log.emit(ev.ReplicaJoined(reason=f"replica group {j.group} took the state of group {healed} over "
-                                           f"the network in its first step (no share of that step's batch; its share from the "
-                                           f"next step on): {reps.size} groups",
-                                           group=j.group, seconds=round(float(row["ts"]) - j.t0, 3),
-                                           step=int(row["step"]) + 1, from_group=int(-1 if healed is None else healed),
-                                           nodes=[j.node], groups=reps.size))
-
-    def _teardown_replicas(self) -> None:
-        reps = self.replicas
-        if reps is None:
-            return
-        if reps.at_end is None:
-            reps.at_end = sorted(reps.groups)
-        for j in reps.wait_joining(self.settings.start_timeout_s):
-            if j.gang is not None:
-                self.port.teardown(j.gang)
-        for g in sorted(reps.groups):
-            self.port.teardown(reps.drop(g))
 
     # ------------------------------------------------------------------ the gang
     def _emit_started(self, gang: Gang, reason: str) -> None:
@@ -891,13 +576,3 @@ def _snapshot_s(out: dict[int, dict[str, Any]], key: str = "snapshot_s") -> floa
     return round(max(waits), 4) if waits else None
 
 
-def _keep_phases(history: dict[str, Any], row: dict[str, Any]) -> None:
-    """A group's step attempts, committed and aborted (rank 0's rows: ``phases`` timestamps, torchft's
-    error), kept by (step, attempt start) in ``history["attempts"]``: where a survivor's stall goes."""
-    seen = history.setdefault("attempts", {})
-    for x in [*row.get("recent", []), *row.get("recent_aborts", []), row]:
-        ph = x.get("phases")
-        if ph:
-            seen[f"{x['step']}@{ph['start']:.3f}"] = {"step": int(x["step"]), "event": x.get("event", "step"),
-                                                      "participants": x.get("participants"),
-                                                      "error": x.get("error", ""), **ph}
