@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from workers import object_store
+
 SHARED_PREFIX = "shared:"
 DEFAULT_MAX_FILES = 10_000
 DEFAULT_MAX_BYTES = 16 << 30
@@ -67,9 +69,9 @@ def tenant_area(storage_path: str | os.PathLike[str], tenant_id: int) -> Path:
     return Path(storage_path) / "tenants" / str(int(tenant_id)) / "data"
 
 
-def checkpoint_root(storage_path: str | os.PathLike[str]) -> Path:
-    """Where job checkpoints live: outside every tenant area."""
-    return Path(storage_path) / "jobs"
+def checkpoint_root(storage_path: str | os.PathLike[str]) -> Path | str:
+    """Where job checkpoints live: outside every tenant area (a URL under an ``s3://`` storage path)."""
+    return object_store.under(storage_path, "jobs")
 
 
 def split_path(raw: str, area: DataArea | None, index: int | None = None) -> tuple[Path, str]:

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from workers import object_store
 from workers.data_area import DataArea, DataPathError, resolve_data_paths, resolve_path
 
 Loc = tuple[str | int, ...]
@@ -128,7 +129,7 @@ def check_inputs(spec: Mapping[str, Any], area: DataArea) -> dict[str, Any]:
     return shape
 
 
-def runtime_fields(spec: Mapping[str, Any], area: DataArea, job_dir: Path, *, job_id: int,
+def runtime_fields(spec: Mapping[str, Any], area: DataArea, job_dir: Path | str, *, job_id: int,
                    mlflow_uri: str | None = None) -> dict[str, Any]:
     """The runtime spec's fields for a stored job spec's inputs (``model``, ``init_hf``, ``data``,
     ``val_data``, ``eval_every``, ``eval_batches``, ``export_hf``, ``tracking``): the HF model and the
@@ -160,9 +161,9 @@ def runtime_fields(spec: Mapping[str, Any], area: DataArea, job_dir: Path, *, jo
             out["eval_batches"] = int(spec["eval_batches"])
     export = spec.get("export")
     if isinstance(export, Mapping) and export.get("format") == "hf":
-        out["export_hf"] = str(job_dir / EXPORT_DIR)
+        out["export_hf"] = str(object_store.under(job_dir, EXPORT_DIR))
     tracking = dict(spec.get("tracking") or {})
-    out["tracking"] = {"tensorboard_dir": str(job_dir / TENSORBOARD_DIR),
+    out["tracking"] = {"tensorboard_dir": str(object_store.under(job_dir, TENSORBOARD_DIR)),
                        "mlflow_uri": tracking.get("mlflow_uri") or mlflow_uri,
                        "experiment": tracking.get("experiment", "orthoplex"),
                        "run_name": f"job-{job_id}"}

@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO, Any
 
 #: URL schemes served through fsspec, and the package that provides each
@@ -204,6 +205,13 @@ def location_problem(where: str) -> str | None:
     return None
 
 
+def under(base: str | os.PathLike[str], *names: str) -> Path | str:
+    """``base/name/...``: a URL (a string) under an object-store URL, a ``Path`` under anything else."""
+    if is_url(base):
+        return join(str(base), *names)
+    return Path(base).joinpath(*names)
+
+
 def join_location(base: str, name: str) -> str:
-    """``base/name`` for a local path or an object-store URL."""
-    return join(base, name) if is_url(base) else os.path.join(base, name)
+    """``base/name`` as a string, for a local path or an object-store URL."""
+    return str(under(base, name))

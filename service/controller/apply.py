@@ -37,6 +37,7 @@ from service.db import transitions as tx
 from service.db.models import Event
 from service.log import get_logger
 from service.scheduler.types import Admit, Decision, Grow, Preempt, Shrink, Wait
+from workers import object_store
 from workers.data_area import DataArea, tenant_area
 from workers.job_inputs import CHECKPOINT_DIR, runtime_fields
 from workers.runtime.contract.job_spec import SPEC_KEYS
@@ -62,7 +63,7 @@ def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int, placement: dict[str, int] 
     checkpoint directory, which every attempt shares so that a new attempt resumes from the newest
     verified checkpoint."""
     spec = {k: job.spec[k] for k in SPEC_KEYS if k in job.spec}
-    spec["checkpoint_dir"] = str(ctx.job_storage(job.id) / CHECKPOINT_DIR)
+    spec["checkpoint_dir"] = str(object_store.under(ctx.job_storage(job.id), CHECKPOINT_DIR))
     # the tenant's inputs (HF model, tokenizer, data, eval data) resolved again inside the tenant's
     # area (the engine resolves data paths once more where it reads), export and tracking in the
     # job's directory: workers.job_inputs; an input gone since submission fails the attempt
