@@ -24,6 +24,8 @@ from typing import IO, Any
 #: URL schemes served through fsspec, and the package that provides each
 SCHEMES: dict[str, str] = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
 CHUNK = 1 << 20
+#: bytes an open object buffers (the part size of a multipart upload; S3's minimum part is 5 MiB)
+BLOCK = 8 << 20
 
 
 class ObjectStoreError(ValueError):
@@ -153,12 +155,27 @@ def write_bytes(url: str, data: bytes) -> None:
 
 
 def open_read(url: str) -> IO[bytes]:
-    return filesystem(url).open(_key(url), "rb")
+    """A streaming reader; at most ``BLOCK`` bytes are buffered."""
+    return filesystem(url).open(_key(url), "rb", block_size=BLOCK)
 
 
 def open_write(url: str) -> IO[bytes]:
-    """A streaming writer (multipart upload for large objects); the object appears on ``close``."""
-    return filesystem(url).open(_key(url), "wb")
+    """A streaming writer: parts of ``BLOCK`` bytes go up as they fill (a multipart upload); the
+    object appears whole on ``close``, and not at all when the writer is discarded."""
+    return filesystem(url).open(_key(url), "wb", block_size=BLOCK)
+
+
+def upload(local: str | os.PathLike[str], url: str) -> None:
+    """Copy a local file to ``url``, streamed (multipart for large files; never read whole)."""
+    filesystem(url).put_file(os.fspath(local), _key(url))
+
+
+def download(url: str, local: str | os.PathLike[str]) -> None:
+    """Copy ``url`` into a local file, streamed, through a temporary name (readers of ``local`` see
+    nothing or the whole file)."""
+    tmp = f"{os.fspath(local)}.part-{os.getpid()}"
+    filesystem(url).get_file(_key(url), tmp)
+    os.replace(tmp, local)
 
 
 def iter_chunks(url: str, chunk: int = CHUNK) -> Iterator[bytes]:
@@ -210,6 +227,11 @@ def under(base: str | os.PathLike[str], *names: str) -> Path | str:
     if is_url(base):
         return join(str(base), *names)
     return Path(base).joinpath(*names)
+
+
+def local_resolved(where: str) -> str:
+    """An object-store URL as it is; a local path made absolute."""
+    return where if is_url(where) else str(Path(where).resolve())
 
 
 def join_location(base: str, name: str) -> str:

@@ -47,8 +47,8 @@ def train(
         "--init-hf", help="start from an HF Llama checkpoint directory (config.json + *.safetensors)")] = None,
     seq_len: Annotated[int | None, typer.Option(
         "--seq-len", min=2, help="training sequence length (with --init-hf; default min(2048, max positions))")] = None,
-    export_hf: Annotated[Path | None, typer.Option(
-        "--export-hf", help="at the end, write the weights as an HF Llama checkpoint directory")] = None,
+    export_hf: Annotated[str | None, typer.Option(
+        "--export-hf", help="at the end, write the weights as an HF Llama checkpoint directory (or s3:// prefix)")] = None,
     tokenizer: Annotated[Path | None, typer.Option(
         "--tokenizer", help="tokenizer.json or an HF tokenizer dir for text/jsonl/parquet --data "
                             "(default: byte tokens)")] = None,
@@ -91,7 +91,8 @@ def train(
         _refuse(f"--val-data {val_data}: no such file or directory")
     if (resume or stop_at_step or save_every) and checkpoint_dir is None:
         _refuse("--resume, --stop-at-step and --save-every need --checkpoint-dir")
-    for flag, where in (("--checkpoint-dir", checkpoint_dir), ("--tensorboard-dir", tensorboard_dir)):
+    for flag, where in (("--checkpoint-dir", checkpoint_dir), ("--tensorboard-dir", tensorboard_dir),
+                        ("--export-hf", export_hf)):
         if where is not None:
             problem = object_store.location_problem(where)
             if problem:
@@ -104,7 +105,7 @@ def train(
                           min_lr=lr / 10, warmup_steps=min(warmup_steps, steps), data=DataConfig.from_path(data),
                           checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, save_every=save_every,
                           keep_checkpoints=keep, init_hf=str(init_hf.resolve()) if init_hf else None,
-                          export_hf=str(export_hf.resolve()) if export_hf else None,
+                          export_hf=object_store.local_resolved(export_hf) if export_hf else None,
                           eval_every=eval_every, val_data=DataConfig.from_path(val_data) if val_data else None)
     except ValueError as e:
         _refuse(str(e))

@@ -4,7 +4,8 @@
   no restore picks it, the next commit removes it; a retention killed after deleting a marker
   leaves files no listing shows. Keep-N holds: only the newest N committed prefixes remain.
 - ``orthoplex train --checkpoint-dir s3://...``: a run stopped after step 2 under ``pp=2`` resumes
-  under ``dp=2,zero=1`` from the object store and continues the uninterrupted single-process curve.
+  under ``dp=2,zero=1`` from the object store and continues the uninterrupted single-process curve;
+  its TensorBoard files and its HF export (``--export-hf s3://...``) land in the bucket.
 - A bucket that does not exist is refused before any process starts (exit 2, naming the flag).
 """
 
@@ -118,7 +119,7 @@ def test_train_checkpoints_to_s3_and_resumes_under_another_layout(s3_bucket: str
     names = object_store.find(ck)
     assert any(n.startswith("step-00000002.ckpt-") and n.endswith("/manifest.json") for n in names), names
     b = _train(*common, "--layout", "dp=2,zero=1", "--checkpoint-dir", ck, "--resume",
-               "--metrics-out", str(tmp_path / "b.jsonl"))
+               "--metrics-out", str(tmp_path / "b.jsonl"), "--export-hf", f"{s3_bucket}/runs/a-hf")
     assert b.exit_code == 0, b.output
     c = _train(*common, "--metrics-out", str(tmp_path / "c.jsonl"))  # single process, no interruption
     assert c.exit_code == 0, c.output
@@ -134,6 +135,10 @@ def test_train_checkpoints_to_s3_and_resumes_under_another_layout(s3_bucket: str
     rec, _ = find_latest_verified(ck)
     assert rec is not None and rec.step == 2 and rec.manifest.layout["pp"] == 2
     assert any(n.startswith("tensorboard/") for n in object_store.find(ck))
+    # the HF export of the end went to the bucket, streamed from each writer's local file
+    export = object_store.find(f"{s3_bucket}/runs/a-hf")
+    assert {"config.json", "model.safetensors.index.json"} <= set(export), export
+    assert any(n.endswith(".safetensors") and size > 0 for n, size in export.items()), export
 
 
 @pytest.mark.s3
