@@ -37,9 +37,9 @@ class Settings(BaseSettings):
         default=DATA_DIR / "storage", description="Tenant data areas (tenants/<id>/data), checkpoints (jobs/<id>): "
         "a directory every node sees, or an object-store prefix s3://BUCKET/PREFIX (endpoint and credentials "
         "from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION; docs/storage.md)")
-    shared_data_roots: dict[str, Path] = Field(
+    shared_data_roots: dict[str, Path | str] = Field(
         default_factory=dict, description="read-only data roots every tenant may read, by name: "
-        '``{"corpora": "/srv/corpora"}``; a job names them as ``shared:<name>/<path>``')
+        '``{"corpora": "/srv/corpora"}`` (or ``"s3://bucket/corpora"``); a job names them as ``shared:<name>/<path>``')
     data_max_files: int = Field(default=10_000, ge=1, description="files one job's data.paths may select")
     data_max_bytes: int = Field(default=16 << 30, ge=1, description="bytes one job's data.paths may select")
     upload_max_bytes: int = Field(default=1 << 30, ge=1, description="largest single upload")
@@ -68,6 +68,13 @@ class Settings(BaseSettings):
         if isinstance(v, str) and "://" in v:
             return object_store.check_url(v)
         return Path(v) if isinstance(v, str) else v
+
+    @field_validator("shared_data_roots", mode="before")
+    @classmethod
+    def _shared(cls, v: object) -> object:
+        if isinstance(v, dict):
+            return {k: cls._storage(r) for k, r in v.items()}
+        return v
 
     @field_validator("log_level", mode="before")
     @classmethod

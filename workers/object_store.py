@@ -17,6 +17,7 @@ import functools
 import hashlib
 import importlib.util
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -145,6 +146,15 @@ def size(url: str) -> int:
     return int(filesystem(url).info(_key(url))["size"])
 
 
+def file_size(url: str) -> int | None:
+    """The size of the object ``url``; ``None`` when there is none (nothing, or only keys below it)."""
+    try:
+        info = filesystem(url).info(_key(url))
+    except FileNotFoundError:
+        return None
+    return int(info["size"]) if info.get("type") == "file" else None
+
+
 def read_bytes(url: str) -> bytes:
     return bytes(filesystem(url).cat_file(_key(url)))
 
@@ -176,6 +186,23 @@ def download(url: str, local: str | os.PathLike[str]) -> None:
     tmp = f"{os.fspath(local)}.part-{os.getpid()}"
     filesystem(url).get_file(_key(url), tmp)
     os.replace(tmp, local)
+
+
+def stage(url: str, cache_root: str | os.PathLike[str] | None = None) -> Path:
+    """A node-local copy of the object ``url`` (readers that need a file: memory-mapped token files,
+    tokenizers): downloaded streamed once, reused while the object's ETag is the same. Objects of
+    one prefix land in one directory, so a file and its sidecar stay next to each other."""
+    info = filesystem(url).info(_key(url))
+    tag = str(info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("size"))
+    where = Path(cache_root or tempfile.gettempdir()) / "orthoplex-objects"
+    local = where / hashlib.sha256(parent(url).encode()).hexdigest()[:24] / name(url)
+    marker = local.with_name(f".{local.name}.etag")
+    if local.is_file() and marker.is_file() and marker.read_text() == tag:
+        return local
+    local.parent.mkdir(parents=True, exist_ok=True)
+    download(url, local)
+    marker.write_text(tag)
+    return local
 
 
 def iter_chunks(url: str, chunk: int = CHUNK) -> Iterator[bytes]:
