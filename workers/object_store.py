@@ -24,7 +24,8 @@ from typing import IO, Any
 
 #: URL schemes served through fsspec, and the package that provides each
 SCHEMES: dict[str, str] = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
-CHUNK = 1 << 20
+#: bytes one read of a streamed object asks for (a ranged GET each)
+CHUNK = 4 << 20
 #: bytes an open object buffers (the part size of a multipart upload; S3's minimum part is 5 MiB)
 BLOCK = 8 << 20
 
@@ -165,14 +166,30 @@ def write_bytes(url: str, data: bytes) -> None:
 
 
 def open_read(url: str) -> IO[bytes]:
-    """A streaming reader; at most ``BLOCK`` bytes are buffered."""
-    return filesystem(url).open(_key(url), "rb", block_size=BLOCK)
+    """A streaming reader without a read-ahead cache: each ``read(n)`` is one ranged GET of ``n``
+    bytes, so a reader holds what it asked for and nothing more."""
+    return filesystem(url).open(_key(url), "rb", block_size=BLOCK, cache_type="none")
 
 
 def open_write(url: str) -> IO[bytes]:
     """A streaming writer: parts of ``BLOCK`` bytes go up as they fill (a multipart upload); the
     object appears whole on ``close``, and not at all when the writer is discarded."""
     return filesystem(url).open(_key(url), "wb", block_size=BLOCK)
+
+
+@contextlib.contextmanager
+def writing(url: str) -> Iterator[IO[bytes]]:
+    """A streaming writer of ``url`` (:func:`open_write`) that publishes the object only when the
+    block ends normally; on an exception the upload is aborted and nothing appears (an object that
+    was there before stays as it was)."""
+    f: Any = open_write(url)
+    try:
+        yield f
+    except BaseException:
+        f.discard()
+        f.closed = True
+        raise
+    f.close()
 
 
 def upload(local: str | os.PathLike[str], url: str) -> None:

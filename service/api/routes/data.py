@@ -4,7 +4,8 @@
 it into place (atomic: a reader sees the old file or the whole new one), refusing bodies over
 ``ORTHOPLEX_UPLOAD_MAX_BYTES`` (413) and uploads that would take the area over
 ``ORTHOPLEX_TENANT_QUOTA_BYTES`` (413). Paths follow the job-spec rule (relative, no ``..``, no
-symlink out of the area); no database transaction is open while a body streams.
+symlink out of the area); no database transaction is open while a body streams. On ``s3://``
+storage the area is an object-store prefix (``service.api.object_data``: streamed both ways).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
+from service.api import object_data
 from service.api.deps import CurrentTenant
 from service.api.errors import responses
 from service.settings import data_area
+from workers import object_store
 from workers.data_area import DataArea, DataPathError, split_path
 
 router = APIRouter(prefix="/v1/data", tags=["data"])
@@ -46,7 +49,7 @@ class DataList(BaseModel):
     truncated: bool = False
 
 
-def _target(area: DataArea, raw: str) -> Path:
+def _target(area: DataArea, raw: str) -> Path | str:
     """The file ``raw`` names inside the area (422 naming ``path`` otherwise; never a glob)."""
     try:
         if raw.startswith("shared:"):
@@ -58,6 +61,8 @@ def _target(area: DataArea, raw: str) -> Path:
             raise DataPathError(None, "must name a file inside your data area")
     except DataPathError as exc:
         raise RequestValidationError([{"loc": ("path", "path"), "msg": exc.msg, "type": "value_error"}]) from None
+    if isinstance(root, str):  # a key under the tenant's prefix (the rule above allows nothing else)
+        return object_store.join(root, rel)
     root = root.resolve()
     target = root / rel
     parent = target.parent.resolve()
@@ -94,7 +99,13 @@ def _usage(root: Path) -> tuple[list[DataFile], int, bool]:
             responses=responses(401, 403))
 def list_data(request: Request, tenant: CurrentTenant) -> DataList:
     settings = request.app.state.settings
-    files, used, truncated = _usage(data_area(settings, tenant.id).root)
+    root = data_area(settings, tenant.id).root
+    if isinstance(root, str):
+        found = list(object_data.iter_files(root))
+        files = [DataFile(path=rel, bytes=n) for rel, n in found[:LIST_MAX]]
+        used, truncated = sum(n for _, n in found), len(found) > LIST_MAX
+    else:
+        files, used, truncated = _usage(root)
     return DataList(items=files, used_bytes=used, quota_bytes=settings.tenant_quota_bytes, truncated=truncated)
 
 
@@ -109,6 +120,9 @@ async def upload_data(path: DataPath, request: Request, tenant: CurrentTenant) -
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"upload over {limit} bytes")
+    if isinstance(target, str):
+        return await _upload_object(str(area.root), target, request, limit, settings.tenant_quota_bytes)
+    assert isinstance(area.root, Path)
     _, used, _ = await anyio.to_thread.run_sync(_usage, area.root)
     room = settings.tenant_quota_bytes - used + (target.stat().st_size if target.is_file() else 0)
     tmp_dir = area.root / UPLOADS
@@ -146,12 +160,32 @@ async def upload_data(path: DataPath, request: Request, tenant: CurrentTenant) -
     return DataFile(path=target.relative_to(area.root.resolve()).as_posix(), bytes=size)
 
 
+async def _upload_object(root: str, url: str, request: Request, limit: int, quota: int) -> DataFile:
+    """``upload_data`` on an object store: the same limits, the body streamed into the object."""
+    if await anyio.to_thread.run_sync(object_data.is_folder, url):
+        raise HTTPException(status.HTTP_409_CONFLICT, "path is a folder")
+    used, _ = await anyio.to_thread.run_sync(object_data.usage, root)
+    room = quota - used + (await anyio.to_thread.run_sync(object_data.file_size, url) or 0)
+
+    def check(size: int) -> None:
+        if size > limit:
+            raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"upload over {limit} bytes")
+        if size > room:
+            raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+                                f"the data area quota ({quota} bytes) would be exceeded")
+
+    size = await object_data.receive(url, request.stream(), check)
+    return DataFile(path=url[len(root) + 1:], bytes=size)
+
+
 @router.get("/{path:path}", operation_id="download_data", summary="Download a file of your data area",
             response_class=FileResponse, responses={200: {"content": {"application/octet-stream": {}}},
                                                     **responses(401, 403, 404)})
 def download_data(path: DataPath, request: Request, tenant: CurrentTenant) -> Any:
     area = data_area(request.app.state.settings, tenant.id)
     target = _target(area, path)
+    if isinstance(target, str):
+        return object_data.send(target, "no such file in your data area")
     if not target.is_file():
         raise HTTPException(status.HTTP_404_NOT_FOUND, "no such file in your data area")
     return FileResponse(target.resolve(), media_type="application/octet-stream", filename=target.name)
@@ -162,6 +196,9 @@ def download_data(path: DataPath, request: Request, tenant: CurrentTenant) -> An
 def delete_data(path: DataPath, request: Request, tenant: CurrentTenant) -> Response:
     area = data_area(request.app.state.settings, tenant.id)
     target = _target(area, path)
+    if isinstance(target, str):
+        object_data.delete(target, "no such file in your data area")
+        return Response(status_code=204)
     if not (target.is_file() or target.is_symlink()):
         raise HTTPException(status.HTTP_404_NOT_FOUND, "no such file in your data area")
     target.unlink()
