@@ -91,10 +91,11 @@ def test_a_crash_between_shard_writes_and_the_commit_marker_leaves_nothing_a_res
 
 
 def _app() -> typer.Typer:
-    from service.cli.train import register
+    from service.cli import hf, train
 
     app = typer.Typer()
-    register(app)
+    train.register(app)
+    hf.register(app)
 
     @app.command("noop")
     def noop() -> None:  # a second command keeps typer from flattening "train" into the root
@@ -151,3 +152,5 @@ def test_train_refuses_a_bucket_that_does_not_exist(s3_server) -> None:
     assert "--checkpoint-dir s3://no-such-bucket-here/x" in res.output and "does not exist" in res.output
     res = _train("--model", "tiny", "--steps", "1", "--checkpoint-dir", "s3:///x")
     assert res.exit_code == 2 and "names no bucket" in res.output, res.output
+    res = CliRunner().invoke(_app(), ["export", "--checkpoint-dir", "s3://no-such-bucket-here/x", "--out", "o"])
+    assert res.exit_code == 2 and "--checkpoint-dir s3://no-such-bucket-here/x" in res.output, res.output
