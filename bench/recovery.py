@@ -457,7 +457,7 @@ def _goals_markdown(samples: list[dict[str, Any]]) -> str:
 
 def _carried_baseline(path: Path | None = None) -> dict[str, Any]:
     """The restart rows of the last run that measured them (``baseline`` not rerun): the goodput
-    simulator is calibrated on them (service/goodput/recovery.py ``MEASURED``), so a partial run
+    simulator is calibrated on them (service/failure_sim/recovery.py ``MEASURED``), so a partial run
     keeps them, saying which run they come from."""
     from bench.common import RESULTS_DIR
 

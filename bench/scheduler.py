@@ -18,8 +18,8 @@ import time
 from typing import Any
 
 from service.scheduler.policy import decide
-from service.scheduler.simulate import simulate, synthetic_workload
 from service.scheduler.types import ClusterSnapshot, JobState, JobView, NodeView, TenantView
+from service.scheduler.workload_sim import simulate, synthetic_workload
 
 SIZES = (1, 1, 2, 2, 4, 4, 8, 8, 8, 16, 32, 64)
 

@@ -1,4 +1,5 @@
-"""Goodput simulator benchmark: events per second and the 16k x 54-day all-policies wall time.
+"""Failure simulator benchmark (``service.failure_sim``, the ``orthoplex simulate`` command): events per
+second and the 16k x 54-day all-policies wall time.
 
 Baseline, measured in the same run: a step-by-step simulation (one loop iteration per training step,
 the obvious way to write it) of the restart policy with unlimited spares on the same trace; its ETTR
@@ -10,10 +11,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from service.goodput.events import play
-from service.goodput.policies import Policy
-from service.goodput.simulation import Config, simulate
-from service.goodput.trace import Trace, poisson_trace
+from service.failure_sim.events import play
+from service.failure_sim.policies import Policy
+from service.failure_sim.simulation import Config, simulate
+from service.failure_sim.trace import Trace, poisson_trace
 
 GOAL_S = 60.0
 

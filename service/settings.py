@@ -44,6 +44,11 @@ class Settings(BaseSettings):
     data_max_bytes: int = Field(default=16 << 30, ge=1, description="bytes one job's data.paths may select")
     upload_max_bytes: int = Field(default=1 << 30, ge=1, description="largest single upload")
     tenant_quota_bytes: int = Field(default=20 << 30, ge=1, description="bytes a tenant's data area may hold")
+    tenant_quota_entries: int = Field(default=10_000, ge=1, description="files and directories a tenant's data "
+                                      "area may hold")
+    data_max_depth: int = Field(default=16, ge=1, le=64, description="directories an uploaded file may nest in")
+    upload_max_concurrent: int = Field(default=2, ge=1, description="uploads of one tenant at once, per API "
+                                       "process (more: 429)")
     mlflow_tracking_uri: str | None = Field(default=None, description="MLflow tracking URI every job logs to "
                                             "unless its spec names one (tracking.mlflow_uri); TensorBoard files "
                                             "are always written into the job's directory")

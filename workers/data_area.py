@@ -313,3 +313,48 @@ def resolve_path(raw: str, area: DataArea, *, want: str = "any") -> Path:
     if want == "file" and not real.is_file():
         raise DataPathError(None, "is not a file in your data area")
     return real
+
+
+class TenantFileError(ValueError):
+    """A file inside a tenant's area that cannot be used (a path it names breaks the rule below, or
+    its content is malformed): the message names the file as the tenant knows it and what is wrong,
+    never anything about files outside the area."""
+
+
+def _syntax_ok(ref: str) -> bool:
+    if not ref or "\x00" in ref or "\\" in ref or ref.startswith(("/", "~")) or _SCHEME.match(ref):
+        return False
+    parts = PurePosixPath(ref).parts
+    return ".." not in parts and len(ref.encode()) <= 1024 and all(len(p.encode()) <= 255 for p in parts)
+
+
+def referenced_path(base: str | os.PathLike[str], ref: object, where: str, *, want: str = "file",
+                    required: bool = True) -> Path | None:
+    """The one rule for every path a tenant's file names (an HF index's ``weight_map`` values, the
+    fixed names a reader looks for next to a file: ``config.json``, ``tokenizer_config.json``, a
+    sidecar, and any later format): ``ref`` is a relative posix path without ``..``, and resolved
+    with symlinks followed it lies inside ``base``, the directory that referenced it.
+
+    ``where`` says who names it (``"model.safetensors.index.json: weight_map['x']"``), for messages.
+    Returns the resolved path; ``None`` when ``required`` is false and nothing (not even a symlink)
+    is there. ``want``: ``"file"``, ``"dir"`` or ``"any"``. :class:`TenantFileError` otherwise; the
+    escape check comes before anything is looked at on disk, so an escaping path gets the same
+    message whether or not its target exists."""
+    if not isinstance(ref, str) or not _syntax_ok(ref):
+        shown = ref if isinstance(ref, str) else type(ref).__name__
+        raise TenantFileError(f"{where}: {str(shown)[:120]!r} must be a relative path inside its directory "
+                              "(no absolute path, '~', '..' or URL)")
+    root = Path(base).resolve()
+    entry = root / ref
+    real = entry.resolve()
+    if not _inside(real, root):
+        raise TenantFileError(f"{where}: {ref[:120]!r} resolves outside its directory")
+    if not entry.is_symlink() and not real.exists():
+        if not required:
+            return None
+        raise TenantFileError(f"{where}: {ref[:120]!r} does not exist")
+    if want == "file" and not real.is_file():
+        raise TenantFileError(f"{where}: {ref[:120]!r} is not a file")
+    if want == "dir" and not real.is_dir():
+        raise TenantFileError(f"{where}: {ref[:120]!r} is not a directory")
+    return real

@@ -2,7 +2,9 @@
 
 The app owns one engine and sessionmaker (``app.state.engine`` / ``app.state.sessions``) for
 ``settings.database_url``; it does not migrate (``orthoplex serve`` does, before starting it).
-Middleware, outermost first: latency histogram, 1 MiB body cap (413), full ``Allow`` on 405.
+Middleware, outermost first: latency histogram, security headers (``service.api.headers``), 1 MiB
+body cap (413), full ``Allow`` on 405. ``/docs`` is Swagger UI served from this origin
+(``service.api.docs``); ReDoc is not served.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from fastapi import FastAPI
 
 from service.api.attempts import AttemptLog
 from service.api.config import ApiSettings
+from service.api.data_ledger import Ledger
+from service.api.docs import mount as mount_docs
 from service.api.errors import AllowHeader, BodyLimit, install_handlers
+from service.api.headers import SecurityHeaders
 from service.api.metrics import LatencyMiddleware, make_registry
 from service.api.repo import RATE_WINDOW_S
 from service.api.routes import admin, artifacts, dashboard, data, jobs, system
@@ -46,6 +51,7 @@ def create_app(settings: Settings | None = None, api_settings: ApiSettings | Non
         engine.dispose()
 
     app = FastAPI(title="Orthoplex", version="1.0.0", description=DESCRIPTION, lifespan=lifespan,
+                  docs_url=None, redoc_url=None, swagger_ui_oauth2_redirect_url=None,
                   openapi_tags=[{"name": "jobs", "description": "a tenant's jobs"},
                                 {"name": "admin", "description": "tenants and tokens (admin token)"},
                                 {"name": "system", "description": "health, metrics, planning, cluster"},
@@ -56,6 +62,8 @@ def create_app(settings: Settings | None = None, api_settings: ApiSettings | Non
     app.state.sessions = sessions
     app.state.streams = StreamSlots(api.sse_max_per_tenant)
     app.state.attempts = AttemptLog(RATE_WINDOW_S)
+    app.state.data_ledger = Ledger(settings.tenant_quota_bytes, settings.tenant_quota_entries,
+                                   settings.upload_max_concurrent)
     registry, tenant_registry, latency = make_registry(sessions, api.metrics_cache_s)
     app.state.registry = registry
     app.state.tenant_registry = tenant_registry
@@ -67,7 +75,9 @@ def create_app(settings: Settings | None = None, api_settings: ApiSettings | Non
     app.include_router(system.router)
     app.include_router(dashboard.router)
     mount_ui(app)
+    mount_docs(app)
     app.add_middleware(AllowHeader, router_app=app)
     app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes, exempt=("/v1/data/",))
+    app.add_middleware(SecurityHeaders)
     app.add_middleware(LatencyMiddleware, histogram=latency)
     return app

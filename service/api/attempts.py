@@ -1,6 +1,7 @@
-"""Requests that count toward a tenant's submission rate without creating a job: dry runs
-(``POST /v1/plans``) and refused submissions. Kept in memory per API process (a sliding window of
-``repo.RATE_WINDOW_S``); ``repo.check_limits`` adds them to the jobs the tenant created."""
+"""Requests that count toward a tenant's submission rate without creating a job: the requests that
+can make the planner search (dry runs, ``POST /v1/plans``, and the dashboard's explain) and refused
+submissions. Kept in memory per API process (a sliding window of ``repo.RATE_WINDOW_S``);
+``repo.check_limits`` adds them to the jobs the tenant created."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import datetime as dt
 import threading
 from collections import deque
 
-from service.db.models import utcnow
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.api import repo
+from service.db.models import Tenant, utcnow
 
 
 class AttemptLog:
@@ -43,3 +47,13 @@ class AttemptLog:
     def _trim(self, q: deque[dt.datetime], now: dt.datetime) -> None:
         while q and q[0] <= now - self.window:
             q.popleft()
+
+
+def charge_planning(sessions: sessionmaker[Session], attempts: AttemptLog, tenant: Tenant) -> None:
+    """A request that may make the planner search without creating a job (a dry run, an explain):
+    :class:`repo.LimitExceeded` (429) over the tenant's rate, else it is recorded. The limits are
+    read in a short transaction of its own, ended before the caller plans."""
+    with sessions() as db:
+        repo.check_limits(db, tenant, lock=False, jobs=False,
+                          attempts=attempts.recent(tenant.id, tenant.submit_per_minute))
+    attempts.record(tenant.id)

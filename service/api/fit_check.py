@@ -10,8 +10,14 @@ refused with :class:`PlannerUnavailable` (503 with ``Retry-After``), never accep
 most two searches run at once. Concurrent submissions of the same planner spec share one search
 (single flight); a submission waits up to ``plan_timeout_s`` for a free slot before it is refused
 as busy, while a dry run finding both slots busy is shed at once (429), and one overrunning its
-budget is 422 (``max_gpus``: the range is too large to plan within ``dryrun_timeout_s``). Callers
-hold no database transaction while a search runs.
+budget is 422 (``max_gpus``: the range is too large to plan within ``dryrun_timeout_s``).
+
+Every answer is cached by the planner's input (the model shape, batch, layout hint and cluster
+profile, plus ``top_k`` for a dry run), and concurrent identical questions share one search: a
+dry run, a dashboard explain or a submission asked again costs no search. Callers hold no database
+connection while a search runs: :func:`_plan` refuses to start one otherwise (a programming error,
+``service.db.session.connections_held``), since an open SQLite transaction would hold the write
+lock for the whole search.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from fastapi import HTTPException, status
 
 from service.api.config import ApiSettings
 from service.api.schemas import JobSpec, PlanOut
+from service.db.session import connections_held
 from service.log import get_logger
 from service.settings import get_settings
 
@@ -37,11 +44,12 @@ _WORKERS = 2
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="planner")
 #: searches in flight (a search that overran its budget keeps its slot until it ends: no backlog)
 _SLOTS = threading.BoundedSemaphore(_WORKERS)
-_CACHE: OrderedDict[str, FitResult] = OrderedDict()
+#: answers by question ("fit " or "dry <top_k> " + the planner spec as JSON): FitResult or PlanOut
+_CACHE: OrderedDict[str, Any] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 2048
-#: fit checks in flight, by planner spec: a concurrent identical submission waits for the leader's answer
-_INFLIGHT: dict[str, concurrent.futures.Future[FitResult]] = {}
+#: questions in flight: a concurrent identical one waits for the leader's answer
+_INFLIGHT: dict[str, concurrent.futures.Future[Any]] = {}
 #: how long a dry run waits for a planner slot before it is shed
 _DRYRUN_SLOT_WAIT_S = 0.05
 
@@ -148,6 +156,8 @@ def _plan(pspec: dict[str, Any], top_k: int, timeout_s: float, slot_wait_s: floa
     from planner.layout import LayoutError
     from planner.spec import SpecError
 
+    if connections_held():
+        raise RuntimeError("a database connection is held while planning; end the transaction first")
     if not _SLOTS.acquire(timeout=slot_wait_s):
         raise PlannerBusy("the planner is busy")
     try:
@@ -191,22 +201,27 @@ def check_fit(spec: JobSpec, api: ApiSettings, before_planning: Callable[[], Non
     ``before_planning`` runs only when the answer is not cached, right before the search (a caller's
     cheap refusal, e.g. a tenant over its limits, that should not wait for planning)."""
     pspec = planner_spec(spec, api, model=model)
-    key = json.dumps(pspec, sort_keys=True)
-    with _CACHE_LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None:
-            _CACHE.move_to_end(key)
+    key = "fit " + json.dumps(pspec, sort_keys=True)
+    hit = _cached(key)
     if hit is None:
         if before_planning is not None:
             before_planning()
-        hit = _fit_once(key, spec, api, pspec, model)
+        hit = _once(key, lambda: _search_fit(spec, api, pspec, model), 4 * api.plan_timeout_s + 1)
     if not hit.ok:
         raise PlannerRefused(hit.loc, hit.msg)
 
 
-def _fit_once(key: str, spec: JobSpec, api: ApiSettings, pspec: dict[str, Any],
-              model: dict[str, Any] | None) -> FitResult:
-    """The fit answer for ``key``, searched once however many submissions ask at the same time."""
+def _cached(key: str) -> Any:
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+        return hit
+
+
+def _once(key: str, search: Callable[[], Any], wait_s: float) -> Any:
+    """The answer for ``key``, searched once however many requests ask at the same time; a
+    follower waits up to ``wait_s`` for the leader's. Errors (busy, timed out) are not cached."""
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
@@ -216,13 +231,13 @@ def _fit_once(key: str, spec: JobSpec, api: ApiSettings, pspec: dict[str, Any],
         if running is None:
             leader = _INFLIGHT[key] = concurrent.futures.Future()
     if leader is None:
-        try:  # the leader's two searches, each within its budget, plus a wait for a slot each
-            return running.result(timeout=4 * api.plan_timeout_s + 1)
+        try:
+            return running.result(timeout=wait_s)
         except concurrent.futures.TimeoutError:
             raise PlannerTimeout("the planner did not finish in time") from None
     hit = None
     try:
-        hit = _search_fit(spec, api, pspec, model)
+        hit = search()
     except BaseException as exc:
         leader.set_exception(exc)
         raise
@@ -238,15 +253,30 @@ def _fit_once(key: str, spec: JobSpec, api: ApiSettings, pspec: dict[str, Any],
 
 
 def dry_run(spec: JobSpec, api: ApiSettings, top_k: int, model: dict[str, Any] | None = None) -> PlanOut:
-    """``POST /v1/plans``: the ranked plans for ``spec`` (any GPU count in min..max)."""
+    """``POST /v1/plans`` and the dashboard's explain: the ranked plans for ``spec`` (any GPU count
+    in min..max), cached by the planner's input and ``top_k``."""
+    pspec = planner_spec(spec, api, model=model)
+    key = f"dry {top_k} " + json.dumps(pspec, sort_keys=True)
+    hit = _cached(key)
+    if hit is None:
+        hit = _once(key, lambda: _search_dry(spec, api, pspec, top_k), api.dryrun_timeout_s + _DRYRUN_SLOT_WAIT_S + 1)
+    if isinstance(hit, FitResult):
+        raise PlannerRefused(hit.loc, hit.msg)
+    return hit
+
+
+def _search_dry(spec: JobSpec, api: ApiSettings, pspec: dict[str, Any], top_k: int) -> PlanOut | FitResult:
+    """A dry run's search (no cache): the plans, or the refusal (a :class:`FitResult`, cached too)."""
     try:
-        result = _plan(planner_spec(spec, api, model=model), top_k, api.dryrun_timeout_s, _DRYRUN_SLOT_WAIT_S)
+        result = _plan(pspec, top_k, api.dryrun_timeout_s, _DRYRUN_SLOT_WAIT_S)
     except PlannerTimeout as exc:
         raise PlannerRefused(("max_gpus",), f"{exc}; narrow min_gpus..max_gpus or give layout_hint") from None
+    except PlannerRefused as exc:
+        return FitResult(False, exc.loc, exc.msg)
     d = result.to_dict()
     gpus = max((p["layout"]["tp"] * p["layout"]["pp"] * p["layout"]["cp"] * p["layout"]["dp"]
                 for p in d["plans"]), default=spec.max_gpus)
     if not d["plans"]:
-        raise PlannerRefused(("max_gpus",), _summary(result, spec, api))
+        return FitResult(False, ("max_gpus",), _summary(result, spec, api))
     return PlanOut(gpus=gpus, plans=d["plans"][:top_k], rejected=d["rejected"][:50],
                    searched=int(d["searched"]), search_time_s=float(d["search_time_s"]))

@@ -42,6 +42,32 @@ def usage(root: str) -> tuple[int, int]:
     return used, files + len(folders)
 
 
+def _folders(root: str, url: str) -> list[str]:
+    """The folders between ``root`` and the key ``url`` (nearest first)."""
+    rel = url[len(root.rstrip("/")) + 1:].split("/")[:-1]
+    return [object_store.join(root, *rel[:i]) for i in range(len(rel), 0, -1)]
+
+
+def missing_entries(root: str, url: str) -> int:
+    """Entries an upload to ``url`` creates: the file if new, and the folders no key implies yet."""
+    n = 0 if object_store.file_size(url) is not None else 1
+    for folder in _folders(root, url):
+        if is_folder(folder):
+            break
+        n += 1
+    return n
+
+
+def empty_folders(root: str, url: str) -> int:
+    """Folders above ``url`` that no key implies any more (after a delete)."""
+    n = 0
+    for folder in _folders(root, url):
+        if is_folder(folder):
+            break
+        n += 1
+    return n
+
+
 def file_size(url: str) -> int | None:
     return object_store.file_size(url)
 

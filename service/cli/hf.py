@@ -68,7 +68,7 @@ def eval_cmd(
     try:
         if init_hf is not None:
             mcfg = hf_model_config(init_hf, seq_len)
-            cfg = TrainConfig(model=mcfg, steps=1, global_batch=bs, init_hf=str(init_hf.resolve()))
+            cfg = TrainConfig(model=mcfg, steps=1, global_batch=bs)  # mcfg.hf: the weights come from it
         else:
             train, _, _ = checkpoint_config(checkpoint_dir)  # type: ignore[arg-type]
             train["model"] = {**train["model"], "seq_len": seq_len}

@@ -1,4 +1,5 @@
-"""``orthoplex simulate``: goodput of one large job under failures, every recovery policy on one trace.
+"""``orthoplex simulate``: the failure simulator (``service.failure_sim``): goodput of one large job under
+failures, every recovery policy on one trace.
 
 Exit codes: 0 done; 2 bad input (the message names the field; never a traceback). See docs/goodput.md.
 """
@@ -42,11 +43,11 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from service.goodput.policies import KINDS, policies_for
-        from service.goodput.report import plot as draw
-        from service.goodput.report import print_table
-        from service.goodput.simulation import PLOT_SIZES, Config, ConfigError, sweep
-        from service.goodput.simulation import simulate as run
+        from service.failure_sim.policies import KINDS, policies_for
+        from service.failure_sim.report import plot as draw
+        from service.failure_sim.report import print_table
+        from service.failure_sim.simulation import PLOT_SIZES, Config, ConfigError, sweep
+        from service.failure_sim.simulation import simulate as run
 
         config = Config(gpus=gpus, gpus_per_node=gpus_per_node, days=days, seed=seed,
                         policies=tuple(policy) if policy else KINDS, spares=spares, rates=rates,

@@ -54,8 +54,8 @@ def train(
                             "(default: byte tokens)")] = None,
     eval_every: Annotated[int, typer.Option("--eval-every", min=0, help="validation loss every K steps "
                                                                           "(and after the last)")] = 0,
-    val_data: Annotated[str | None, typer.Option("--val-data", help="validation text or token file "
-                                                                   "(e.g. data prepare's val.tok)")] = None,
+    eval_data: Annotated[str | None, typer.Option("--eval-data", "--val-data", help="validation text or token "
+                                                    "file (e.g. data prepare's val.tok)")] = None,
     mlflow_uri: Annotated[str | None, typer.Option(
         "--mlflow-uri", envvar="ORTHOPLEX_MLFLOW_TRACKING_URI",
         help="also log to this MLflow tracking URI (sqlite:///FILE, http://HOST:PORT)")] = None,
@@ -67,7 +67,7 @@ def train(
     """Train a Llama-style model with a 4D-parallel layout on local processes."""
     from planner.layout import Layout, LayoutError
     from workers import object_store
-    from workers.engine.config import DataConfig, ModelConfig, TrainConfig
+    from workers.engine.config import DataConfig, ExportConfig, ModelConfig, TrainConfig
     from workers.engine.validate import layout_problems
 
     if sum(x is not None for x in (model, model_json, init_hf)) != 1:
@@ -85,10 +85,10 @@ def train(
         lay = Layout.parse(layout) if layout else Layout()
     except LayoutError as e:
         _refuse(f"bad layout: {e}")
-    if eval_every and not val_data:
-        _refuse("--eval-every needs --val-data")
-    if val_data and not Path(val_data).exists():
-        _refuse(f"--val-data {val_data}: no such file or directory")
+    if eval_every and not eval_data:
+        _refuse("--eval-every needs --eval-data")
+    if eval_data and not Path(eval_data).exists():
+        _refuse(f"--eval-data {eval_data}: no such file or directory")
     if (resume or stop_at_step or save_every) and checkpoint_dir is None:
         _refuse("--resume, --stop-at-step and --save-every need --checkpoint-dir")
     for flag, where in (("--checkpoint-dir", checkpoint_dir), ("--tensorboard-dir", tensorboard_dir),
@@ -104,9 +104,9 @@ def train(
         cfg = TrainConfig(model=mcfg, steps=steps, global_batch=global_batch, seed=seed, lr=lr,
                           min_lr=lr / 10, warmup_steps=min(warmup_steps, steps), data=DataConfig.from_path(data),
                           checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, save_every=save_every,
-                          keep_checkpoints=keep, init_hf=str(init_hf.resolve()) if init_hf else None,
-                          export_hf=object_store.local_resolved(export_hf) if export_hf else None,
-                          eval_every=eval_every, val_data=DataConfig.from_path(val_data) if val_data else None)
+                          keep_checkpoints=keep,
+                          export=ExportConfig("hf", object_store.local_resolved(export_hf)) if export_hf else None,
+                          eval_every=eval_every, eval_data=DataConfig.from_path(eval_data) if eval_data else None)
     except ValueError as e:
         _refuse(str(e))
     if data and not Path(data).exists():
@@ -124,8 +124,8 @@ def train(
         if size > mcfg.vocab:
             _refuse(f"--tokenizer {tokenizer}: vocabulary of {size} does not fit the model's vocab {mcfg.vocab}")
         cfg.data = dataclasses.replace(cfg.data, tokenizer=str(tokenizer.resolve()))
-        if cfg.val_data is not None and cfg.val_data.kind == "text":
-            cfg.val_data = dataclasses.replace(cfg.val_data, tokenizer=str(tokenizer.resolve()))
+        if cfg.eval_data is not None and cfg.eval_data.kind == "text":
+            cfg.eval_data = dataclasses.replace(cfg.eval_data, tokenizer=str(tokenizer.resolve()))
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -138,7 +138,7 @@ def train(
     if tensorboard_dir is None and checkpoint_dir is not None:
         tensorboard_dir = object_store.join_location(checkpoint_dir, "tensorboard")
     params = {"model": mcfg.name, "layout": lay.short(), "global_batch": global_batch, "steps": steps,
-              "seq_len": mcfg.seq_len, "lr": lr, "seed": seed, "init_hf": cfg.init_hf or "",
+              "seq_len": mcfg.seq_len, "lr": lr, "seed": seed, "init_hf": cfg.model.hf or "",
               "data": data or "builtin"}
     try:
         import torch
@@ -208,14 +208,14 @@ def hf_model_config(path: Path, seq_len: int | None) -> Any:
     """The model shape of an HF checkpoint directory, its tensors checked against it (headers only):
     refusals (``model_type``, a missing or corrupt safetensors file, a wrong shape) before any rank
     starts."""
-    from workers.engine.hf import HFCheckpoint, model_config_from_hf, read_hf_config
+    from workers.engine.hf import check_checkpoint, model_config_from_hf, read_hf_config
 
     data = read_hf_config(path)
     if seq_len is None:
         seq_len = min(2048, int(data.get("max_position_embeddings") or 2048))
     mcfg = model_config_from_hf(data, seq_len, name=path.name)
-    HFCheckpoint(path).check_against(mcfg, tied=bool(data.get("tie_word_embeddings", False)))
-    return mcfg
+    check_checkpoint(path, mcfg, tied=bool(data.get("tie_word_embeddings", False)))
+    return dataclasses.replace(mcfg, hf=str(path.resolve()))
 
 
 def register(app: typer.Typer) -> None:

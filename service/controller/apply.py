@@ -28,19 +28,17 @@ from typing import Any
 import sqlalchemy as sa
 
 from service.controller.cluster import cluster_view
+from service.controller.cluster_snapshot import JobRow
 from service.controller.context import Ctx
 from service.controller.crashpoints import crash_point
 from service.controller.events_pull import JobRef
-from service.controller.snapshot import JobRow
 from service.controller.supervisors import AttemptKey, SupervisorGone, SupervisorUnreachable
 from service.db import transitions as tx
 from service.db.models import Event
 from service.log import get_logger
 from service.scheduler.types import Admit, Decision, Grow, Preempt, Shrink, Wait
-from workers import object_store
 from workers.data_area import DataArea, tenant_area
-from workers.job_inputs import CHECKPOINT_DIR, runtime_fields
-from workers.runtime.contract.job_spec import SPEC_KEYS
+from workers.runtime.contract.attempt_spec import Grant, attempt_spec
 from workers.states import AttemptState, JobState
 
 log = get_logger("service.controller.apply")
@@ -58,34 +56,18 @@ class Applied:
 
 
 def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int, placement: dict[str, int] | None = None) -> dict[str, Any]:
-    """The runtime spec of an attempt: the job's declarative spec, the GPUs the scheduler granted
-    (the runtime plans within ``min_gpus..gpus``, on ``placement``'s nodes when given) and the job's
-    checkpoint directory, which every attempt shares so that a new attempt resumes from the newest
-    verified checkpoint."""
-    spec = {k: job.spec[k] for k in SPEC_KEYS if k in job.spec}
-    spec["checkpoint_dir"] = str(object_store.under(ctx.job_storage(job.id), CHECKPOINT_DIR))
-    # the tenant's inputs (HF model, tokenizer, data, eval data) resolved again inside the tenant's
-    # area (the engine resolves data paths once more where it reads), export and tracking in the
-    # job's directory: workers.job_inputs; an input gone since submission fails the attempt
+    """The runtime spec of an attempt (``workers.runtime.contract.attempt_spec``, the one translation):
+    the job's stored spec, the GPUs the scheduler granted (the runtime plans within ``min_gpus..gpus``,
+    on ``placement``'s nodes when given) and the job's directory, whose checkpoints every attempt
+    shares so that a new attempt resumes from the newest verified checkpoint. The tenant's inputs are
+    resolved again in its area; an input gone since submission is a ``ValueError`` (the attempt fails)."""
     cfg = ctx.config
     area = DataArea(root=tenant_area(cfg.storage_path, job.tenant_id), shared=dict(cfg.shared_data_roots),
                     max_files=cfg.data_max_files, max_bytes=cfg.data_max_bytes)
-    spec.update(runtime_fields(job.spec, area, ctx.job_storage(job.id), job_id=job.id,
-                               mlflow_uri=cfg.mlflow_tracking_uri))
-    # the runtime plans on the cluster's GPU profile, the one submissions were fit-checked against
-    spec["gpu_type"] = ctx.gpu_type
-    spec["min_gpus"] = max(1, min(job.min_gpus, gpus))
-    spec["max_gpus"] = gpus
-    if placement:
-        spec["placement"] = {str(n): int(g) for n, g in placement.items()}
-    # capacity belongs to the scheduler: the runtime must not grow onto returning nodes by itself
-    spec["runtime"] = {**dict(spec.get("runtime") or {}), "grow": False}
-    for key, value in ctx.config.spec_overrides.items():
-        if isinstance(value, dict) and isinstance(spec.get(key), dict):
-            spec[key] = {**spec[key], **value}
-        else:
-            spec[key] = value
-    return spec
+    grant = Grant(job_id=job.id, job_dir=ctx.job_storage(job.id), gpus=gpus, min_gpus=job.min_gpus,
+                  gpu_type=ctx.gpu_type, placement=placement, mlflow_uri=cfg.mlflow_tracking_uri,
+                  overrides=cfg.spec_overrides)
+    return attempt_spec(job.spec, area, grant)
 
 
 def launch_attempt(ctx: Ctx, job: JobRow, epoch: int, gpus: int, placement: dict[str, int] | None = None) -> str:

@@ -28,12 +28,12 @@ import sqlalchemy as sa
 
 from service.controller import apply
 from service.controller.cluster import ClusterView, cluster_view
+from service.controller.cluster_snapshot import DbState, JobRow, build_snapshot, load_db_state
 from service.controller.context import ControllerConfig, Ctx
 from service.controller.crashpoints import crash_point
 from service.controller.events_pull import pull
 from service.controller.lease import LeaderLease, LeaseLost
 from service.controller.reconcile import ACTIVE, ReconcileReport, reconcile
-from service.controller.snapshot import DbState, JobRow, build_snapshot, load_db_state
 from service.controller.supervisors import AttemptKey, SupervisorGone, Supervisors, SupervisorUnreachable
 from service.db import transitions as tx
 from service.log import get_logger

@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from service.controller import apply
+from service.controller.cluster_snapshot import JobRow, load_db_state
 from service.controller.context import Ctx
-from service.controller.snapshot import JobRow, load_db_state
 from service.controller.supervisors import AttemptKey, SupervisorGone, SupervisorUnreachable
 from service.db import transitions as tx
 from service.log import get_logger

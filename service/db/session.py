@@ -5,10 +5,16 @@ pre-ping; on SQLite WAL journaling, foreign keys on, a busy timeout, and every t
 with ``BEGIN IMMEDIATE`` so that read-then-write transactions (the compare-and-set in
 ``service.db.transitions``) serialise instead of failing with ``database is locked``.
 ``make_sessionmaker(engine)`` gives sessions with ``expire_on_commit=False``.
+
+Every engine made here records which thread holds each checked-out connection:
+``connections_held()`` is how many the calling thread holds (a session holds one from its first
+statement until commit, rollback or close). Slow work that must not run inside a transaction (the
+planner) checks it is zero: on SQLite every transaction holds the write lock.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +30,30 @@ def normalize_url(url: str) -> str:
         if url.startswith(bare):
             return "postgresql+psycopg://" + url[len(bare) :]
     return url
+
+
+#: checked-out pool entries -> the thread that checked them out (dict operations are atomic)
+_HOLDERS: dict[int, int] = {}
+
+
+def _track_holders(engine: sa.Engine) -> None:
+    @sa.event.listens_for(engine, "checkout")
+    def _out(_dbapi: Any, record: Any, _proxy: Any) -> None:
+        _HOLDERS[id(record)] = threading.get_ident()
+
+    @sa.event.listens_for(engine, "checkin")
+    def _in(_dbapi: Any, record: Any) -> None:
+        _HOLDERS.pop(id(record), None)
+
+    @sa.event.listens_for(engine, "detach")
+    def _detach(_dbapi: Any, record: Any) -> None:
+        _HOLDERS.pop(id(record), None)
+
+
+def connections_held() -> int:
+    """Database connections the calling thread holds checked out (of engines made by :func:`make_engine`)."""
+    me = threading.get_ident()
+    return sum(1 for t in list(_HOLDERS.values()) if t == me)
 
 
 def _sqlite_setup(engine: sa.Engine) -> None:
@@ -54,6 +84,7 @@ def make_engine(url: str, **kwargs: Any) -> sa.Engine:
         kwargs.setdefault("connect_args", {"check_same_thread": False, "timeout": 30})
         engine = sa.create_engine(url, **kwargs)
         _sqlite_setup(engine)
+        _track_holders(engine)
         return engine
     if "poolclass" not in kwargs:
         kwargs.setdefault("pool_pre_ping", True)
@@ -61,7 +92,9 @@ def make_engine(url: str, **kwargs: Any) -> sa.Engine:
         kwargs.setdefault("max_overflow", 20)
         kwargs.setdefault("pool_recycle", 1800)
     kwargs.setdefault("connect_args", {"connect_timeout": 5})
-    return sa.create_engine(url, **kwargs)
+    engine = sa.create_engine(url, **kwargs)
+    _track_holders(engine)
+    return engine
 
 
 def make_sessionmaker(engine: sa.Engine) -> sessionmaker[Session]:

@@ -51,7 +51,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from service.scheduler import elastic, placement
+from service.scheduler import elastic, gpu_packing
 from service.scheduler.fairness import FairQueue, entitlements
 from service.scheduler.reclaim import commit, plan_fair_shrink, plan_quota_reclaim
 from service.scheduler.state import Round, build_round
@@ -295,18 +295,18 @@ def _emit(rnd: Round) -> list[Decision]:
         held = sum(current.values())
         if rnd.size[job_id] >= held:
             continue
-        released = placement.release_plan(current, held - rnd.size[job_id])
+        released = gpu_packing.release_plan(current, held - rnd.size[job_id])
         out.append(
             Shrink(
-                job_id, rnd.size[job_id], placement.subtract(current, released), released, rnd.shrunk[job_id]
+                job_id, rnd.size[job_id], gpu_packing.subtract(current, released), released, rnd.shrunk[job_id]
             )
         )
-    pool = placement.NodePool(rnd.node_free)
+    pool = gpu_packing.NodePool(rnd.node_free)
     grows: list[Decision] = []
     for job_id in sorted(rnd.grown):
         current = rnd.placement[job_id]
         added = pool.extend(current, rnd.size[job_id] - sum(current.values()))
-        grows.append(Grow(job_id, rnd.size[job_id], placement.add(current, added), added, rnd.grown[job_id]))
+        grows.append(Grow(job_id, rnd.size[job_id], gpu_packing.add(current, added), added, rnd.grown[job_id]))
     order = {job_id: i for i, job_id in enumerate(rnd.admitted)}
     placed = {}
     for job_id in sorted(rnd.admitted, key=lambda j: (-rnd.size[j], order[j])):

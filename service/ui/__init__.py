@@ -3,7 +3,7 @@
 ``mount(app)`` serves ``/ui/static/*`` (the ES modules, the stylesheet, the icon) and answers every
 other ``/ui/...`` path (``/ui/``, ``/ui/jobs/7``, ``/ui/cluster``) with the single page's
 ``index.html``, so deep links work. Nothing is fetched from anywhere else: the Content-Security-Policy
-allows this origin only.
+(``service.api.headers``, on every ``/ui`` response including the static files) allows this origin only.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 STATIC = Path(__file__).parent / "static"
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-       "frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
-HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
-           "Cache-Control": "no-cache"}
+#: the CSP, frame and nosniff headers of every /ui response (static files included) are set by
+#: ``service.api.headers``; the page itself is revalidated on each load
+HEADERS = {"Cache-Control": "no-cache"}
 
 
 def mount(app: FastAPI) -> None:

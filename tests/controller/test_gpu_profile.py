@@ -11,8 +11,8 @@ import sqlalchemy as sa
 
 import planner
 from service.controller.apply import supervisor_spec
+from service.controller.cluster_snapshot import JobRow
 from service.controller.loop import Controller
-from service.controller.snapshot import JobRow
 from workers.runtime.cluster.placement_groups import NodeCapacity
 from workers.runtime.contract.job_spec import parse_job
 from workers.runtime.policy.planning import first_plan, planner_spec

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from service.controller.cluster import build_view, cluster_view, unavailable
-from service.controller.snapshot import DbState, JobRow, build_snapshot
+from service.controller.cluster_snapshot import DbState, JobRow, build_snapshot
 from service.scheduler.policy import decide
 from service.scheduler.types import Admit, TenantView
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from service.controller.apply import apply_decisions
+from service.controller.cluster_snapshot import load_db_state
 from service.controller.context import ControllerConfig, Ctx
 from service.controller.lease import LeaderLease
-from service.controller.snapshot import load_db_state
 from service.controller.supervisors import Supervisors
 from service.db import transitions as tx
 from service.db.session import make_engine

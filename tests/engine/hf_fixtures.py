@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,6 @@ def oracle_case(out: Path, text: Path, seed: int, seq: int, windows: int = 8) ->
     hf = make_hf_llama(out, tied=False, seed=seed)
     data = torch.tensor(list(text.read_bytes()), dtype=torch.long)
     batch = torch.stack([data[i * seq:i * seq + seq + 1] for i in range(windows)])
-    cfg = TrainConfig(model=model_config_from_hf(read_hf_config(hf), seq, name="hf"), steps=1,
-                      global_batch=windows, init_hf=str(hf))
+    model = dataclasses.replace(model_config_from_hf(read_hf_config(hf), seq, name="hf"), hf=str(hf))
+    cfg = TrainConfig(model=model, steps=1, global_batch=windows)
     return cfg.to_dict(), batch, hf_window_loss(hf, batch)

@@ -58,3 +58,19 @@ def test_schedules_print_per_rank_actions() -> None:
     assert stages0 == {"0", "2"}  # looped placement: rank 0 holds stages 0 and 2
     text = format_schedule(Layout.parse("pp=2,vpp=2"), 4)
     assert text.startswith("schedule=interleaved") and "rank 1:" in text
+
+
+def test_train_config_takes_the_job_specs_names_and_still_reads_a_manifest_under_the_old_ones() -> None:
+    """``eval_data``, ``export`` and ``model.hf`` are the REST job spec's names; a checkpoint manifest
+    written before (``val_data``, ``export_hf``, ``init_hf``) loads into the same config."""
+    from workers.engine.config import ExportConfig, TrainConfig
+
+    old = {"model": {"name": "tiny"}, "steps": 2, "global_batch": 4, "eval_every": 1, "init_hf": "/ckpt/llama",
+           "export_hf": "/jobs/1/export", "val_data": {"kind": "text", "paths": ["held-out.txt"]}}
+    cfg = TrainConfig.from_dict(old)
+    assert cfg.model.hf == "/ckpt/llama" and cfg.export == ExportConfig("hf", "/jobs/1/export")
+    assert cfg.eval_data is not None and cfg.eval_data.paths == ("held-out.txt",)
+    new = cfg.to_dict()
+    assert {"init_hf", "export_hf", "val_data"}.isdisjoint(new) and TrainConfig.from_dict(new) == cfg
+    with pytest.raises(ValueError, match="export format"):
+        TrainConfig.from_dict({**new, "export": {"format": "onnx", "dir": "/x"}})

@@ -6,6 +6,7 @@ relative) in one process and under TP (KV heads replicated at tp=4), PP, CP, FSD
 ``orthoplex eval`` and a job's ``val_loss`` run) gives the same loss with no backward pass and no
 autograd graph under every one of these layouts."""
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _train_cfg(path: Path) -> TrainConfig:
     model = model_config_from_hf(read_hf_config(path), seq_len=SEQ, name=path.name)
-    return TrainConfig(model=model, steps=1, global_batch=8, init_hf=str(path))
+    return TrainConfig(model=dataclasses.replace(model, hf=str(path)), steps=1, global_batch=8)
 
 
 @pytest.mark.engine

@@ -4,6 +4,7 @@ first and last stages' copies summed and kept equal) and FSDP; a checkpoint writ
 resumes under TP (and back) on the uninterrupted curve; the export has ``embed_tokens`` only, with
 ``tie_word_embeddings: true``, and ``transformers`` gives it the trainer's loss. Two ranks at most."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def test_tied_embeddings_train_export_and_reshard_under_tp_and_pp(tmp_path: Path
     mc = model_config_from_hf(read_hf_config(hf), SEQ, name="tied")
     assert mc.tie_embeddings and mc.num_params() == sum(
         t.numel() for t in (torch.empty(HFCheckpoint(hf).shapes[n]) for n in HFCheckpoint(hf).where))
-    cfg = TrainConfig(model=mc, steps=STEPS, global_batch=8, init_hf=str(hf), warmup_steps=1, lr=1e-2)
+    cfg = TrainConfig(model=dataclasses.replace(mc, hf=str(hf)), steps=STEPS, global_batch=8, warmup_steps=1, lr=1e-2)
     batch = _batch()
     out = tmp_path / "exports"
     (single,) = run_ranks(_train, 1, cfg.to_dict(), batch, ["tp=1"], str(out))[0]

@@ -103,7 +103,7 @@ def test_engine_matches_transformers_on_gpu(tmp_path) -> None:
     assert abs(eval_loss - hf_fp32_loss) <= 2e-2 * hf_fp32_loss, (eval_loss, hf_fp32_loss)
     assert all(r.grad_norm > cfg.grad_clip for r in engine), [r.grad_norm for r in engine]  # clipping active
 
-    model = AutoModelForCausalLM.from_pretrained(cfg.init_hf, dtype=torch.float32).cuda().train()
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.hf, dtype=torch.float32).cuda().train()
     opt = torch.optim.AdamW(param_groups(list(model.named_parameters()), cfg.weight_decay), lr=cfg.lr,
                             betas=(cfg.beta1, cfg.beta2), eps=1e-8, foreach=True)
     x = batch.cuda()

@@ -1,6 +1,6 @@
 """A service job with an imported HF model on the session cluster (the Ray runtime path): the REST
 spec (``model: {"hf"}``, ``tokenizer``, jsonl + text data, ``eval_every``, ``export``, ``tracking``)
-goes through the controller's translation (``workers.job_inputs.runtime_fields``) to a supervisor;
+goes through the controller's translation (``workers.runtime.contract.attempt_spec``) to a supervisor;
 the job writes the same tracking as ``orthoplex train`` -- TensorBoard files (loss, val_loss, lr,
 grad norm, tokens/s, MFU) in its directory and an MLflow run (a local sqlite store) --, reports
 ``val_loss`` on its eval steps, and exports an HF directory ``transformers`` loads at the end."""
@@ -29,8 +29,7 @@ SEQ = 32
 def test_hf_job_tracks_evaluates_and_exports_through_the_runtime(ray_cluster, tmp_path: Path) -> None:
     import ray
 
-    from workers.job_inputs import runtime_fields
-    from workers.runtime.contract.job_spec import SPEC_KEYS
+    from workers.runtime.contract.attempt_spec import Grant, attempt_spec
     from workers.runtime.supervision.launch import start_supervisor, stop_supervisor
 
     area = tmp_path / "tenants" / "1" / "data"
@@ -47,12 +46,12 @@ def test_hf_job_tracks_evaluates_and_exports_through_the_runtime(ray_cluster, tm
     stored = {"name": "ft", "model": {"hf": "llama", "seq_len": SEQ}, "steps": STEPS, "global_batch": 4, "seed": 3,
               "data": {"kind": "text", "paths": ["data"]}, "tokenizer": "tokenizer.json", "eval_every": 2,
               "eval_data": {"kind": "text", "paths": ["held-out.txt"]}, "eval_batches": 1,
-              "export": {"format": "hf"}, "layout_hint": {"tp": 2}}
+              "export": {"format": "hf"}, "layout_hint": {"tp": 2},
+              "checkpoint": {"min_every_steps": 2, "max_every_steps": 2}}
     job_dir = tmp_path / "jobs" / "1"
-    spec: dict[str, Any] = {k: stored[k] for k in SPEC_KEYS if k in stored}
-    spec.update(runtime_fields(stored, DataArea(root=area), job_dir, job_id=1, mlflow_uri=mlflow_uri))
-    spec.update(checkpoint_dir=str(job_dir / "checkpoints"), gpu_type="CPU", min_gpus=2, max_gpus=2,
-                checkpoint={"min_every_steps": 2, "max_every_steps": 2}, runtime={**h.FAST_RUNTIME, "grow": False})
+    grant = Grant(job_id=1, job_dir=job_dir, gpus=2, min_gpus=2, gpu_type="CPU", mlflow_uri=mlflow_uri,
+                  overrides={"runtime": h.FAST_RUNTIME})
+    spec: dict[str, Any] = attempt_spec(stored, DataArea(root=area), grant)
 
     sup = start_supervisor("t-hfjob", 1, spec)
     seen: list[dict[str, Any]] = []

@@ -217,7 +217,7 @@ def test_faults_need_the_explicit_hook_and_fire_once() -> None:
 def test_job_spec_parsing(tmp_path) -> None:
     job = parse_job({"model": "tiny", "steps": 7, "global_batch": 12, "checkpoint_dir": str(tmp_path),
                      "layout_hint": "tp=2,pp=2", "min_gpus": 4, "runtime": {"hang_timeout_s": 5}})
-    assert job.steps == 7 and job.layout_hint == {"tp": 2, "pp": 2} and job.runtime.hang_timeout_s == 5
+    assert job.steps == 7 and job.layout_hint == {"tp": 2, "pp": 2} and job.runtime.detection.hang_timeout_s == 5
     assert job.train["save_every"] == 0
     assert parse_hint({"tp": 2}) == {"tp": 2}
     with pytest.raises(ValueError, match="checkpoint_dir"):
@@ -439,7 +439,7 @@ def test_replica_groups_refuse_layouts_a_replica_group_cannot_run() -> None:
 
     base = {"model": "tiny", "steps": 2, "global_batch": 12, "checkpoint_dir": "/nonexistent/ckpt",
             "runtime": {"replica_groups": 3}}
-    assert parse_job({**base, "layout_hint": "tp=2,micro_batch=2"}).runtime.replica_groups == 3
+    assert parse_job({**base, "layout_hint": "tp=2,micro_batch=2"}).runtime.replicas.groups == 3
     for hint in ("pp=2", "tp=2,cp=2", "dp=2,zero=1"):
         with pytest.raises(ValueError, match="replica_groups"):
             parse_job({**base, "layout_hint": hint})
@@ -447,7 +447,7 @@ def test_replica_groups_refuse_layouts_a_replica_group_cannot_run() -> None:
         parse_job({**base, "runtime": {"replica_groups": 3, "snapshots": True}})
     with pytest.raises(ValueError, match="micro_batch"):
         parse_job({**base, "layout_hint": "micro_batch=5"})
-    assert parse_job({**base, "layout_hint": "pp=2", "runtime": {}}).runtime.replica_groups == 0
+    assert parse_job({**base, "layout_hint": "pp=2", "runtime": {}}).runtime.replicas.groups == 0
 
 
 # ------------------------------------------------------------------------------------ rank actor threads

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from planner.layout import Layout
-from service.goodput.policies import KINDS, Policy
+from service.failure_sim.policies import KINDS, Policy
 from workers.runtime.cluster.gang import Gang, StartFailed
 from workers.runtime.cluster.placement_groups import Reservation
 from workers.runtime.cluster.ranks import RankMap
@@ -96,15 +96,15 @@ def test_the_runtime_and_the_simulator_name_the_same_policies() -> None:
 
 def test_the_settings_pick_the_policy() -> None:
     assert policy_name(RuntimeSettings()) == REPLAN_STORAGE
-    assert policy_name(RuntimeSettings(snapshots=True)) == REPLAN_MEMORY
-    assert policy_name(RuntimeSettings(replica_groups=3)) == REPLICA_GROUP
-    assert policy_name(RuntimeSettings(replica_groups=1, snapshots=True)) == REPLAN_MEMORY  # 1 group: no replicas
-    p = RecoveryPolicy.for_settings(RuntimeSettings(max_recoveries=4, node_death_limit=3, snapshots=True))
+    assert policy_name(RuntimeSettings.from_dict({"snapshots": True})) == REPLAN_MEMORY
+    assert policy_name(RuntimeSettings.from_dict({"replica_groups": 3})) == REPLICA_GROUP
+    assert policy_name(RuntimeSettings.from_dict({"replica_groups": 1, "snapshots": True})) == REPLAN_MEMORY  # 1 group: no replicas
+    p = RecoveryPolicy.for_settings(RuntimeSettings.from_dict({"max_recoveries": 4, "node_death_limit": 3, "snapshots": True}))
     assert (p.name, p.max_recoveries, p.deaths.limit) == (REPLAN_MEMORY, 4, 3)
 
 
 def test_the_policy_and_the_names_import_no_ray_and_no_torch() -> None:
-    code = ("import sys; import workers.runtime.policy.recovery, service.goodput.simulation; "
+    code = ("import sys; import workers.runtime.policy.recovery, service.failure_sim.simulation; "
             "print(sorted(m for m in ('ray', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stderr

@@ -1,4 +1,4 @@
-"""``runtime.snapshot_every``: a rank snapshots after every n-th step only, and says so per step.
+"""``runtime.snapshot_every`` (``RuntimeSettings.snapshots.every``): a rank snapshots after every n-th step only, and says so per step.
 
 A real :class:`RankWorker` in a gloo group of one (no Ray): its pusher is replaced by one that keeps
 what it is handed, so the test sees which steps' snapshots leave the rank and what they hold."""
@@ -52,8 +52,8 @@ def test_a_snapshot_after_every_third_step_only(tmp_path) -> None:
 
 
 def test_every_step_is_the_default() -> None:
-    assert RuntimeSettings().snapshot_every == 1
-    assert RuntimeSettings.from_dict({"snapshot_every": 4}).snapshot_every == 4
+    assert RuntimeSettings().snapshots.every == 1
+    assert RuntimeSettings.from_dict({"snapshot_every": 4}).snapshots.every == 4
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, "3", True])

@@ -125,8 +125,8 @@ def test_controller_hands_the_engine_the_tenant_area(tmp_path: Path) -> None:
     import types
 
     from service.controller.apply import supervisor_spec
+    from service.controller.cluster_snapshot import JobRow
     from service.controller.context import ControllerConfig
-    from service.controller.snapshot import JobRow
     from workers.runtime.contract.job_spec import parse_job
 
     spec = {"model": "tiny", "global_batch": 8, "steps": 4, "min_gpus": 1, "max_gpus": 1,

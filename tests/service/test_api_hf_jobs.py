@@ -162,27 +162,26 @@ def test_the_planner_plans_the_imported_shape(setup) -> None:
 
 def test_stored_spec_becomes_a_runtime_spec_the_runtime_accepts(setup, tmp_path: Path) -> None:
     from workers.engine.config import TrainConfig
-    from workers.job_inputs import runtime_fields
-    from workers.runtime.contract.job_spec import SPEC_KEYS, parse_job
+    from workers.runtime.contract.attempt_spec import Grant, attempt_spec
+    from workers.runtime.contract.job_spec import parse_job
 
     c, a, _, area_a = setup
     stored = c.post("/v1/jobs", json=good_spec(), headers=a).json()["spec"]
     job_dir = tmp_path / "jobs" / "7"
-    spec = {k: stored[k] for k in SPEC_KEYS if k in stored}
-    spec.update(runtime_fields(stored, DataArea(root=area_a), job_dir, job_id=7, mlflow_uri="sqlite:///x.db"))
-    spec["checkpoint_dir"] = str(job_dir / "checkpoints")
-    job = parse_job(spec)
+    grant = Grant(job_id=7, job_dir=job_dir, gpus=1, min_gpus=1, gpu_type="CPU", mlflow_uri="sqlite:///x.db")
+    job = parse_job(attempt_spec(stored, DataArea(root=area_a), grant))
     cfg = TrainConfig.from_dict(job.train)
-    assert cfg.init_hf == str((area_a / "models" / "llama").resolve())
+    assert cfg.model.hf == str((area_a / "models" / "llama").resolve())
     assert (cfg.model.vocab, cfg.model.kv_heads, cfg.model.layers, cfg.model.seq_len) == (320, 2, 2, 32)
     assert cfg.data.tokenizer == str((area_a / "data" / "tokenizer.json").resolve())
-    assert cfg.data.area is not None and cfg.val_data is not None and cfg.val_data.tokenizer == cfg.data.tokenizer
+    assert cfg.data.area is not None and cfg.eval_data is not None and cfg.eval_data.tokenizer == cfg.data.tokenizer
     assert (cfg.eval_every, cfg.eval_batches) == (2, 1)
-    assert cfg.export_hf == str(job_dir / "export")
+    assert cfg.export is not None and (cfg.export.format, cfg.export.dir) == ("hf", str(job_dir / "export"))
+    assert cfg.checkpoint_dir == str(job_dir / "checkpoints")
     # the job's own URI wins over the service default; TensorBoard always goes into the job's directory
     assert job.tracking == {"tensorboard_dir": str(job_dir / "tensorboard"), "mlflow_uri": "http://mlflow.internal:5000",
                             "experiment": "orthoplex", "run_name": "job-7"}
     # an input removed since submission fails the attempt naming the field
     shutil.rmtree(area_a / "models" / "llama")
     with pytest.raises(ValueError, match=r"model\.hf"):
-        runtime_fields(stored, DataArea(root=area_a), job_dir, job_id=7)
+        attempt_spec(stored, DataArea(root=area_a), grant)

@@ -40,6 +40,9 @@ class ModelConfig:
     #: pipeline stages, the first and the last stage each hold a copy kept identical (gradients summed
     #: between them before the update, as Megatron does)
     tie_embeddings: bool = False
+    #: the HF Llama checkpoint directory this shape came from (its ``config.json``) and the weights
+    #: start from (instead of the seed); the job spec's ``model.hf``, resolved. None: a preset or shape
+    hf: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
@@ -176,6 +179,40 @@ class DataConfig:
         return cls(kind="text", paths=(str(p),))
 
 
+@dataclass(frozen=True)
+class ExportConfig:
+    """What the job writes after its last step (the job spec's ``export``): ``format`` ``hf`` is a
+    transformers-loadable directory, written to ``dir`` (the control plane sets it in the job's directory)."""
+
+    format: str = "hf"
+    dir: str = ""
+
+    def __post_init__(self) -> None:
+        if self.format != "hf":
+            raise ValueError(f"export format must be hf, got {self.format!r}")
+        if not self.dir:
+            raise ValueError("export dir: required (where the export is written)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": self.format, "dir": self.dir}
+
+
+def _from_legacy(d: dict[str, Any]) -> dict[str, Any]:
+    """A stored train config (a checkpoint manifest's ``extra["train"]``) under the names used before
+    the job spec's names reached the engine: ``init_hf`` is ``model.hf``, ``export_hf`` is
+    ``export.dir``, ``val_data`` is ``eval_data``. :meth:`TrainConfig.from_dict` reads them; nothing
+    writes them."""
+    if "val_data" in d:
+        d.setdefault("eval_data", d.pop("val_data"))
+    init_hf = d.pop("init_hf", None)
+    if init_hf:
+        d["model"] = {**dict(d.get("model") or {}), "hf": init_hf}
+    export_hf = d.pop("export_hf", None)
+    if export_hf:
+        d.setdefault("export", {"format": "hf", "dir": export_hf})
+    return d
+
+
 @dataclass
 class TrainConfig:
     """One training run: model, schedule of the optimizer, data and checkpoint cadence."""
@@ -193,11 +230,10 @@ class TrainConfig:
     beta2: float = 0.95
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint_dir: str | None = None
-    init_hf: str | None = None  # start from this HF Llama checkpoint directory instead of the seed
-    export_hf: str | None = None  # write the final weights here as an HF Llama checkpoint directory
-    eval_every: int = 0  # validation loss every K steps (and after the last) on val_data
-    val_data: DataConfig | None = None
-    eval_batches: int = 2  # validation windows: the first eval_batches * global_batch of val_data
+    export: ExportConfig | None = None  # after the last step (the weights as an HF checkpoint directory)
+    eval_every: int = 0  # validation loss every K steps (and after the last) on eval_data
+    eval_data: DataConfig | None = None
+    eval_batches: int = 2  # validation windows: the first eval_batches * global_batch of eval_data
     save_every: int = 0
     keep_checkpoints: int = 2
 
@@ -214,23 +250,26 @@ class TrainConfig:
             raise ValueError("keep_checkpoints must be >= 1")
         if self.eval_every < 0 or self.eval_batches < 1:
             raise ValueError("eval_every must be >= 0 and eval_batches >= 1")
-        if self.eval_every and self.val_data is None:
-            raise ValueError("eval_every needs val_data")
+        if self.eval_every and self.eval_data is None:
+            raise ValueError("eval_every needs eval_data")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["model"] = self.model.to_dict()
         d["data"] = self.data.to_dict()
-        d["val_data"] = self.val_data.to_dict() if self.val_data is not None else None
+        d["eval_data"] = self.eval_data.to_dict() if self.eval_data is not None else None
+        d["export"] = self.export.to_dict() if self.export is not None else None
         return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        d = dict(data)
+        d = _from_legacy(dict(data))
         d["model"] = ModelConfig.from_dict(d.get("model", {}))
         d["data"] = DataConfig.from_dict(d.get("data", {}))
-        if d.get("val_data") is not None:
-            d["val_data"] = DataConfig.from_dict(d["val_data"])
+        if d.get("eval_data") is not None:
+            d["eval_data"] = DataConfig.from_dict(d["eval_data"])
+        if d.get("export") is not None:
+            d["export"] = ExportConfig(**d["export"])
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:

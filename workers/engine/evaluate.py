@@ -39,26 +39,28 @@ def windows(stream: np.ndarray, seq_len: int, n: int) -> torch.Tensor:
 
 def checkpoint_config(checkpoint_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
     """(train config, layout, imported HF config or None) of the newest verified checkpoint, the
-    train config without ``init_hf`` (its weights come from the checkpoint)."""
+    train config without ``model.hf`` (its weights come from the checkpoint)."""
     from workers.engine.checkpoint import find_latest_verified
     from workers.engine.hf.config import read_hf_config
 
     rec, _ = find_latest_verified(checkpoint_dir)
     if rec is None:
         raise ValueError(f"checkpoint-dir: no verified checkpoint under {checkpoint_dir}")
+    from workers.engine.config import TrainConfig
+
     train = dict(rec.manifest.extra.get("train") or {})
     if not train or not rec.manifest.layout:
         raise ValueError(f"checkpoint-dir: {rec.path} has no train config or layout in its manifest")
-    base = None
-    if train.get("init_hf") and Path(train["init_hf"]).is_dir():
-        base = read_hf_config(train["init_hf"])
-    train.update(init_hf=None, export_hf=None, checkpoint_dir=None)
+    train = TrainConfig.from_dict(train).to_dict()  # a manifest written under the old names reads too
+    hf = train["model"].get("hf")
+    base = read_hf_config(hf) if hf and Path(hf).is_dir() else None
+    train.update(model={**train["model"], "hf": None}, export=None, checkpoint_dir=None)
     return train, rec.manifest.layout, base
 
 
 def eval_rank(rank: int, world: int, cfg_dict: dict[str, Any], layout_dict: dict[str, Any],
               batches: list[torch.Tensor], checkpoint_dir: str | None) -> float:
-    """Mean loss of ``batches`` (each ``[B, S+1]``) under the layout, from ``cfg.init_hf`` or the newest
+    """Mean loss of ``batches`` (each ``[B, S+1]``) under the layout, from ``cfg.model.hf`` or the newest
     checkpoint under ``checkpoint_dir``."""
     from planner.layout import Layout
     from workers.engine.checkpoint import load_latest

@@ -183,8 +183,8 @@ def train_rank(rank: int, world_size: int, cfg_dict: dict[str, Any], layout_dict
                 report(trainer.start_save())
         report(trainer.finish_saves())
         exported = None
-        if cfg.export_hf and trainer.next_step == cfg.steps:
-            exported = trainer.export_hf(cfg.export_hf)
+        if cfg.export is not None and trainer.next_step == cfg.steps:
+            exported = trainer.export_hf(cfg.export.dir)
             if events is not None and rank == 0:
                 events.put({"event": "export", "path": exported})
         return {"start": start, "end": trainer.next_step, "saved": saved, "exported": exported}

@@ -54,9 +54,9 @@ class ModelParts:
 
 
 def build_parts(cfg: ModelConfig, seed: int, layout: Layout, groups: ParallelGroups,
-                device: torch.device, init_hf: str | None = None) -> ModelParts:
-    """This rank's parts; weights from the seed, or read from the HF checkpoint ``init_hf`` (each
-    rank reads only its slices: ``workers.engine.hf.load_hf_shards``)."""
+                device: torch.device, hf: str | None = None) -> ModelParts:
+    """This rank's parts; weights from the seed, or read from the HF checkpoint ``hf`` (``ModelConfig.hf``;
+    each rank reads only its slices: ``workers.engine.hf.load_hf_shards``)."""
     with torch.device("meta"):  # no rank ever holds the whole model: shards are filled in at the end
         full = Transformer(cfg)
     c = groups.coords
@@ -93,10 +93,10 @@ def build_parts(cfg: ModelConfig, seed: int, layout: Layout, groups: ParallelGro
             assert m.output.weight is m.tok_embeddings.weight, "tied embeddings came apart"
         m.rope.reset((positions if positions is not None else torch.arange(cfg.seq_len)).to(device))
     read = 0
-    if init_hf:
+    if hf:
         from workers.engine.hf import load_hf_shards
 
-        read = load_hf_shards(modules, cfg, init_hf)
+        read = load_hf_shards(modules, cfg, hf)
     else:
         init_local_shards(modules, cfg, seed)
     return ModelParts(modules, ids, ring, hf_elements_read=read)

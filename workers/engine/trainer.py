@@ -69,7 +69,7 @@ class RankTrainer:
         self.n_micro = layout.num_micro_batches
         torch.manual_seed(cfg.seed)
         self.parts: ModelParts = build_parts(cfg.model, cfg.seed, layout, self.groups, self.device,
-                                                  init_hf=cfg.init_hf)
+                                                  hf=cfg.model.hf)
         self.params = self.parts.parameters()
         named = self.parts.named_parameters()
         # tied embeddings over pipeline stages: the first stage's embedding and the last stage's head
@@ -248,18 +248,18 @@ class RankTrainer:
         return self.train_batch(local, already_dp_local=True)
 
     def val_loss(self) -> float:
-        """Mean loss over the first ``eval_batches * global_batch`` windows of ``val_data`` (window
+        """Mean loss over the first ``eval_batches * global_batch`` windows of ``eval_data`` (window
         ``i`` = tokens ``[i*S, i*S+S]``, as ``orthoplex eval``); forward only (:meth:`forward_loss`),
         nothing is updated. Call between steps."""
-        if self.cfg.val_data is None:
-            raise ValueError("val_loss() needs cfg.val_data")
+        if self.cfg.eval_data is None:
+            raise ValueError("val_loss() needs cfg.eval_data")
         if self._val is None:
             from workers.engine.data import build_dataset
 
-            ds = build_dataset(self.cfg.val_data, self.cfg.model.seq_len)
+            ds = build_dataset(self.cfg.eval_data, self.cfg.model.seq_len)
             n = self.cfg.eval_batches * self.cfg.global_batch
             if len(ds) < n:
-                raise ValueError(f"val_data has {len(ds)} windows of {self.cfg.model.seq_len} tokens, "
+                raise ValueError(f"eval_data has {len(ds)} windows of {self.cfg.model.seq_len} tokens, "
                                  f"eval_batches * global_batch = {n} needed")
             rows = torch.stack([torch.from_numpy(ds[i]) for i in range(n)])
             self._val = list(rows.split(self.cfg.global_batch))
@@ -368,12 +368,12 @@ class RankTrainer:
     def export_hf(self, out: str, base_config: dict[str, Any] | None = None) -> str:
         """Write the current weights as an HF Llama checkpoint directory (collective over all ranks;
         one gathered tensor at a time: ``workers.engine.hf.export``). ``base_config``: the imported
-        ``config.json`` whose other fields (token ids, ...) the export keeps (default: ``init_hf``'s)."""
+        ``config.json`` whose other fields (token ids, ...) the export keeps (default: ``model.hf``'s)."""
         from workers.engine.hf.config import read_hf_config
         from workers.engine.hf.export import export_hf
 
-        if base_config is None and self.cfg.init_hf:
-            base_config = read_hf_config(self.cfg.init_hf)
+        if base_config is None and self.cfg.model.hf:
+            base_config = read_hf_config(self.cfg.model.hf)
         return str(export_hf(self.parts, self.cfg.model, self.layout, self.coords, out, base_config=base_config,
                              extra_files=tokenizer_files(self.cfg.data.tokenizer)))
 

@@ -71,7 +71,9 @@ def _files(root: Path | str, folder: str) -> list[tuple[str, int]]:
 
 
 def _job_or_404(db: Any, tenant_id: int, job_id: int) -> None:
-    if repo.get_job(db, tenant_id, job_id) is None:
+    found = repo.get_job(db, tenant_id, job_id) is not None
+    db.rollback()  # end the read: no transaction stays open while the disk is walked or a file streams
+    if not found:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "job not found")
 
 

@@ -20,14 +20,16 @@ from typing import Annotated, Any
 
 import sqlalchemy as sa
 from fastapi import APIRouter, HTTPException, Path, Query, Request, status
-from fastapi.concurrency import run_in_threadpool
 
 from service.api import job_story
+from service.api.attempts import charge_planning
 from service.api.deps import Admin, AnyPrincipal, Db, Principal
 from service.api.errors import responses
-from service.api.fit_check import PlannerBusy, PlannerRefused, dry_run
-from service.api.schemas import EventPublic, JobPublic, JobSpec, JobStateName
+from service.api.fit_check import PlannerRefused, PlannerUnavailable, dry_run
+from service.api.schemas import EventPublic, HFModel, JobPublic, JobSpec, JobStateName
 from service.db.models import Event, Job, Metric, Tenant
+from service.settings import data_area
+from workers.job_inputs import model_shape
 from workers.states import HOLDING
 
 router = APIRouter(prefix="/v1/dashboard", tags=["dashboard"])
@@ -181,27 +183,35 @@ def _val_loss(db: Db, job_id: int, max_points: int) -> list[dict[str, Any]] | No
 
 
 @router.get("/jobs/{job_id}/explain", operation_id="dashboard_explain",
-            summary="The planner's explanation of the job's layout", responses=responses(401, 404))
-async def dashboard_explain(request: Request, job_id: JobId, principal: AnyPrincipal, db: Db) -> dict[str, Any]:
+            summary="The planner's explanation of the job's layout", responses=responses(401, 404, 429))
+def dashboard_explain(request: Request, job_id: JobId, principal: AnyPrincipal, db: Db) -> dict[str, Any]:
     """The planner's ranked plans for the job's spec on the GPU count in force (the last ``plan`` or
-    ``resumed`` event; ``max_gpus`` before the first), with their memory and step time by component."""
+    ``resumed`` event; ``max_gpus`` before the first), with their memory and step time by component.
+    A tenant's explain counts toward its submission rate like a dry run (429 over it); answers are
+    cached by the planner's input. The job is read in one short transaction, ended before planning."""
     job = _job(db, principal, job_id)
     last = db.scalars(sa.select(Event).where(Event.job_id == job.id, Event.type.in_(("plan", "resumed")))
                       .order_by(Event.id.desc()).limit(1)).one_or_none()
     gpus = None
     if last is not None:
         gpus = last.payload.get("num_gpus") or last.payload.get("world_size")
-    spec = dict(job.spec)
+    in_force = last.payload.get("short") if last is not None else None
+    spec, owner = dict(job.spec), job.tenant_id
+    db.rollback()  # no transaction (on SQLite: the write lock) stays open while the planner searches
+    if principal.tenant is not None:
+        charge_planning(request.app.state.sessions, request.app.state.attempts, principal.tenant)
     if isinstance(gpus, int) and gpus >= 1:
         spec["min_gpus"] = spec["max_gpus"] = gpus
     try:
         parsed = JobSpec.model_validate(spec)
-        out = await run_in_threadpool(dry_run, parsed, request.app.state.api, 4)
-    except (PlannerRefused, PlannerBusy, ValueError) as exc:
+        shape = None
+        if isinstance(parsed.model, HFModel):  # the shape its config.json gives, read in the owner's area
+            shape = model_shape(parsed.stored()["model"], data_area(request.app.state.settings, owner))
+        out = dry_run(parsed, request.app.state.api, 4, model=shape)
+    except (PlannerRefused, PlannerUnavailable, ValueError) as exc:
         return {"available": False, "reason": str(exc)[:300] or type(exc).__name__, "gpus": gpus}
     return {"available": True, "gpus": out.gpus, "plans": out.plans, "rejected": out.rejected[:10],
-            "searched": out.searched, "search_time_s": out.search_time_s,
-            "in_force": (last.payload.get("short") if last is not None else None)}
+            "searched": out.searched, "search_time_s": out.search_time_s, "in_force": in_force}
 
 
 @router.get("/tenants", operation_id="dashboard_tenants", summary="Tenants with quota, use and borrowed GPUs",

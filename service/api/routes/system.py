@@ -12,7 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from service.api import repo
+from service.api.attempts import charge_planning
 from service.api.deps import AnyPrincipal
 from service.api.errors import field_error, responses
 from service.api.fit_check import PlannerRefused, PlannerUnavailable, dry_run
@@ -102,11 +102,7 @@ def plan_job(
     its submission rate (429 over it); 429 with ``Retry-After`` when every planner slot is busy."""
     tenant = principal.tenant
     if tenant is not None:
-        attempts = request.app.state.attempts
-        with request.app.state.sessions() as db:
-            repo.check_limits(db, tenant, lock=False, jobs=False,
-                              attempts=attempts.recent(tenant.id, tenant.submit_per_minute))
-        attempts.record(tenant.id)
+        charge_planning(request.app.state.sessions, request.app.state.attempts, tenant)
     validate_spec(spec)
     shape = None
     if isinstance(spec.model, HFModel):

@@ -10,7 +10,6 @@ tokenizer into one stream ``doc0 EOS doc1 EOS ...``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -18,8 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from workers.data_area import referenced_path
 from workers.engine.data.text import collect_text_files
 from workers.engine.data.tokens import TokenDataset
+from workers.tenant_json import load_file, loads
 
 DOC_SUFFIXES = (".txt", ".md", ".py", ".jsonl", ".parquet")
 EOS_CANDIDATES = ("</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>")
@@ -32,7 +33,12 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
 
     p = Path(path)
     f = p / "tokenizer.json" if p.is_dir() else p
-    if not f.is_file():
+    if p.is_dir():  # the data area's rule: tokenizer.json inside the directory, symlinks followed
+        found = referenced_path(p, "tokenizer.json", f"tokenizer: {f}", required=False)
+        if found is None:
+            raise ValueError(f"tokenizer: {f} not found (a tokenizer.json or a directory holding one)")
+        f = found
+    elif not f.is_file():
         raise ValueError(f"tokenizer: {f} not found (a tokenizer.json or a directory holding one)")
     try:
         return Tokenizer.from_file(str(f))
@@ -50,15 +56,18 @@ def tokenizer_files(path: str | os.PathLike | None) -> dict[str, bytes]:
     p = Path(path)
     if p.is_file():
         return {"tokenizer.json": p.read_bytes()}
-    return {name: (p / name).read_bytes() for name in TOKENIZER_FILES if (p / name).is_file()}
+    found = {name: referenced_path(p, name, f"tokenizer: {p / name}", required=False) for name in TOKENIZER_FILES}
+    return {name: f.read_bytes() for name, f in found.items() if f is not None}
 
 
 def eos_id(tokenizer: Any, path: str | os.PathLike) -> int:
     p = Path(path)
-    cfg = (p if p.is_dir() else p.parent) / "tokenizer_config.json"
+    base = p if p.is_dir() else p.parent
+    shown = str(base / "tokenizer_config.json")
+    cfg = referenced_path(base, "tokenizer_config.json", shown, required=False)
     names: list[str] = []
-    if cfg.is_file():
-        eos = json.loads(cfg.read_text()).get("eos_token")
+    if cfg is not None:
+        eos = load_file(cfg, shown).get("eos_token")
         if isinstance(eos, dict):
             eos = eos.get("content")
         if isinstance(eos, str):
@@ -78,10 +87,7 @@ def documents(path: Path) -> Iterator[str]:
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not JSON ({e})") from None
+                row = loads(line, f"{path}:{n}", expect=None)
                 if not isinstance(row, dict) or not isinstance(row.get(TEXT_FIELD), str):
                     raise ValueError(f"{path}:{n}: no string field '{TEXT_FIELD}'")
                 yield row[TEXT_FIELD]

@@ -19,7 +19,6 @@ or else from the caller. ``.npy`` files are opened with ``numpy.load(mmap_mode="
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 import uuid
@@ -28,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from workers.data_area import referenced_path
+from workers.tenant_json import load_file
 
 MAGIC = b"OPXTOK1\n"
 HEADER_BYTES = 32
@@ -74,9 +76,13 @@ def write_token_file(path: str | os.PathLike, tokens: np.ndarray | Sequence[int]
 
 
 def _sidecar(path: Path) -> Path | None:
+    """``<name>.json`` or ``<stem>.json`` next to ``path``, under the data area's rule for files a
+    file names (inside its directory, symlinks followed)."""
     for cand in (path.with_name(path.name + ".json"), path.with_suffix(".json")):
-        if cand != path and cand.is_file():
-            return cand
+        if cand != path:
+            found = referenced_path(path.parent, cand.name, str(cand), required=False)
+            if found is not None:
+                return found
     return None
 
 
@@ -111,7 +117,7 @@ def open_token_file(path: str | os.PathLike, dtype: str | None = None) -> TokenF
     side = _sidecar(path)
     if side is not None:
         try:
-            meta = json.loads(side.read_text())
+            meta = load_file(side, str(side))
             name, vocab_size = str(meta["dtype"]), meta.get("vocab_size")
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{side}: sidecar must be a JSON object with a 'dtype' key ({exc})") from exc

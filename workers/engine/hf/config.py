@@ -10,11 +10,12 @@ other than ``hidden / heads``) is refused naming the field, never silently ignor
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from workers.data_area import referenced_path
 from workers.engine.config import ModelConfig
+from workers.tenant_json import load_file
 
 SUPPORTED_MODEL_TYPES = ("llama",)
 
@@ -24,18 +25,17 @@ class HFConfigError(ValueError):
 
 
 def read_hf_config(path: str | Path) -> dict[str, Any]:
-    """``config.json`` of an HF checkpoint directory (or the file itself)."""
+    """``config.json`` of an HF checkpoint directory (or the file itself), read as a tenant's file:
+    inside the directory (symlinks followed), bounded in size and nesting, an object."""
     p = Path(path)
-    f = p / "config.json" if p.is_dir() else p
-    if not f.is_file():
-        raise HFConfigError(f"{f}: no config.json (an HF checkpoint directory holds config.json and *.safetensors)")
-    try:
-        data = json.loads(f.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HFConfigError(f"{f}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise HFConfigError(f"{f}: expected a JSON object")
-    return data
+    if p.is_dir():
+        f = referenced_path(p, "config.json", str(p / "config.json"), required=False)
+        if f is None:
+            raise HFConfigError(f"{p / 'config.json'}: no config.json "
+                                "(an HF checkpoint directory holds config.json and *.safetensors)")
+    else:
+        f = referenced_path(p.parent, p.name, str(p))
+    return load_file(f, str(p / "config.json") if p.is_dir() else str(p))
 
 
 def _rope(data: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

@@ -11,6 +11,8 @@ engine rotates *adjacent pairs* (``x[2i]`` with ``x[2i+1]``). The same permutati
 ``wq`` and ``wk`` inside every head maps one onto the other (q.k is unchanged by permuting both):
 engine row ``2i`` is HF row ``i``, engine row ``2i+1`` is HF row ``i + d/2``.
 
+Names and the header-only check (no torch, for the control plane): :mod:`workers.engine.hf.headers`.
+
 Import: every rank works out which global index range of each tensor dimension its local shard
 covers (TP ``Shard``, FSDP's ``Shard`` / ``_StridedShard`` nested inside TP's, PP stages hold
 whole tensors) and reads exactly that with ``safe_open(...).get_slice`` -- for ``wq``/``wk`` the
@@ -19,50 +21,24 @@ whole heads around it, which the row permutation needs.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from workers.data_area import referenced_path
 from workers.engine.config import ModelConfig
+from workers.engine.hf.headers import (
+    INDEX_FILE,
+    HFWeightsError,
+    checkpoint_files,
+    engine_name,
+    hf_name,
+    source_name,
+)
 
-INDEX_FILE = "model.safetensors.index.json"
-
-_LAYER_MAP = {
-    "attention.wq.weight": "self_attn.q_proj.weight",
-    "attention.wk.weight": "self_attn.k_proj.weight",
-    "attention.wv.weight": "self_attn.v_proj.weight",
-    "attention.wo.weight": "self_attn.o_proj.weight",
-    "feed_forward.w1.weight": "mlp.gate_proj.weight",
-    "feed_forward.w3.weight": "mlp.up_proj.weight",
-    "feed_forward.w2.weight": "mlp.down_proj.weight",
-    "attention_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-}
-_TOP_MAP = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-            "output.weight": "lm_head.weight"}
-
-
-class HFWeightsError(ValueError):
-    """A safetensors checkpoint that cannot be read; the message names the file or tensor."""
-
-
-def engine_name(name: str) -> str:
-    """A parameter name without wrapper prefixes (activation checkpointing, FSDP)."""
-    return name.replace("_checkpoint_wrapped_module.", "").replace("_fsdp_wrapped_module.", "")
-
-
-def hf_name(name: str) -> str:
-    """The HF tensor name of an engine parameter."""
-    name = engine_name(name)
-    if name in _TOP_MAP:
-        return _TOP_MAP[name]
-    parts = name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "layers" and parts[2] in _LAYER_MAP:
-        return f"model.layers.{parts[1]}.{_LAYER_MAP[parts[2]]}"
-    raise KeyError(f"no HF name for parameter {name!r}")
+__all__ = ["INDEX_FILE", "HFCheckpoint", "HFWeightsError", "engine_name", "hf_name", "load_hf_shards"]
 
 
 def rope_rows_hf_to_engine(head_dim: int) -> torch.Tensor:
@@ -88,26 +64,14 @@ class HFCheckpoint:
         from safetensors import safe_open
 
         self.path = Path(path)
-        index = self.path / INDEX_FILE
-        if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise HFWeightsError(f"{index}: not a safetensors index ({e})") from None
-            files = sorted(set(weight_map.values()))
-        else:
-            files = sorted(p.name for p in self.path.glob("*.safetensors"))
-            weight_map = None
-        if not files:
-            raise HFWeightsError(f"{self.path}: no *.safetensors files")
+        files, weight_map = checkpoint_files(self.path)
         self._handles: dict[str, Any] = {}
         self.where: dict[str, str] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.dtypes: dict[str, str] = {}
         for f in files:
-            fp = self.path / f
-            if not fp.is_file():
-                raise HFWeightsError(f"{fp}: listed in {INDEX_FILE} but missing")
+            fp = referenced_path(self.path, f, str(self.path / INDEX_FILE) if weight_map is not None
+                                 else str(self.path / f))
             try:
                 h = safe_open(str(fp), framework="pt")
                 keys = list(h.keys())
@@ -116,7 +80,7 @@ class HFCheckpoint:
                     self.shapes[k] = tuple(sl.get_shape())
                     self.dtypes[k] = sl.get_dtype()
             except Exception as e:  # safetensors raises its own SafetensorError / OSError
-                raise HFWeightsError(f"{fp}: corrupt or unreadable safetensors file ({e})") from None
+                raise HFWeightsError(f"{self.path / f}: corrupt or unreadable safetensors file ({e})") from None
             self._handles[f] = h
             for k in keys:
                 if weight_map is not None and weight_map.get(k) != f:
@@ -138,24 +102,7 @@ class HFCheckpoint:
         return t.float()
 
     def source_name(self, engine_param: str, tied: bool) -> str:
-        n = hf_name(engine_param)
-        if n == "lm_head.weight" and (tied or n not in self.where):
-            return "model.embed_tokens.weight"
-        return n
-
-    def check_against(self, cfg: ModelConfig, tied: bool) -> None:
-        """Every tensor the engine's model needs is present with its shape (before any rank starts)."""
-        from workers.engine.model import Transformer
-
-        with torch.device("meta"):
-            model = Transformer(cfg)
-        for name, p in model.named_parameters():
-            src = self.source_name(name, tied)
-            if src not in self.where:
-                raise HFWeightsError(f"{self.path}: tensor {src!r} missing")
-            if self.shapes[src] != tuple(p.shape):
-                raise HFWeightsError(f"{self.path}: tensor {src!r} has shape {list(self.shapes[src])}, "
-                                     f"config.json gives {list(p.shape)}")
+        return source_name(engine_param, tied, self.where)
 
 
 def _chunk_range(start: int, stop: int, parts: int, index: int) -> tuple[int, int]:

@@ -315,9 +315,9 @@ class RankWorker:
         if cfg.eval_every and (res.step % cfg.eval_every == 0 or res.step == cfg.steps):
             self._phase("eval", res.step)
             out["val_loss"] = self._trainer.val_loss()
-        if cfg.export_hf and res.step == cfg.steps:
+        if cfg.export is not None and res.step == cfg.steps:
             self._phase("export", res.step)
-            out["exported"] = self._trainer.export_hf(cfg.export_hf)
+            out["exported"] = self._trainer.export_hf(cfg.export.dir)
         self._phase("idle", res.step)
         return out
 

@@ -24,8 +24,8 @@ class RayCluster:
     def __init__(self, job_train: dict[str, Any], settings: RuntimeSettings) -> None:
         self.train = job_train
         self.settings = settings
-        self.holders = Holders(keep=settings.snapshot_keep) if settings.snapshots else None
-        self.pool = WarmPool(settings.warm_ranks_per_node) if settings.warm_ranks_per_node > 0 else None
+        self.holders = Holders(keep=settings.snapshots.keep) if settings.snapshots.enabled else None
+        self.pool = WarmPool(settings.placement.warm_ranks_per_node) if settings.placement.warm_ranks_per_node > 0 else None
         self.down: set[str] = set()  # nodes a gang's node heartbeat found down (the GCS may still list them)
         self._refill: set[str] = set()  # nodes whose warm pool waits for refill_pool()
         self._pool_filled = False
@@ -43,8 +43,8 @@ class RayCluster:
             # a node that just died (the GCS marks it dead seconds later): its bundles would wait for
             # the whole placement timeout; a replacement replica group picks again at its next try
             return None
-        return placement.reserve(gpus, nodes=nodes, cpu_per_bundle=s.cpu_per_bundle, timeout_s=s.placement_timeout_s,
-                                 strategy=s.strategy, name=name, per_node=per_node)
+        return placement.reserve(gpus, nodes=nodes, cpu_per_bundle=s.placement.cpu_per_bundle, timeout_s=s.placement.timeout_s,
+                                 strategy=s.placement.strategy, name=name, per_node=per_node)
 
     def release(self, reservation: placement.Reservation) -> None:
         placement.release(reservation)
@@ -61,10 +61,10 @@ class RayCluster:
             targets = self.holders.targets
         if self.pool is not None:  # drop the idle ranks of nodes that went away
             self.pool.drop(set(self.pool.idle) - set(nodes))
-        gang = start_gang(plan, reservation, self.train, plan_nodes=plan_nodes(plan), cpu_per_bundle=s.cpu_per_bundle,
-                          collective_timeout_s=s.collective_timeout_s, start_timeout_s=s.start_timeout_s,
+        gang = start_gang(plan, reservation, self.train, plan_nodes=plan_nodes(plan), cpu_per_bundle=s.placement.cpu_per_bundle,
+                          collective_timeout_s=s.detection.collective_timeout_s, start_timeout_s=s.detection.start_timeout_s,
                           alive_nodes=placement.alive_node_ids, on_created=on_created, snapshot_targets=targets,
-                          snapshot_every=s.snapshot_every,
+                          snapshot_every=s.snapshots.every,
                           take_warm=self.pool.take if self.pool is not None else None)
         replica = getattr(plan, "replica_group", None) is not None
         if replica:  # a replica group's node needs no warm ranks: a replacement goes to a free node
@@ -78,10 +78,10 @@ class RayCluster:
                 self._fill_pool(skip_busy=False)
         if replica:
             self._setup_replica(gang, plan)
-        if s.node_heartbeat_s > 0:
-            period = s.replica_node_heartbeat_s if replica else s.node_heartbeat_s
+        if s.detection.node_heartbeat_s > 0:
+            period = s.replicas.node_heartbeat_s if replica else s.detection.node_heartbeat_s
             gang.watch = NodeWatch(placement.raylet_addresses(gang.nodes), period_s=period,
-                                   timeout_s=s.node_heartbeat_timeout_s, silent_s=s.heartbeat_timeout_s).start()
+                                   timeout_s=s.detection.node_heartbeat_timeout_s, silent_s=s.detection.heartbeat_timeout_s).start()
         return gang
 
     def refill_pool(self) -> int:
@@ -111,8 +111,8 @@ class RayCluster:
             # join_timeout: a quorum waits for every group that still heartbeats (a slow live group is
             # not left out); a dead group drops out when the supervisor says so (forget_replicas), or
             # after the heartbeat timeout
-            self._lighthouse = QuorumLighthouse(min_replicas=1, heartbeat_timeout_s=s.replica_heartbeat_timeout_s,
-                                                join_timeout_s=s.replica_join_timeout_s)
+            self._lighthouse = QuorumLighthouse(min_replicas=1, heartbeat_timeout_s=s.replicas.heartbeat_timeout_s,
+                                                join_timeout_s=s.replicas.join_timeout_s)
         return self._lighthouse.address()
 
     def forget_replicas(self, groups: Sequence[int]) -> None:
@@ -125,9 +125,9 @@ class RayCluster:
         s = self.settings
         address = self.lighthouse()
         refs = {r: w.setup_replica.remote(int(plan.replica_group), address, int(plan.min_replicas),
-                                          s.replica_timeout_s) for r, w in enumerate(gang.workers)}
-        res = gather(refs, deadline_s=s.start_timeout_s, workers=gang.workers, heartbeat_s=s.heartbeat_s,
-                     heartbeat_timeout_s=s.heartbeat_timeout_s)
+                                          s.replicas.timeout_s) for r, w in enumerate(gang.workers)}
+        res = gather(refs, deadline_s=s.detection.start_timeout_s, workers=gang.workers, heartbeat_s=s.detection.heartbeat_s,
+                     heartbeat_timeout_s=s.detection.heartbeat_timeout_s)
         if not res.ok:
             raise StartFailed(self.classify(res, gang, "replica setup"))
 
@@ -136,13 +136,13 @@ class RayCluster:
         s = self.settings
         refs = {r: getattr(w, call).remote(**(kwargs or {})) for r, w in enumerate(gang.workers)}
         replica = getattr(gang.plan, "replica_group", None) is not None
-        return gather(refs, deadline_s=deadline_s, workers=gang.workers, heartbeat_s=s.heartbeat_s,
-                      heartbeat_timeout_s=s.heartbeat_timeout_s, watch=gang.watch,
-                      poll_s=s.replica_node_heartbeat_s if replica else 0.25)
+        return gather(refs, deadline_s=deadline_s, workers=gang.workers, heartbeat_s=s.detection.heartbeat_s,
+                      heartbeat_timeout_s=s.detection.heartbeat_timeout_s, watch=gang.watch,
+                      poll_s=s.replicas.node_heartbeat_s if replica else 0.25)
 
     def classify(self, result: GatherResult, gang: Gang, what: str) -> Failure:
         return classify(result, gang.rank_nodes, alive_nodes=placement.alive_node_ids,
-                        unreachable=placement.raylet_unreachable, confirm_s=self.settings.node_confirm_s, what=what)
+                        unreachable=placement.raylet_unreachable, confirm_s=self.settings.detection.node_confirm_s, what=what)
 
     def teardown(self, gang: Gang | None, *, graceful: bool = False) -> float:
         if gang is not None and gang.watch is not None:
@@ -165,8 +165,8 @@ class RayCluster:
         refs = {r: w.restore_snapshot.remote(sources, choice.key.epoch, choice.key.step)
                 for r, w in enumerate(gang.workers)}
         s = self.settings
-        return gather(refs, deadline_s=deadline_s, workers=gang.workers, heartbeat_s=s.heartbeat_s,
-                      heartbeat_timeout_s=s.heartbeat_timeout_s, watch=gang.watch)
+        return gather(refs, deadline_s=deadline_s, workers=gang.workers, heartbeat_s=s.detection.heartbeat_s,
+                      heartbeat_timeout_s=s.detection.heartbeat_timeout_s, watch=gang.watch)
 
     def close(self) -> None:
         if self.holders is not None:

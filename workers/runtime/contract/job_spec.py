@@ -1,9 +1,11 @@
 """The runtime's job spec: what ``start_supervisor(job_id, attempt, spec)`` accepts.
 
-A plain dict (JSON), so the control plane can store it with the attempt::
+A plain dict (JSON), so the control plane can store it with the attempt. The control plane builds it
+from the API's spec with :func:`workers.runtime.contract.attempt_spec.attempt_spec` (the one
+translation; the field names are the API's)::
 
-    {"model": "tiny",                    # engine preset name, or a dict of ModelConfig fields
-     "steps": 20, "global_batch": 12,   # plus any TrainConfig field: seed, lr, warmup_steps, ...
+    {"model": "tiny",                    # engine preset name, or a dict of ModelConfig fields (+ "hf": DIR)
+     "steps": 20, "global_batch": 12,   # plus any TrainConfig field: seed, lr, eval_data, export, ...
      "train": {...},                     # optional extra TrainConfig fields (data, keep_checkpoints, ...)
      "checkpoint_dir": "/data/job-7",    # where the engine's layout-independent checkpoints live
      "min_gpus": 4, "max_gpus": 12,      # elastic range (max defaults to every GPU Ray has)
@@ -28,11 +30,23 @@ from workers.runtime.contract.fault_spec import parse_faults
 
 
 @dataclass(frozen=True)
-class RuntimeSettings:
-    placement_timeout_s: float = 30.0  # a gang not ready by then -> try a smaller plan
-    placement_retry_s: float = 5.0  # below min_gpus: wait this long, then try again
-    placement_give_up_s: float = 600.0  # ... until this much time has passed (also: waiting for free GPUs)
+class PlacementSettings:
+    """Reserving and placing a gang."""
+
+    timeout_s: float = 30.0  # a gang not ready by then -> try a smaller plan
+    retry_s: float = 5.0  # below min_gpus: wait this long, then try again
+    give_up_s: float = 600.0  # ... until this much time has passed (also: waiting for free GPUs)
     resize_retry_s: float = 30.0  # a grow that found no free GPU is tried again after this long
+    cpu_per_bundle: float = 0.05
+    strategy: str = "PACK"
+    grow: bool = True  # re-plan onto returning nodes at a checkpoint boundary
+    warm_ranks_per_node: int = 0  # pre-started rank actors (torch imported) kept idle per node (warm_pool)
+
+
+@dataclass(frozen=True)
+class DetectionSettings:
+    """Telling a failure: hangs, silent ranks and nodes, start and collective timeouts."""
+
     hang_timeout_s: float = 60.0  # a step with no progress for this long is a hang (at least)
     hang_factor: float = 5.0  # ... or this many times the median step time, whichever is larger
     start_timeout_s: float = 600.0  # actors up + rendezvous + trainer built (slow on a busy host)
@@ -42,47 +56,127 @@ class RuntimeSettings:
     node_confirm_s: float = 5.0  # how long to wait for the GCS to confirm a node death
     node_heartbeat_s: float = 0.5  # probe every gang node's raylet this often (0: off; see watchdog.NodeWatch)
     node_heartbeat_timeout_s: float = 0.5  # ... a probe unanswered this long is silence (heartbeat_timeout_s of it: down)
-    cpu_per_bundle: float = 0.05
-    straggler_window: int = 5  # steps per scoring window
-    straggler_threshold: float = 0.7
-    straggler_persist: float = 0.6  # fraction of a window's steps that must be below the threshold
-    grow: bool = True  # re-plan onto returning nodes at a checkpoint boundary
+
+
+@dataclass(frozen=True)
+class StragglerSettings:
+    """Scoring slow ranks and links (``policy.stragglers``)."""
+
+    window: int = 5  # steps per scoring window
+    threshold: float = 0.7
+    persist: float = 0.6  # fraction of a window's steps that must be below the threshold
+
+
+@dataclass(frozen=True)
+class SnapshotSettings:
+    """In-memory snapshots: every rank's shard to memory on its node and another one after every
+    ``every``-th step. Off by default until it pays on this machine (bench/results/recovery.md:
+    restore from memory measured slower than from storage, overhead not yet within 5%)."""
+
+    enabled: bool = False
+    keep: int = 3  # snapshots (steps) each node's holder keeps
+    # a snapshot after every n-th step (lost work at most n steps; the push of one overlaps the next
+    # n steps): 1 is the issue's every step; bench/recovery.py also uses 3 to time a snapshot in-job
+    every: int = 1
+
+
+@dataclass(frozen=True)
+class ReplicaSettings:
+    """Replica groups: ``groups`` >= 2 groups of the hint's ``tp`` ranks each (one node each), torchft
+    between them: a lost group is dropped and replaced while the others keep stepping
+    (workers.runtime.recovery.replica_groups)."""
+
+    groups: int = 0
+    timeout_s: float = 20.0  # torchft's timeouts (quorum, cross-group collectives, healing)
+    # the quorum service drops a group silent this long; a group the supervisor finds dead is dropped
+    # at once (``quorum_service.QuorumLighthouse.forget``; 0.5 s until then, when the redo's quorum
+    # waited for it, docs/runtime.md)
+    heartbeat_timeout_s: float = 2.0
+    # a replica group's node heartbeat period (and the step wait's poll): a dead node found sooner
+    # lets the survivors stop waiting for their reduction with it sooner
+    node_heartbeat_s: float = 0.1
+    join_timeout_s: float = 10.0  # a quorum waits this long for a live group that has not asked yet
+    retry_s: float = 5.0  # no GPUs for a replacement group: look again after this long
+
+
+#: the groups of :class:`RuntimeSettings`, by the attribute that holds each
+GROUPS: dict[str, type] = {"placement": PlacementSettings, "detection": DetectionSettings,
+                           "stragglers": StragglerSettings, "snapshots": SnapshotSettings,
+                           "replicas": ReplicaSettings}
+#: the flat wire names (a stored spec's or an override's ``runtime``, as they were before the settings
+#: were grouped) -> (group, field); a group's own field names are accepted flat too where they are unique
+FLAT_NAMES: dict[str, tuple[str, str]] = {
+    "placement_timeout_s": ("placement", "timeout_s"), "placement_retry_s": ("placement", "retry_s"),
+    "placement_give_up_s": ("placement", "give_up_s"), "resize_retry_s": ("placement", "resize_retry_s"),
+    "cpu_per_bundle": ("placement", "cpu_per_bundle"), "strategy": ("placement", "strategy"),
+    "grow": ("placement", "grow"), "warm_ranks_per_node": ("placement", "warm_ranks_per_node"),
+    **{f.name: ("detection", f.name) for f in dataclasses.fields(DetectionSettings)},
+    "straggler_window": ("stragglers", "window"), "straggler_threshold": ("stragglers", "threshold"),
+    "straggler_persist": ("stragglers", "persist"),
+    "snapshots": ("snapshots", "enabled"), "snapshot_keep": ("snapshots", "keep"), "snapshot_every": ("snapshots", "every"),
+    "replica_groups": ("replicas", "groups"), "replica_timeout_s": ("replicas", "timeout_s"),
+    "replica_heartbeat_timeout_s": ("replicas", "heartbeat_timeout_s"),
+    "replica_node_heartbeat_s": ("replicas", "node_heartbeat_s"),
+    "replica_join_timeout_s": ("replicas", "join_timeout_s"), "replica_retry_s": ("replicas", "retry_s"),
+}
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """The runtime's knobs of one job, grouped by concern (``settings.detection.hang_timeout_s``)."""
+
+    placement: PlacementSettings = field(default_factory=PlacementSettings)
+    detection: DetectionSettings = field(default_factory=DetectionSettings)
+    stragglers: StragglerSettings = field(default_factory=StragglerSettings)
+    snapshots: SnapshotSettings = field(default_factory=SnapshotSettings)
+    replicas: ReplicaSettings = field(default_factory=ReplicaSettings)
     max_recoveries: int = 10
     node_death_limit: int = 2  # rank processes died this often on one live node: keep it out (0: never)
     linger_s: float = 0.0  # >0: a finished detached supervisor exits on its own after this long
-    strategy: str = "PACK"
-    # every rank's shard to memory on its node and another one after every step; off by default until
-    # it pays on this machine (bench/results/recovery.md: restore from memory measured slower than from
-    # storage, overhead not yet within 5%)
-    snapshots: bool = False
-    snapshot_keep: int = 3  # snapshots (steps) each node's holder keeps
-    # a snapshot after every n-th step (lost work at most n steps; the push of one overlaps the next
-    # n steps): 1 is the issue's every step; bench/recovery.py also uses 3 to time a snapshot in-job
-    snapshot_every: int = 1
-    warm_ranks_per_node: int = 0  # pre-started rank actors (torch imported) kept idle per node (warm_pool)
-    # >= 2: that many replica groups of the hint's ``tp`` ranks each (one node each), torchft between
-    # them: a lost group is dropped and replaced while the others keep stepping (workers.runtime.recovery.replica_groups)
-    replica_groups: int = 0
-    replica_timeout_s: float = 20.0  # torchft's timeouts (quorum, cross-group collectives, healing)
-    replica_heartbeat_timeout_s: float = 2.0  # the quorum service drops a group silent this long; a group the
-    # supervisor finds dead is dropped at once (``lighthouse.QuorumLighthouse.forget``; 0.5 s until then, when
-    # the redo's quorum waited for it, docs/runtime.md)
-    replica_node_heartbeat_s: float = 0.1  # a replica group's node heartbeat period (and the step wait's poll):
-    # a dead node found sooner lets the survivors stop waiting for their reduction with it sooner
-    replica_join_timeout_s: float = 10.0  # a quorum waits this long for a live group that has not asked yet
-    replica_retry_s: float = 5.0  # no GPUs for a replacement group: look again after this long
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> RuntimeSettings:
-        d = dict(d or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
+        """From a spec's ``runtime``: the flat wire form (``{"hang_timeout_s": 5, "snapshots": true}``,
+        :data:`FLAT_NAMES`), grouped (``{"detection": {"hang_timeout_s": 5}}``), or both;
+        ``ValueError`` naming an unknown setting."""
+        groups: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
+        top: dict[str, Any] = {}
+        unknown: list[str] = []
+        for key, value in dict(d or {}).items():
+            if key in GROUPS and isinstance(value, dict):
+                names = {f.name for f in dataclasses.fields(GROUPS[key])}
+                unknown += [f"{key}.{k}" for k in value if k not in names]
+                groups[key].update({k: v for k, v in value.items() if k in names})
+            elif key in FLAT_NAMES:
+                group, name = FLAT_NAMES[key]
+                groups[group][name] = value
+            elif key in ("max_recoveries", "node_death_limit", "linger_s"):
+                top[key] = value
+            else:
+                unknown.append(key)
         if unknown:
-            raise ValueError(f"unknown runtime setting(s): {', '.join(unknown)}")
-        every = d.get("snapshot_every", 1)
+            raise ValueError(f"unknown runtime setting(s): {', '.join(sorted(unknown))}")
+        every = groups["snapshots"].get("every", 1)
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"runtime.snapshot_every: must be a whole number of steps >= 1, got {every!r}")
-        return cls(**d)
+        return cls(**{g: GROUPS[g](**groups[g]) for g in GROUPS}, **top)
+
+
+@dataclass(frozen=True)
+class CheckpointBounds:
+    """The job spec's ``checkpoint``: the supervisor picks the interval in between (Young's formula)."""
+
+    min_every_steps: int = 1
+    max_every_steps: int = 50
+    mtbf_s: float = 3600.0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> CheckpointBounds:
+        d = dict(d or {})
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"checkpoint: unknown field(s) {', '.join(unknown)}")
+        return cls(int(d.get("min_every_steps", 1)), int(d.get("max_every_steps", 50)), float(d.get("mtbf_s", 3600.0)))
 
 
 @dataclass(frozen=True)
@@ -92,9 +186,7 @@ class JobSpec:
     max_gpus: int | None = None
     placement: dict[str, int] = field(default_factory=dict)  # node id -> GPUs granted (empty: any node)
     layout_hint: dict[str, Any] = field(default_factory=dict)
-    min_every_steps: int = 1
-    max_every_steps: int = 50
-    mtbf_s: float = 3600.0
+    checkpoint: CheckpointBounds = field(default_factory=CheckpointBounds)
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     events_out: str | None = None
     metrics_out: str | None = None
@@ -124,10 +216,11 @@ class JobSpec:
 #: supervisor decides ``save_every``): the one list of them
 TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainConfig)
                                     if f.name not in ("model", "save_every"))
-#: the keys of a submitted job spec the control plane hands to the runtime as they are (it sets
-#: ``checkpoint_dir``, ``gpu_type``, ``min_gpus``, ``max_gpus`` and ``placement`` itself)
-SPEC_KEYS: tuple[str, ...] = ("model", *(k for k in TRAIN_KEYS if k != "checkpoint_dir"), "train", "layout_hint",
-                              "checkpoint", "runtime", "faults")
+#: every top-level field of the runtime's job spec (what :func:`parse_job` reads); the translation
+#: from the API's spec refuses any other (``attempt_spec``), so nothing is dropped on the way
+SPEC_FIELDS: tuple[str, ...] = ("model", *TRAIN_KEYS, "train", "min_gpus", "max_gpus", "placement", "layout_hint",
+                                "checkpoint", "runtime", "events_out", "metrics_out", "faults", "tracking", "network",
+                                "gpu_type", "replan_horizon_s")
 
 
 #: the planner's link fields a job spec may set under ``network`` (per GPU, per direction)
@@ -159,7 +252,7 @@ SUPPORTED_HINT = frozenset({"tp", "micro_batch", "sp"})
 
 def check_replica_spec(hint: dict[str, Any], runtime: Any, global_batch: int) -> None:
     """Refuse what replica groups do not support (``ValueError`` naming it)."""
-    r = int(runtime.replica_groups)
+    r = int(runtime.replicas.groups)
     if r < 2:
         return
     bad = sorted(k for k, v in hint.items() if k not in SUPPORTED_HINT and v not in (None, 1, 0, False, "none"))
@@ -167,7 +260,7 @@ def check_replica_spec(hint: dict[str, Any], runtime: Any, global_batch: int) ->
         raise ValueError(f"replica_groups: a replica group runs tensor parallelism only (tp, micro_batch); "
                          f"{', '.join(bad)} inside a replica group is not wired (use replica_groups 0 to re-plan "
                          "all four dimensions instead)")
-    if runtime.snapshots:
+    if runtime.snapshots.enabled:
         raise ValueError("replica_groups: in-memory snapshots are not wired for replica groups (the live groups "
                          "are each other's copy); set snapshots false")
     mb = int(hint.get("micro_batch", 1))
@@ -190,16 +283,13 @@ def parse_job(spec: dict[str, Any]) -> JobSpec:
     if not train.get("checkpoint_dir"):
         raise ValueError("checkpoint_dir: required (re-plan and resume load from it)")
     cfg = TrainConfig.from_dict(train)  # validates
-    ck = dict(spec.get("checkpoint") or {})
     job = JobSpec(
         train=cfg.to_dict(),
         min_gpus=int(spec.get("min_gpus", 1)),
         max_gpus=int(spec["max_gpus"]) if spec.get("max_gpus") else None,
         placement=_placement(spec.get("placement")),
         layout_hint=parse_hint(spec.get("layout_hint")),
-        min_every_steps=int(ck.get("min_every_steps", 1)),
-        max_every_steps=int(ck.get("max_every_steps", 50)),
-        mtbf_s=float(ck.get("mtbf_s", 3600.0)),
+        checkpoint=CheckpointBounds.from_dict(spec.get("checkpoint")),
         runtime=RuntimeSettings.from_dict(spec.get("runtime")),
         events_out=spec.get("events_out"),
         metrics_out=spec.get("metrics_out"),

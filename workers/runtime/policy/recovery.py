@@ -149,9 +149,9 @@ Decision = Replan | Restart | DropGroups | Retry | Fail
 def policy_name(settings: Any) -> str:
     """The policy a job's runtime settings ask for: ``replica_groups >= 2`` is ``replica_group``,
     ``snapshots`` is ``replan_memory``, anything else ``replan_storage``."""
-    if int(settings.replica_groups) >= 2:
+    if int(settings.replicas.groups) >= 2:
         return REPLICA_GROUP
-    return REPLAN_MEMORY if settings.snapshots else REPLAN_STORAGE
+    return REPLAN_MEMORY if settings.snapshots.enabled else REPLAN_STORAGE
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The recovery policies' names: one home for the runtime and the failure simulator.
 
 The runtime's :class:`~workers.runtime.policy.recovery.RecoveryPolicy` and the goodput simulator
-(``service.goodput.policies``) both import these; nothing here imports anything heavy, so the
+(``service.failure_sim.policies``) both import these; nothing here imports anything heavy, so the
 simulator stays free of Ray and torch.
 
 - ``restart``: the whole job restarts from a storage checkpoint with its fixed layout once the failed

@@ -62,7 +62,8 @@ class AttemptMachine(ReplicaGroupPhases):
         self.log = log
         self.name = name  # the reservations' name
         self.replanner = Replanner(job, port, log)
-        self.cadence = CheckpointCadence(job.min_every_steps, job.max_every_steps, job.mtbf_s)
+        self.cadence = CheckpointCadence(job.checkpoint.min_every_steps, job.checkpoint.max_every_steps,
+                                         job.checkpoint.mtbf_s)
         self.phase = Phase.PLAN
         self.state = AttemptState.RUNNING  # what ``status()`` reports
         self.error = ""
@@ -114,7 +115,7 @@ class AttemptMachine(ReplicaGroupPhases):
             raise ValueError(f"resize: gpus must be >= 1, got {gpus}")
         with self.lock:
             world = self.gang.world_size if self.gang is not None else 0
-        changed, armed = self.replanner.set_cap(gpus, world, self.settings.resize_retry_s, placement)
+        changed, armed = self.replanner.set_cap(gpus, world, self.settings.placement.resize_retry_s, placement)
         if armed:
             with self.lock:
                 self.resize_to = gpus
@@ -157,7 +158,7 @@ class AttemptMachine(ReplicaGroupPhases):
             self.replanner.released = held_gpus(old.rank_nodes) if old is not None else {}
             cycle.teardown_s = self.port.teardown(old)
             cycle.t_plan = time.monotonic()
-            cycle.give_up = cycle.t_plan + self.settings.placement_give_up_s
+            cycle.give_up = cycle.t_plan + self.settings.placement.give_up_s
         cycle = self._cycle
         switch = self._switch
         try:
@@ -172,7 +173,7 @@ class AttemptMachine(ReplicaGroupPhases):
             if switch is None and not isinstance(exc, planner_bridge.NoCapacity):
                 raise  # a spec no cluster can run fails at once
             if time.monotonic() > cycle.give_up:
-                raise JobFailed(f"no GPUs for {self.settings.placement_give_up_s:.0f}s: {exc}") from exc
+                raise JobFailed(f"no GPUs for {self.settings.placement.give_up_s:.0f}s: {exc}") from exc
             if not cycle.waiting:
                 cycle.waiting = True
                 self.log.emit(ev.WaitingForGpus(reason=f"waiting for GPUs: {exc}", step=self.next_step,
@@ -184,7 +185,7 @@ class AttemptMachine(ReplicaGroupPhases):
 
     def _wait(self) -> tuple[Phase, str]:
         self.replanner.released = {}  # the cluster has caught up with our own release by now
-        deadline = time.monotonic() + self.settings.placement_retry_s
+        deadline = time.monotonic() + self.settings.placement.retry_s
         while True:
             if self.cancel_requested or self.preempt_requested:
                 return self._end_switch(Switch("cancelled" if self.cancel_requested else "preempted"))
@@ -197,7 +198,7 @@ class AttemptMachine(ReplicaGroupPhases):
         cycle = self._cycle
         assert cycle is not None
         if cycle.place_give_up is None:
-            cycle.place_give_up = time.monotonic() + self.settings.placement_give_up_s
+            cycle.place_give_up = time.monotonic() + self.settings.placement.give_up_s
         plan = cycle.plan
         res = self.port.reserve(plan.layout.world_size, nodes=planner_bridge.nodes_used(plan), name=self.name,
                                 per_node=self.replanner.pinned(plan))
@@ -211,11 +212,11 @@ class AttemptMachine(ReplicaGroupPhases):
             return Phase.START, f"{res.size} GPUs reserved"
         smaller: int | None = plan.layout.world_size - 1
         self.log.emit(ev.PlacementTimeout(reason=f"{plan.layout.world_size} GPUs not ready within "
-                                          f"{self.settings.placement_timeout_s}s", gpus=plan.layout.world_size))
+                                          f"{self.settings.placement.timeout_s}s", gpus=plan.layout.world_size))
         if smaller is not None and smaller < self.job.min_gpus:
             if time.monotonic() > cycle.place_give_up:
                 raise JobFailed(f"could not place even {self.job.min_gpus} GPUs")
-            time.sleep(self.settings.placement_retry_s)
+            time.sleep(self.settings.placement.retry_s)
             smaller = None
         cycle.plan = self.replanner.first("smaller plan after a placement timeout", max_gpus=smaller)
         return Phase.PLACE, "placement timed out"
@@ -256,9 +257,9 @@ class AttemptMachine(ReplicaGroupPhases):
                         "teardown_s": cycle.teardown_s, "t0": time.time()}
         s = self.settings
         roles = {r: (gang.layout.coords(r).pp,) for r in range(gang.world_size)}
-        scorer = StragglerScorer(dict(enumerate(gang.rank_nodes)), roles, window=s.straggler_window,
-                                 threshold=s.straggler_threshold, persist_fraction=s.straggler_persist)
-        links = LinkScorer(dict(enumerate(gang.rank_nodes)), window=s.straggler_window)
+        scorer = StragglerScorer(dict(enumerate(gang.rank_nodes)), roles, window=s.stragglers.window,
+                                 threshold=s.stragglers.threshold, persist_fraction=s.stragglers.persist)
+        links = LinkScorer(dict(enumerate(gang.rank_nodes)), window=s.stragglers.window)
         self._run = Run(gang, scorer, start_step, links=links, recovery=recovery)
         self.next_step = start_step
         self._cycle = None
@@ -285,8 +286,8 @@ class AttemptMachine(ReplicaGroupPhases):
 
     # ------------------------------------------------------------------ training
     def _deadline_s(self, walls: list[float], first: bool) -> float:
-        base = self.settings.hang_factor * median(walls[-20:]) if walls else 0.0
-        d = max(self.settings.hang_timeout_s, base)
+        base = self.settings.detection.hang_factor * median(walls[-20:]) if walls else 0.0
+        d = max(self.settings.detection.hang_timeout_s, base)
         return d * 3 if first else d
 
     def _train_one(self, run: Run) -> Switch | None:
@@ -340,7 +341,7 @@ class AttemptMachine(ReplicaGroupPhases):
             run.since_save = 0
             if self.preempt_requested:
                 return Switch("preempted")
-            if not last and s.grow:
+            if not last and s.placement.grow:
                 decision = self.replanner.maybe_grow(gang.rank_nodes)
                 if isinstance(decision, SwitchTo):
                     return Switch("grow", change=decision.change, replan=decision.replan, plan_s=decision.plan_s)
@@ -356,7 +357,7 @@ class AttemptMachine(ReplicaGroupPhases):
         if self.policy.source == "memory":
             choice = self.policy.restore_choice(self.port.snapshots(), not_before=self.last_ckpt_step,
                                                 not_after=self.next_step)
-        res = self.port.restore(gang, choice, deadline_s=self.settings.start_timeout_s)
+        res = self.port.restore(gang, choice, deadline_s=self.settings.detection.start_timeout_s)
         if not res.ok:
             raise StartFailed(self.port.classify(res, gang, "restore"))
         starts = set(res.results.values())
@@ -366,7 +367,7 @@ class AttemptMachine(ReplicaGroupPhases):
 
     def _save(self, gang: Gang, step: int) -> Switch | None:
         t0 = time.time()
-        res = self.port.gather(gang, "save", deadline_s=max(self.settings.hang_timeout_s, 10 * self.cadence.save_s))
+        res = self.port.gather(gang, "save", deadline_s=max(self.settings.detection.hang_timeout_s, 10 * self.cadence.save_s))
         if not res.ok:
             return self._on_failure(gang, res, t0, what="checkpoint")
         info = res.results[0]
@@ -409,7 +410,7 @@ class AttemptMachine(ReplicaGroupPhases):
     def _on_straggler(self, gang: Gang, findings: list[Any], run: Run, step: int) -> Switch | None:
         for f in findings:
             self.log.emit(ev.StragglerFound(reason=f"node {f.node[:8]} ({f.cause}) at {f.score:.2f}x the median over window "
-                                            f"{f.window} (threshold {self.settings.straggler_threshold})",
+                                            f"{f.window} (threshold {self.settings.stragglers.threshold})",
                                             step=step, **f.to_dict()))
         decision = self.replanner.on_straggler(findings, gang.rank_nodes)
         run.scorer.ignore_nodes = frozenset(run.scorer.ignore_nodes | {f.node for f in findings})

@@ -2,7 +2,7 @@
 ``orthoplex train`` (``workers.engine.tracking.RunTracker``: loss, grad norm, lr, tokens/s, MFU,
 val_loss), from rank 0's step results.
 
-The runtime spec's ``tracking`` (``workers.job_inputs.runtime_fields``) says where:
+The runtime spec's ``tracking`` (``workers.runtime.contract.attempt_spec``) says where:
 ``{"tensorboard_dir", "mlflow_uri", "experiment", "run_name"}``. Every attempt of a job appends to
 the same TensorBoard directory and continues the same MLflow run (tagged with the run name). The
 tracker starts with the first step, so an unreachable MLflow server never keeps a job from

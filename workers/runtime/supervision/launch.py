@@ -33,15 +33,17 @@ def start_supervisor(job_id: str, attempt: int, spec: dict[str, Any], *,
                      enable_fault_injection: bool = False) -> Any:
     """Create (or get) the attempt's supervisor and start ``run()``; returns the ActorHandle.
 
-    ``enable_fault_injection`` is the explicit test/demo hook that lets ``spec["faults"]`` fire;
-    without it a spec with faults is refused.
+    The spec is parsed here, once (a bad one fails fast, in the caller, with ``ValueError``); the
+    supervisor receives the parsed :class:`~workers.runtime.contract.job_spec.JobSpec` and never
+    parses it again. ``enable_fault_injection`` is the explicit test/demo hook that lets
+    ``spec["faults"]`` fire; without it a spec with faults is refused.
     """
     import ray
 
     from workers.runtime.contract.job_spec import parse_job
     from workers.runtime.supervision.supervisor import JobSupervisor
 
-    parse_job(spec)  # fail fast, in the caller, on a bad spec
+    job = parse_job(spec)  # the one parse: fail fast, in the caller, on a bad spec
     existing = find_supervisor(job_id, attempt)
     if existing is not None:
         return existing
@@ -54,7 +56,7 @@ def start_supervisor(job_id: str, attempt: int, spec: dict[str, Any], *,
         max_concurrency=16,
         max_restarts=0,
         resources=_head_resource(),
-    ).remote(str(job_id), int(attempt), spec, enable_fault_injection)
+    ).remote(str(job_id), int(attempt), job, enable_fault_injection)
     handle.run.remote()
     _wait_registered(job_id, attempt)
     return handle

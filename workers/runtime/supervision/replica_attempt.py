@@ -43,9 +43,9 @@ class ReplicaGroupPhases:
         hint = self.job.layout_hint
         layout = Layout(tp=int(hint.get("tp", 1)), micro_batch=int(hint.get("micro_batch", 1)),
                         sp=bool(hint.get("sp", False))).with_global_batch(self.job.global_batch)
-        self.replicas = ReplicaSet(layout, int(self.settings.replica_groups), self.name)
+        self.replicas = ReplicaSet(layout, int(self.settings.replicas.groups), self.name)
         now = time.monotonic()
-        self._cycle = Cycle(t_down=now, t_plan=now, t_place=now, give_up=now + self.settings.placement_give_up_s)
+        self._cycle = Cycle(t_down=now, t_plan=now, t_place=now, give_up=now + self.settings.placement.give_up_s)
         return Phase.PLACE, f"{self.replicas.want} replica groups of {layout.short()}"
 
     def _place_replicas(self) -> tuple[Phase, str]:
@@ -68,7 +68,7 @@ class ReplicaGroupPhases:
         if not got:
             if time.monotonic() > cycle.give_up:
                 raise JobFailed(f"no node with {tp} free GPUs for a replica group")
-            time.sleep(self.settings.placement_retry_s)
+            time.sleep(self.settings.placement.retry_s)
             return Phase.PLACE, "no room for a replica group yet"
         cycle.plan = got  # (node, reservation) per group, in group order
         return Phase.START, f"{len(got)} of {reps.want} replica groups reserved"
@@ -91,8 +91,8 @@ class ReplicaGroupPhases:
         self.port.refill_pool()  # what the groups took, on the nodes no group runs on
         view, _ = reps.view()
         s = self.settings
-        scorer = StragglerScorer({}, {}, window=s.straggler_window, threshold=s.straggler_threshold,
-                                 persist_fraction=s.straggler_persist)
+        scorer = StragglerScorer({}, {}, window=s.stragglers.window, threshold=s.stragglers.threshold,
+                                 persist_fraction=s.stragglers.persist)
         self._run = Run(view, scorer, 0)
         self.next_step = 0
         self._cycle = None
@@ -144,7 +144,7 @@ class ReplicaGroupPhases:
             # a replacement was in this step's quorum (its first: it healed there, with no micro-batches):
             # it joins the step set now, before the next quorum (left out, it would hold that quorum up
             # for the join timeout)
-            reps.wait_stepping(self.settings.replica_timeout_s)
+            reps.wait_stepping(self.settings.replicas.timeout_s)
             self._adopt_replacements(reps)
         recent: dict[int, dict[str, Any]] = {}
         for (g, r), row in committed.items():
@@ -167,7 +167,7 @@ class ReplicaGroupPhases:
             self._save(reps.groups[target], run.step)  # a failed one ends the job (the policy's Fail)
             if self.preempt_requested:
                 return Switch("preempted")
-        reps.start_replacements(self.port, self.replanner.excluded, self.settings.replica_retry_s, lambda g: None)
+        reps.start_replacements(self.port, self.replanner.excluded, self.settings.replicas.retry_s, lambda g: None)
         return None
 
     def _replica_step_done(self, run: Run, row: dict[str, Any], committed: dict[tuple[int, int], dict[str, Any]],
@@ -266,7 +266,7 @@ class ReplicaGroupPhases:
             return
         if reps.at_end is None:
             reps.at_end = sorted(reps.groups)
-        for j in reps.wait_joining(self.settings.start_timeout_s):
+        for j in reps.wait_joining(self.settings.detection.start_timeout_s):
             if j.gang is not None:
                 self.port.teardown(j.gang)
         for g in sorted(reps.groups):

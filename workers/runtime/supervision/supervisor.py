@@ -21,16 +21,17 @@ from workers.runtime.cluster.port import ClusterPort
 from workers.runtime.cluster.ray_port import RayCluster
 from workers.runtime.cluster.reachability import RayPeerProbe
 from workers.runtime.contract.events import EventLog
-from workers.runtime.contract.job_spec import JobSpec, parse_job
+from workers.runtime.contract.job_spec import JobSpec
 from workers.runtime.supervision.attempt_machine import ENDS, AttemptMachine
 from workers.testbed.fault_injector import FaultInjector, FaultPlan, parse_faults
 
 
 class JobSupervisor:
-    def __init__(self, job_id: str, attempt: int, spec: dict[str, Any], enable_fault_injection: bool = False):
+    def __init__(self, job_id: str, attempt: int, job: JobSpec, enable_fault_injection: bool = False):
+        """``job``: the spec as ``launch.start_supervisor`` parsed it (parsed once, in the caller)."""
         self.job_id = str(job_id)
         self.attempt = int(attempt)
-        self.job: JobSpec = parse_job(spec)
+        self.job = job
         self.settings = self.job.runtime
         self.log = EventLog(self.job.events_out)
         faults = FaultPlan(parse_faults(self.job.faults), enabled=enable_fault_injection)

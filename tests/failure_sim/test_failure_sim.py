@@ -11,14 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from service.cli.main import app
-from service.goodput import closed_form
-from service.goodput.causes import LLAMA3_CAUSES, node_rates
-from service.goodput.events import play
-from service.goodput.policies import Policy
-from service.goodput.recovery import MEASURED, CostModel
-from service.goodput.simulation import Config, self_check, simulate
-from service.goodput.throughput import JobThroughput
-from service.goodput.trace import Failure, Trace, poisson_trace
+from service.failure_sim import closed_form
+from service.failure_sim.causes import LLAMA3_CAUSES, node_rates
+from service.failure_sim.events import play
+from service.failure_sim.policies import Policy
+from service.failure_sim.recovery import MEASURED, CostModel
+from service.failure_sim.simulation import Config, self_check, simulate
+from service.failure_sim.throughput import JobThroughput
+from service.failure_sim.trace import Failure, Trace, poisson_trace
 from workers.runtime.policy.checkpoint_cadence import young_interval_s
 
 pytestmark = pytest.mark.unit
@@ -228,7 +228,7 @@ def test_cli_bad_input_exits_2_naming_the_field(args, field):
 
 
 def test_verdict_says_what_would_have_to_change():
-    from service.goodput.report import verdict
+    from service.failure_sim.report import verdict
 
     sim = simulate(Config(days=5, policies=("replica_group",), spares=0, stall_s=2000.0))
     text = verdict(sim)

@@ -7,13 +7,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.goodput import closed_form
-from service.goodput.causes import RATE_SETS
-from service.goodput.events import PolicyResult, play
-from service.goodput.policies import KINDS, Policy, policies_for
-from service.goodput.recovery import BASELINE_RESTART_S, CostModel
-from service.goodput.throughput import DEFAULT_MODEL, JobThroughput
-from service.goodput.trace import Trace, poisson_trace
+from service.failure_sim import closed_form
+from service.failure_sim.causes import RATE_SETS
+from service.failure_sim.events import PolicyResult, play
+from service.failure_sim.policies import KINDS, Policy, policies_for
+from service.failure_sim.recovery import BASELINE_RESTART_S, CostModel
+from service.failure_sim.throughput import DEFAULT_MODEL, JobThroughput
+from service.failure_sim.trace import Trace, poisson_trace
 from workers.runtime.policy.recovery_names import REPLICA_GROUP, RESTART
 
 MAX_GPUS = 1 << 20
@@ -150,7 +150,7 @@ def self_check(gpus: int = 1024, gpus_per_node: int = 8, mttf_s: float = 6 * 360
                save_s: float = 60.0, days: float = 200.0) -> tuple[float, float]:
     """(simulated ETTR, closed-form ETTR) for the restart policy on deterministic inputs: failures every
     ``mttf_s`` (swept evenly over one checkpoint period), fixed restart and save times, no repairs."""
-    from service.goodput.trace import periodic_trace
+    from service.failure_sim.trace import periodic_trace
 
     thr = JobThroughput(gpus, gpus_per_node)
     cost = CostModel(thr.job_gpus, gpus_per_node, float(thr.params), thr.step_s)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.goodput.causes import HOUR, LLAMA3_CAUSES, PLANNED, node_rates, planned_per_node_day
+from service.failure_sim.causes import HOUR, LLAMA3_CAUSES, PLANNED, node_rates, planned_per_node_day
 
 DAY = 86_400.0
 #: spread of the log-normal repair times (their mean is the cause's ``repair_h``)

@@ -1,7 +1,7 @@
 """Goodput of one large training job under failures: a discrete-event simulator.
 
 Not to be confused with :mod:`service.scheduler.goodput` (the scheduler's throughput-vs-GPUs curves)
-or :mod:`service.scheduler.simulate` (the multi-tenant scheduler simulator). Modules:
+or :mod:`service.scheduler.workload_sim` (the multi-tenant scheduler simulator). Modules:
 
 - ``causes``: failure causes and their rates (Llama 3's table, Meta RSC's rate), repair times;
 - ``trace``: failure traces (Poisson per cause, or periodic for the self-check);

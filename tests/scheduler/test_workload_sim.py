@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.scheduler.simulate import NodeFailure, SimJob, Workload, simulate, synthetic_workload
 from service.scheduler.types import NodeView, TenantView
+from service.scheduler.workload_sim import NodeFailure, SimJob, Workload, simulate, synthetic_workload
 
 pytestmark = pytest.mark.unit
 

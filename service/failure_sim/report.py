@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from service.goodput.simulation import Simulation
+from service.failure_sim.simulation import Simulation
 from workers.runtime.policy.recovery_names import REPLICA_GROUP, RESTART
 
 #: the issue's goals for Orthoplex's best policy
