@@ -179,8 +179,13 @@ def chosen_artifacts(listing: Artifacts, prefix: str) -> list[tuple[str, str]]:
 
 
 # ----------------------------------------------------------------------------------------- data
-def data_list() -> Call[DataList]:
-    return Call("GET", "/v1/data", lambda r: DataList.model_validate(r.json()), idempotent=True)
+def data_list(cursor: str | None = None, limit: int | None = None) -> Call[DataList]:
+    params: dict[str, Any] = {}
+    if cursor is not None:
+        params["cursor"] = cursor
+    if limit is not None:
+        params["limit"] = limit
+    return Call("GET", "/v1/data", lambda r: DataList.model_validate(r.json()), params=params, idempotent=True)
 
 
 def data_rm(path: str) -> Call[None]:

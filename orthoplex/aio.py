@@ -326,8 +326,10 @@ class AsyncDataApi:
         path = Path(file)
         return await self._c._upload(path, dest or path.name, progress)
 
-    async def list(self) -> DataList:
-        return await self._c._do(calls.data_list())
+    async def list(self, cursor: str | None = None, limit: int | None = None) -> DataList:
+        """One page of the data area's files (``limit`` at most 1000, the server's default), in the
+        byte order of their paths; pass the page's ``next_cursor`` as ``cursor`` for the next one."""
+        return await self._c._do(calls.data_list(cursor, limit))
 
     async def download(self, path: str, out: str | Path, progress: ProgressCallback | None = None) -> Path:
         return await self._c._download(f"/v1/data/{calls.data_path(path)}", Path(out), progress)

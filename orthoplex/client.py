@@ -363,8 +363,10 @@ class DataApi:
         path = Path(file)
         return self._c._upload(path, dest or path.name, progress)
 
-    def list(self) -> DataList:
-        return self._c._do(calls.data_list())
+    def list(self, cursor: str | None = None, limit: int | None = None) -> DataList:
+        """One page of the data area's files (``limit`` at most 1000, the server's default), in the
+        byte order of their paths; pass the page's ``next_cursor`` as ``cursor`` for the next one."""
+        return self._c._do(calls.data_list(cursor, limit))
 
     def download(self, path: str, out: str | Path, progress: ProgressCallback | None = None) -> Path:
         """Stream a file of the data area into the local file ``out`` (written whole, or not at all)."""

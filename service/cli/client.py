@@ -362,17 +362,31 @@ def data_upload(
 
 
 @data_app.command("list")
-def data_list(as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt) -> None:
-    """List the files of your data area."""
+def data_list(
+    cursor: str | None = typer.Option(None, "--cursor", help="Start after this path (a page's next_cursor)."),
+    limit: int | None = typer.Option(None, "--limit", min=1, max=1000, help="Files per page (default 1000)."),
+    all_pages: bool = typer.Option(False, "--all", help="Follow every page to the end."),
+    as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt,
+) -> None:
+    """List the files of your data area, a page at a time (``--all`` follows every page)."""
 
     def go(c: Client) -> None:
-        data = c.data.list()
+        data = c.data.list(cursor, limit)
+        items = list(data.items)
+        while all_pages and data.next_cursor:
+            data = c.data.list(data.next_cursor, limit)
+            items += data.items
         if as_json:
-            typer.echo(json.dumps(data.model_dump(mode="json"), indent=2))
+            out = data.model_dump(mode="json")
+            out["items"] = [f.model_dump(mode="json") for f in items]
+            typer.echo(json.dumps(out, indent=2))
             return
-        for f in data.items:
+        for f in items:
             typer.echo(f"{f.bytes:>14,}  {f.path}")
-        typer.echo(f"{data.used_bytes:,} of {data.quota_bytes:,} bytes used")
+        typer.echo(f"{data.used_bytes:,} of {data.quota_bytes:,} bytes used, "
+                   f"{data.used_entries:,} of {data.quota_entries:,} entries")
+        if data.next_cursor:
+            typer.echo(f"more: --cursor {data.next_cursor} (or --all)")
 
     _run(url, token, go)
 

@@ -168,3 +168,34 @@ def test_concurrent_uploads_cannot_pass_the_quota(live) -> None:
     assert [f.stat().st_size for f in files] == [MIB], files
     assert os.listdir(tmp) == []
     assert httpx.get(f"{url}/v1/data", headers=a, timeout=20).json()["used_bytes"] == MIB
+
+
+def test_the_sdk_and_the_cli_follow_the_listing_pages(live, tmp_path: Path) -> None:
+    """``Client.data.list(cursor, limit)`` returns one page and its cursor; ``orthoplex data list
+    --all`` follows every page, ``--limit`` alone prints the first and how to go on."""
+    from typer.testing import CliRunner
+
+    from orthoplex import Client
+    from service.cli.main import app
+
+    url, headers, _ = live
+    token = headers["Authorization"].split()[1]
+    names = [f"p/{i:02d}.txt" for i in range(5)]
+    with Client(url=url, token=token) as c:
+        for n in names:
+            src = tmp_path / "x.txt"
+            src.write_text(n)
+            c.data.upload(src, n)
+        first = c.data.list(limit=2)
+        assert [f.path for f in first.items] == names[:2] and first.next_cursor == names[1]
+        rest = c.data.list(first.next_cursor, limit=10)
+        assert [f.path for f in rest.items] == names[2:] and rest.next_cursor is None
+    env = {"ORTHOPLEX_API_URL": url, "ORTHOPLEX_API_TOKEN": token}
+    one = CliRunner().invoke(app, ["data", "list", "--limit", "2"], env=env)
+    assert one.exit_code == 0, one.output
+    assert "p/01.txt" in one.output and "p/02.txt" not in one.output and "--cursor p/01.txt" in one.output
+    every = CliRunner().invoke(app, ["data", "list", "--limit", "2", "--all"], env=env)
+    assert every.exit_code == 0, every.output
+    assert all(n in every.output for n in names) and "--cursor" not in every.output
+    bad = CliRunner().invoke(app, ["data", "list", "--limit", "0"], env=env)
+    assert bad.exit_code == 2 and "limit" in bad.output.lower()
