@@ -16,11 +16,14 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+log = logging.getLogger("orthoplex.storage")
 
 #: URL schemes served through fsspec, and the package that provides each
 SCHEMES: dict[str, str] = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
@@ -217,6 +220,7 @@ def stage(url: str, cache_root: str | os.PathLike[str] | None = None) -> Path:
     if local.is_file() and marker.is_file() and marker.read_text() == tag:
         return local
     local.parent.mkdir(parents=True, exist_ok=True)
+    log.info("staging %s (%s bytes) in %s", url, info.get("size"), local)
     download(url, local)
     marker.write_text(tag)
     return local

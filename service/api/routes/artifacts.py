@@ -17,10 +17,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi import Path as PathParam
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
-from service.api import repo
+from service.api import object_data, repo
 from service.api.deps import CurrentTenant, Db
 from service.api.errors import responses
 from service.api.routes.jobs import JobId
@@ -121,14 +121,8 @@ def download_artifact(job_id: JobId, path: ArtifactPath, request: Request, tenan
         raise missing from None
     if rel.split("/")[0] not in KINDS:
         raise missing
-    if isinstance(root, str):  # a key under the job's prefix, as the listing gives it: streamed
-        folder, _, key = rel.partition("/")
-        if key not in object_store.find(object_store.join(root, folder)):
-            raise missing
-        url = object_store.join(root, rel)
-        return StreamingResponse(object_store.iter_chunks(url), media_type="application/octet-stream",
-                                 headers={"Content-Disposition": f'attachment; filename="{object_store.name(url)}"',
-                                          "Content-Length": str(object_store.size(url))})
+    if isinstance(root, str):  # a key under the job's prefix (the rule above allows nothing else): streamed
+        return object_data.send(object_store.join(root, rel), missing.detail)
     real_root = root.resolve()
     target = (root / rel).resolve()
     if not target.is_relative_to(real_root) or not target.is_file():
