@@ -15,6 +15,7 @@ from platformdirs import user_data_dir
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from workers import object_store
 from workers.data_area import DataArea, tenant_area
 
 DATA_DIR = Path(user_data_dir("orthoplex", appauthor=False))
@@ -38,11 +39,13 @@ class Settings(BaseSettings):
     allow_insecure_ray: bool = Field(
         default=False, description="Serve with a Ray cluster that answers without a token (anyone who reaches "
                                    "it runs code as the service); logged at every start, shown on /readyz")
-    storage_path: Path = Field(default=DATA_DIR / "storage",
-                               description="Tenant data areas (tenants/<id>/data), checkpoints (jobs/<id>)")
-    shared_data_roots: dict[str, Path] = Field(
+    storage_path: Path | str = Field(
+        default=DATA_DIR / "storage", description="Tenant data areas (tenants/<id>/data), checkpoints (jobs/<id>): "
+        "a directory every node sees, or an object-store prefix s3://BUCKET/PREFIX (endpoint and credentials "
+        "from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION; docs/storage.md)")
+    shared_data_roots: dict[str, Path | str] = Field(
         default_factory=dict, description="read-only data roots every tenant may read, by name: "
-        '``{"corpora": "/srv/corpora"}``; a job names them as ``shared:<name>/<path>``')
+        '``{"corpora": "/srv/corpora"}`` (or ``"s3://bucket/corpora"``); a job names them as ``shared:<name>/<path>``')
     data_max_files: int = Field(default=10_000, ge=1, description="files one job's data.paths may select")
     data_max_bytes: int = Field(default=16 << 30, ge=1, description="bytes one job's data.paths may select")
     upload_max_bytes: int = Field(default=1 << 30, ge=1, description="largest single upload")
@@ -67,6 +70,22 @@ class Settings(BaseSettings):
     gpus_per_node: int = Field(default=4, ge=1, le=64, description="GPUs per node of that profile")
     host: str = "127.0.0.1"
     port: int = Field(default=8470, ge=1, le=65535)
+
+    @field_validator("storage_path", mode="before")
+    @classmethod
+    def _storage(cls, v: object) -> object:
+        """An object-store URL stays a string (normalised; a malformed one is refused, naming what is
+        wrong); anything else is a local path."""
+        if isinstance(v, str) and "://" in v:
+            return object_store.check_url(v)
+        return Path(v) if isinstance(v, str) else v
+
+    @field_validator("shared_data_roots", mode="before")
+    @classmethod
+    def _shared(cls, v: object) -> object:
+        if isinstance(v, dict):
+            return {k: cls._storage(r) for k, r in v.items()}
+        return v
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-pytest_plugins = ["tests.fixtures.ray_cluster", "tests.fixtures.netns_cluster", "tests.fixtures.demo_stack"]
+pytest_plugins = ["tests.fixtures.s3_server", "tests.fixtures.ray_cluster", "tests.fixtures.netns_cluster",
+                  "tests.fixtures.demo_stack"]
 
 DEFAULT_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 

@@ -6,8 +6,11 @@ Layout under the storage path (``tenant_area``): ``tenants/<tenant id>/data`` is
 area. The admin may declare read-only shared roots by name (``ORTHOPLEX_SHARED_DATA_ROOTS``).
 
 A path is either relative to the tenant's area (``corpus/a.txt``, ``corpus``, ``corpus/**/*.txt``)
-or ``shared:<name>/<relative path>``. Absolute paths, ``~``, ``..``, URL schemes (``s3://``,
-``gs://``: not supported) and NUL are refused before the disk is touched. Every file is resolved
+or ``shared:<name>/<relative path>``. Absolute paths, ``~``, ``..``, URL schemes (a tenant names
+paths in its area, never a bucket) and NUL are refused before the disk is touched. An area (or a
+shared root) may itself live on an object store (``s3://...``, ``ORTHOPLEX_STORAGE_PATH``): its
+files are then the keys under its prefix, selected by the same rules and bounds, and a key outside
+the prefix cannot be named (no ``..``, nothing absolute). Every file is resolved
 with symlinks followed and must lie inside its root. Globs are matched by walking the root
 without following symlinked directories, with a bound on the entries visited, the files matched
 and their total bytes. Error messages name the path as the tenant wrote it and never say anything
@@ -22,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from workers import object_store
 
 SHARED_PREFIX = "shared:"
 DEFAULT_MAX_FILES = 10_000
@@ -45,8 +50,8 @@ class DataPathError(ValueError):
 class DataArea:
     """Where one tenant's job may read: its own area and the shared roots, with the bounds."""
 
-    root: Path
-    shared: Mapping[str, Path] = field(default_factory=dict)
+    root: Path | str  # a str: an object-store prefix (s3://...)
+    shared: Mapping[str, Path | str] = field(default_factory=dict)
     max_files: int = DEFAULT_MAX_FILES
     max_bytes: int = DEFAULT_MAX_BYTES
 
@@ -57,28 +62,32 @@ class DataArea:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> DataArea:
-        return cls(root=Path(d["root"]), shared={str(k): Path(v) for k, v in dict(d.get("shared") or {}).items()},
+        return cls(root=_root(d["root"]), shared={str(k): _root(v) for k, v in dict(d.get("shared") or {}).items()},
                    max_files=int(d.get("max_files", DEFAULT_MAX_FILES)),
                    max_bytes=int(d.get("max_bytes", DEFAULT_MAX_BYTES)))
 
 
-def tenant_area(storage_path: str | os.PathLike[str], tenant_id: int) -> Path:
-    """The tenant's data area under the storage path (not created here)."""
-    return Path(storage_path) / "tenants" / str(int(tenant_id)) / "data"
+def _root(v: Any) -> Path | str:
+    return object_store.check_url(v) if object_store.is_url(v) else Path(v)
 
 
-def checkpoint_root(storage_path: str | os.PathLike[str]) -> Path:
-    """Where job checkpoints live: outside every tenant area."""
-    return Path(storage_path) / "jobs"
+def tenant_area(storage_path: str | os.PathLike[str], tenant_id: int) -> Path | str:
+    """The tenant's data area under the storage path (not created here; a prefix on an object store)."""
+    return object_store.under(storage_path, "tenants", str(int(tenant_id)), "data")
 
 
-def split_path(raw: str, area: DataArea | None, index: int | None = None) -> tuple[Path, str]:
+def checkpoint_root(storage_path: str | os.PathLike[str]) -> Path | str:
+    """Where job checkpoints live: outside every tenant area (a URL under an ``s3://`` storage path)."""
+    return object_store.under(storage_path, "jobs")
+
+
+def split_path(raw: str, area: DataArea | None, index: int | None = None) -> tuple[Path | str, str]:
     """``(root, relative posix path)`` for a path as a tenant writes it; :class:`DataPathError` when
     its syntax is not allowed (checked before the disk is touched). ``area=None`` checks the syntax
     only (any shared root name passes; the root returned is meaningless)."""
     if not isinstance(raw, str) or not raw or "\x00" in raw:
         raise DataPathError(index, "must be a non-empty path")
-    root = area.root if area is not None else Path(".")
+    root: Path | str = area.root if area is not None else Path(".")
     rel = raw
     if raw.startswith(SHARED_PREFIX):
         name, _, rel = raw[len(SHARED_PREFIX):].partition("/")
@@ -197,17 +206,60 @@ def _walk(start: Path, root: Path, budget: _Budget, match: re.Pattern[str] | Non
     return [p for _, p in sorted(found)]
 
 
-def resolve_data_paths(paths: Sequence[str], area: DataArea, suffixes: Sequence[str] | None = None) -> list[Path]:
+def _object_files(root: str, rel: str, budget: _Budget, suffixes: Sequence[str] | None) -> list[tuple[str, int]]:
+    """``resolve_data_paths`` for one path in an object-store root: ``(URL, size)`` of the keys it
+    selects under the root's prefix (names starting with ``.`` skipped, as on disk), sorted."""
+    glob = bool(_GLOB.search(rel))
+    lit: list[str] = []
+    for part in rel.split("/") if rel != "." else []:
+        if glob and _GLOB.search(part):
+            break
+        lit.append(part)
+    base = object_store.join(root, *lit)
+    if not glob and rel != ".":
+        size = object_store.file_size(base)
+        if size is not None:  # one object
+            budget.take(size)
+            return [(base, size)]
+    match = _pattern("/".join(rel.split("/")[len(lit):])) if glob else None
+    found: list[tuple[str, int]] = []
+    for key, size in sorted(object_store.find(base).items()):
+        budget.visit()
+        name = key.rsplit("/", 1)[-1]
+        if any(p.startswith(".") or p == "__pycache__" for p in key.split("/")):
+            continue
+        if match is not None and not match.match(key):
+            continue
+        if match is None and suffixes is not None and not name.endswith(tuple(suffixes)):
+            continue
+        budget.take(size)
+        found.append((object_store.join(base, key), size))
+    return found
+
+
+def resolve_data_paths(paths: Sequence[str], area: DataArea,
+                       suffixes: Sequence[str] | None = None) -> list[Path | str]:
     """The files ``paths`` select, resolved, each inside its root, in order, bounded by the area's
     ``max_files`` / ``max_bytes`` in total; :class:`DataPathError` (naming the index) otherwise.
-    A directory contributes its files (``suffixes`` only, when given), a glob its matches."""
+    A directory contributes its files (``suffixes`` only, when given), a glob its matches. In an
+    object-store root the files are URLs (``s3://...``) of keys under its prefix."""
     total = _Budget(area, None)
-    out: list[Path] = []
-    seen: set[Path] = set()
+    out: list[Path | str] = []
+    seen: set[Path | str] = set()
     for i, raw in enumerate(paths):
         root, rel = split_path(raw, area, i)
-        root = root.resolve()
         budget = _Budget(area, i)
+        if isinstance(root, str):
+            objects = _object_files(root, rel, budget, suffixes)
+            if not objects:
+                raise DataPathError(i, "matches no file in your data area")
+            for url, size in objects:
+                if url not in seen:
+                    seen.add(url)
+                    out.append(url)
+                    total.take(size)
+            continue
+        root = root.resolve()
         if _GLOB.search(rel):
             # the literal directory prefix of the pattern, then a bounded walk below it
             lit = []
@@ -247,6 +299,9 @@ def resolve_path(raw: str, area: DataArea, *, want: str = "any") -> Path:
     root, rel = split_path(raw, area)
     if _GLOB.search(rel):
         raise DataPathError(None, "must name one file or directory (no patterns)")
+    if isinstance(root, str):
+        raise DataPathError(None, "model and tokenizer directories cannot be read from object storage yet; "
+                                  "use a data area on a shared file system (docs/storage.md)")
     root = root.resolve()
     real = (root / rel).resolve()
     if not _inside(real, root):

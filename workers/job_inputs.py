@@ -103,7 +103,7 @@ def tokenizer_path(raw: str, area: DataArea, vocab: int) -> Path:
     return path
 
 
-def _data_files(field: str, data: Mapping[str, Any], area: DataArea, tokenizer: bool) -> list[Path]:
+def _data_files(field: str, data: Mapping[str, Any], area: DataArea, tokenizer: bool) -> list[Path | str]:
     paths = list(data.get("paths") or [])
     try:
         files = resolve_data_paths(paths, area)

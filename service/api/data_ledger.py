@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from service.api import object_data
+
 #: the temporary folder of uploads, inside the area (not counted, not listed)
 UPLOADS = ".uploads"
 
@@ -50,9 +52,12 @@ class Ticket:
     reserved: int = 0
 
 
-def walk(root: Path, limit: int) -> tuple[int, int]:
+def walk(root: Path | str, limit: int) -> tuple[int, int]:
     """``(bytes, entries)`` of files and directories under ``root`` (the upload folder left out);
-    stops counting past ``limit`` entries (the area is over its quota then anyway)."""
+    stops counting past ``limit`` entries (the area is over its quota then anyway). An object-store
+    root (``s3://``): its keys and the folders they imply."""
+    if isinstance(root, str):
+        return object_data.usage(root)
     used = entries = 0
     if not root.is_dir():
         return 0, 0
@@ -82,7 +87,8 @@ class WalkBudget:
         return self.seen > self.limit
 
 
-def iter_files(root: Path, after: str | None = None, budget: WalkBudget | None = None) -> Iterator[tuple[str, int]]:
+def iter_files(root: Path | str, after: str | None = None,
+               budget: WalkBudget | None = None) -> Iterator[tuple[str, int]]:
     """``(relative path, bytes)`` of the files under ``root`` in the byte order of their paths,
     starting after the path ``after``; subtrees wholly before ``after`` are not entered. Stops once
     ``budget`` is spent."""
@@ -112,7 +118,14 @@ def iter_files(root: Path, after: str | None = None, budget: WalkBudget | None =
                 except OSError:
                     continue
 
-    if root.is_dir():
+    if isinstance(root, str):  # an object-store area: its keys, already in byte order
+        for rel, size in object_data.iter_files(root, after):
+            if budget is not None:
+                budget.seen += 1
+                if budget.spent:
+                    return
+            yield rel, size
+    elif root.is_dir():
         yield from visit(root, "")
 
 
@@ -127,7 +140,7 @@ class Ledger:
         self._lock = threading.Lock()
         self._gen = 0  # bumped by every change of the counts (a walk in progress then defers to them)
 
-    def _area(self, tenant_id: int, root: Path) -> _Area:
+    def _area(self, tenant_id: int, root: Path | str) -> _Area:
         """The tenant's counts, read from the disk again when it has no upload in flight. Called
         with the lock held; the walk itself runs without it (uploads of other tenants, and this
         tenant's ``reserve`` calls on the event loop, never wait for a walk)."""
@@ -146,13 +159,13 @@ class Ledger:
         st = self._areas[tenant_id] = _Area(used=used, entries=entries)
         return st
 
-    def usage(self, tenant_id: int, root: Path) -> tuple[int, int]:
+    def usage(self, tenant_id: int, root: Path | str) -> tuple[int, int]:
         """``(bytes, entries)`` the area holds now (uploads in flight not included)."""
         with self._lock:
             st = self._area(tenant_id, root)
             return st.used, st.entries
 
-    def begin(self, tenant_id: int, root: Path, new_entries: int, replaces: int) -> Ticket:
+    def begin(self, tenant_id: int, root: Path | str, new_entries: int, replaces: int) -> Ticket:
         """Admit an upload that creates ``new_entries`` entries and replaces a file of ``replaces``
         bytes; :class:`TooManyUploads` or :class:`QuotaExceeded` otherwise."""
         with self._lock:

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from service.cli.train import EXIT_BAD_INPUT, hf_model_config
+from workers import object_store
 
 
 def _refuse(msg: str) -> None:
@@ -31,10 +32,17 @@ def _layout(spec: str | None, cfg: Any, global_batch: int) -> Any:
     return lay.with_global_batch(global_batch)
 
 
+def _check_storage(flag: str, where: str | None) -> None:
+    problem = object_store.location_problem(where) if where is not None else None
+    if problem:
+        _refuse(f"{flag} {where}: {problem}")
+
+
 def eval_cmd(
     data: Annotated[Path, typer.Option("--data", help="a plain text file")],
     init_hf: Annotated[Path | None, typer.Option("--init-hf", help="an HF Llama checkpoint directory")] = None,
-    checkpoint_dir: Annotated[Path | None, typer.Option("--checkpoint-dir", help="an Orthoplex checkpoint root")] = None,
+    checkpoint_dir: Annotated[str | None, typer.Option(
+        "--checkpoint-dir", help="an Orthoplex checkpoint root (a directory or s3:// prefix)")] = None,
     tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help="tokenizer.json or an HF tokenizer dir; "
                                                                       "default: byte tokens")] = None,
     seq_len: Annotated[int, typer.Option("--seq-len", min=2)] = 64,
@@ -51,6 +59,7 @@ def eval_cmd(
 
     if (init_hf is None) == (checkpoint_dir is None):
         _refuse("give exactly one of --init-hf DIR or --checkpoint-dir CK")
+    _check_storage("--checkpoint-dir", checkpoint_dir)
     if not data.is_file():
         _refuse(f"data: {data} is not a file")
     bs = batch_size or batches
@@ -86,8 +95,9 @@ def eval_cmd(
 
 
 def export_cmd(
-    checkpoint_dir: Annotated[Path, typer.Option("--checkpoint-dir", help="an Orthoplex checkpoint root")],
-    out: Annotated[Path, typer.Option("--out", help="the HF directory to write")],
+    checkpoint_dir: Annotated[str, typer.Option(
+        "--checkpoint-dir", help="an Orthoplex checkpoint root (a directory or s3:// prefix)")],
+    out: Annotated[str, typer.Option("--out", help="the HF directory (or s3:// prefix) to write")],
     layout: Annotated[str | None, typer.Option("--layout", help="ranks to gather with (default: the "
                                                                 "checkpoint's own layout)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print {\"checkpoint_dir\", \"out\"} as JSON")] = False,
@@ -98,6 +108,8 @@ def export_cmd(
     from workers.engine.evaluate import checkpoint_config, export_rank
     from workers.engine.launch import RankError, run_ranks
 
+    _check_storage("--checkpoint-dir", checkpoint_dir)
+    _check_storage("--out", out)
     try:
         train, saved_layout, base = checkpoint_config(checkpoint_dir)
         cfg = TrainConfig.from_dict(train)
@@ -106,7 +118,7 @@ def export_cmd(
     lay = _layout(layout, cfg.model, cfg.global_batch) if layout else Layout.from_dict(saved_layout)
     try:
         path = run_ranks(export_rank, lay.world_size, cfg.to_dict(), lay.to_dict(), str(checkpoint_dir),
-                         str(out.resolve()), base, timeout_s=24 * 3600)[0]
+                         object_store.local_resolved(out), base, timeout_s=24 * 3600)[0]
     except RankError as e:
         typer.echo(f"export failed: {e}", err=True)
         raise typer.Exit(code=1) from None

@@ -32,7 +32,8 @@ def train(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     data: Annotated[str | None, typer.Option("--data", help="text file/dir or token file; default: "
                                                                  "the built-in stdlib corpus")] = None,
-    checkpoint_dir: Annotated[Path | None, typer.Option("--checkpoint-dir")] = None,
+    checkpoint_dir: Annotated[str | None, typer.Option(
+        "--checkpoint-dir", help="a directory, or an object-store prefix (s3://BUCKET/PREFIX; docs/storage.md)")] = None,
     save_every: Annotated[int, typer.Option("--save-every", min=0)] = 0,
     resume: Annotated[bool, typer.Option("--resume", help="continue from the newest verified checkpoint")] = False,
     stop_at_step: Annotated[int | None, typer.Option(
@@ -46,8 +47,8 @@ def train(
         "--init-hf", help="start from an HF Llama checkpoint directory (config.json + *.safetensors)")] = None,
     seq_len: Annotated[int | None, typer.Option(
         "--seq-len", min=2, help="training sequence length (with --init-hf; default min(2048, max positions))")] = None,
-    export_hf: Annotated[Path | None, typer.Option(
-        "--export-hf", help="at the end, write the weights as an HF Llama checkpoint directory")] = None,
+    export_hf: Annotated[str | None, typer.Option(
+        "--export-hf", help="at the end, write the weights as an HF Llama checkpoint directory (or s3:// prefix)")] = None,
     tokenizer: Annotated[Path | None, typer.Option(
         "--tokenizer", help="tokenizer.json or an HF tokenizer dir for text/jsonl/parquet --data "
                             "(default: byte tokens)")] = None,
@@ -59,11 +60,13 @@ def train(
         "--mlflow-uri", envvar="ORTHOPLEX_MLFLOW_TRACKING_URI",
         help="also log to this MLflow tracking URI (sqlite:///FILE, http://HOST:PORT)")] = None,
     mlflow_experiment: Annotated[str, typer.Option("--mlflow-experiment")] = "orthoplex",
-    tensorboard_dir: Annotated[Path | None, typer.Option(
-        "--tensorboard-dir", help="TensorBoard event files (default: CHECKPOINT_DIR/tensorboard)")] = None,
+    tensorboard_dir: Annotated[str | None, typer.Option(
+        "--tensorboard-dir", help="TensorBoard event files, a directory or s3:// prefix "
+                                  "(default: CHECKPOINT_DIR/tensorboard)")] = None,
 ) -> None:
     """Train a Llama-style model with a 4D-parallel layout on local processes."""
     from planner.layout import Layout, LayoutError
+    from workers import object_store
     from workers.engine.config import DataConfig, ExportConfig, ModelConfig, TrainConfig
     from workers.engine.validate import layout_problems
 
@@ -88,6 +91,12 @@ def train(
         _refuse(f"--eval-data {eval_data}: no such file or directory")
     if (resume or stop_at_step or save_every) and checkpoint_dir is None:
         _refuse("--resume, --stop-at-step and --save-every need --checkpoint-dir")
+    for flag, where in (("--checkpoint-dir", checkpoint_dir), ("--tensorboard-dir", tensorboard_dir),
+                        ("--export-hf", export_hf)):
+        if where is not None:
+            problem = object_store.location_problem(where)
+            if problem:
+                _refuse(f"{flag} {where}: {problem}")
     problems = layout_problems(mcfg, lay, global_batch)
     if problems:
         _refuse(f"layout {lay.short()} refused for model {mcfg.name}: " + "; ".join(problems))
@@ -96,7 +105,7 @@ def train(
                           min_lr=lr / 10, warmup_steps=min(warmup_steps, steps), data=DataConfig.from_path(data),
                           checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, save_every=save_every,
                           keep_checkpoints=keep,
-                          export=ExportConfig("hf", str(export_hf.resolve())) if export_hf else None,
+                          export=ExportConfig("hf", object_store.local_resolved(export_hf)) if export_hf else None,
                           eval_every=eval_every, eval_data=DataConfig.from_path(eval_data) if eval_data else None)
     except ValueError as e:
         _refuse(str(e))
@@ -127,7 +136,7 @@ def train(
     console = Console(stderr=True)
     out = metrics_out.open("a") if metrics_out is not None else None
     if tensorboard_dir is None and checkpoint_dir is not None:
-        tensorboard_dir = checkpoint_dir / "tensorboard"
+        tensorboard_dir = object_store.join_location(checkpoint_dir, "tensorboard")
     params = {"model": mcfg.name, "layout": lay.short(), "global_batch": global_batch, "steps": steps,
               "seq_len": mcfg.seq_len, "lr": lr, "seed": seed, "init_hf": cfg.model.hf or "",
               "data": data or "builtin"}

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.controller.lease import LeaderLease
 from service.controller.supervisors import AttemptKey, Supervisors
 from service.db.session import make_sessionmaker
+from workers import object_store
 
 
 @dataclass
@@ -35,7 +36,7 @@ class ControllerConfig:
     #: whether the scheduler may grow and shrink running elastic jobs (supervisors re-plan onto the
     #: new GPU count with ``resize``); off: a ``min..max`` job is sized once, at admission
     runtime_resizes: bool = True
-    storage_path: Path = Path("/tmp/orthoplex-storage")
+    storage_path: Path | str = Path("/tmp/orthoplex-storage")  # a str: an object-store URL (s3://...)
     #: read-only data roots by name, and the bounds of one job's data (``workers.data_area``)
     shared_data_roots: dict[str, Path] = field(default_factory=dict)
     data_max_files: int = 10_000
@@ -87,6 +88,7 @@ class Ctx:
         with self.sessions() as session:
             yield session
 
-    def job_storage(self, job_id: int) -> Path:
-        """Where a job's checkpoints live: shared by all its attempts, so a new one resumes."""
-        return Path(self.config.storage_path) / "jobs" / str(job_id)
+    def job_storage(self, job_id: int) -> Path | str:
+        """Where a job's checkpoints live: shared by all its attempts, so a new one resumes (a URL
+        when the storage path is an object store)."""
+        return object_store.under(self.config.storage_path, "jobs", str(job_id))

@@ -33,7 +33,8 @@ STEPS = 100  # alpha must still be running after beta (12 steps) ends, with marg
 class Service:
     """``orthoplex serve`` in a subprocess."""
 
-    def __init__(self, db_url: str, ray_address: str, tmp: Path) -> None:
+    def __init__(self, db_url: str, ray_address: str, tmp: Path, storage: str | None = None,
+                 extra_env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ)
@@ -41,7 +42,7 @@ class Service:
             {
                 "ORTHOPLEX_DATABASE_URL": db_url,
                 "ORTHOPLEX_RAY_ADDRESS": ray_address,
-                "ORTHOPLEX_STORAGE_PATH": str(tmp / "storage"),
+                "ORTHOPLEX_STORAGE_PATH": storage or str(tmp / "storage"),
                 "ORTHOPLEX_ADMIN_TOKEN": ADMIN,
                 "ORTHOPLEX_HOST": "127.0.0.1",
                 "ORTHOPLEX_PORT": str(self.port),
@@ -50,6 +51,7 @@ class Service:
                 "ORTHOPLEX_CONTROLLER_SPEC_OVERRIDES": json.dumps({"runtime": h.FAST_RUNTIME}),
             }
         )
+        env.update(extra_env or {})
         env.pop("ORTHOPLEX_CONTROLLER_CRASH_AT", None)
         self.log_path = tmp / "serve.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()

@@ -190,12 +190,12 @@ def test_the_sdk_and_the_cli_follow_the_listing_pages(live, tmp_path: Path) -> N
         assert [f.path for f in first.items] == names[:2] and first.next_cursor == names[1]
         rest = c.data.list(first.next_cursor, limit=10)
         assert [f.path for f in rest.items] == names[2:] and rest.next_cursor is None
-    env = {"ORTHOPLEX_API_URL": url, "ORTHOPLEX_API_TOKEN": token}
-    one = CliRunner().invoke(app, ["data", "list", "--limit", "2"], env=env)
+    conn = ["--url", url, "--token", token]
+    one = CliRunner().invoke(app, ["data", "list", "--limit", "2", *conn])
     assert one.exit_code == 0, one.output
     assert "p/01.txt" in one.output and "p/02.txt" not in one.output and "--cursor p/01.txt" in one.output
-    every = CliRunner().invoke(app, ["data", "list", "--limit", "2", "--all"], env=env)
+    every = CliRunner().invoke(app, ["data", "list", "--limit", "2", "--all", *conn])
     assert every.exit_code == 0, every.output
     assert all(n in every.output for n in names) and "--cursor" not in every.output
-    bad = CliRunner().invoke(app, ["data", "list", "--limit", "0"], env=env)
+    bad = CliRunner().invoke(app, ["data", "list", "--limit", "0", *conn])
     assert bad.exit_code == 2 and "limit" in bad.output.lower()

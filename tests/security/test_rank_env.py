@@ -59,3 +59,11 @@ def test_local_ray_workers_get_no_service_secrets() -> None:
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not set(SECRETS) & set(seen), sorted(set(SECRETS) & set(seen))
     assert not any(v in "\0".join(seen.values()) for v in SECRETS.values())
+
+
+@pytest.mark.unit
+def test_the_object_store_credentials_reach_the_ranks() -> None:
+    """Ranks write checkpoints to s3:// storage themselves: the standard AWS variables stay."""
+    creds = {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "s", "AWS_SESSION_TOKEN": "t",
+             "AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_DEFAULT_REGION": "us-east-1"}
+    assert minimal_env({**SECRETS, **creds}) == creds

@@ -14,6 +14,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from workers import object_store
+
 
 class TensorBoardLog:
     """A TensorBoard event file under ``log_dir``."""
@@ -21,7 +23,8 @@ class TensorBoardLog:
     def __init__(self, log_dir: str | Path) -> None:
         from tensorboardX import SummaryWriter
 
-        self.dir = Path(log_dir)
+        # an s3:// URL stays a string: tensorboardX writes it through boto3 (AWS_* variables)
+        self.dir: str | Path = log_dir if object_store.is_url(log_dir) else Path(log_dir)
         self.writer = SummaryWriter(logdir=str(self.dir), flush_secs=5)
 
     def log(self, step: int, metrics: dict[str, float], prefix: str = "train") -> None:
@@ -147,12 +150,17 @@ class RunTracker:
 
 
 def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar in the event files under ``log_dir``: ``{tag: [(step, value), ...]}``."""
+    """Every scalar in the event files under ``log_dir`` (a directory or an ``s3://`` prefix):
+    ``{tag: [(step, value), ...]}``."""
     from tensorboardX.proto import event_pb2
 
     out: dict[str, list[tuple[int, float]]] = {}
-    for f in sorted(Path(log_dir).rglob("events.out.tfevents.*")):
-        data = f.read_bytes()
+    if object_store.is_url(log_dir):
+        keys = sorted(k for k in object_store.find(str(log_dir)) if "events.out.tfevents." in k.rsplit("/", 1)[-1])
+        blobs = (object_store.read_bytes(object_store.join(str(log_dir), k)) for k in keys)
+    else:
+        blobs = (f.read_bytes() for f in sorted(Path(log_dir).rglob("events.out.tfevents.*")))
+    for data in blobs:
         pos = 0
         while pos + 12 <= len(data):
             (n,) = struct.unpack_from("<Q", data, pos)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from service.settings import get_settings
+from service.settings import DATA_DIR, get_settings
 from workers.runtime.cluster import procfs, ray_auth
 from workers.runtime.cluster.rank_env import minimal_env
 from workers.testbed.local_cluster import FAST_HEALTH_CHECK, free_port, local_env
@@ -23,7 +23,8 @@ from workers.testbed.netns_cluster import NetnsCluster, cleanup_record, record_p
 
 def state_file(data_dir: Path | None = None) -> Path:
     if data_dir is None:
-        data_dir = get_settings().storage_path.parent
+        storage = get_settings().storage_path  # an s3:// storage path: the record stays in the data dir
+        data_dir = storage.parent if isinstance(storage, Path) else DATA_DIR
     return Path(data_dir) / "cluster.json"
 
 

@@ -5,7 +5,8 @@ listed, and downloaded one file at a time.
 A job of another tenant is a 404, as everywhere under ``/v1/jobs``. A download path is relative to
 the job's directory, under one of the artifact folders (``workers.job_inputs``), with no ``..``, no
 absolute path and no symlink out of the job's directory (the rule of ``workers.data_area``); any
-other path is the same 404 as a missing file (no oracle).
+other path is the same 404 as a missing file (no oracle). On ``s3://`` storage the job's directory is
+a prefix: a download must be a key the listing gives, and it is streamed from the object store.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
-from service.api import repo
+from service.api import object_data, repo
 from service.api.deps import CurrentTenant, Db
 from service.api.errors import responses
 from service.api.routes.jobs import JobId
+from workers import object_store
 from workers.data_area import DataArea, DataPathError, checkpoint_root, split_path
 from workers.job_inputs import CHECKPOINT_DIR, EXPORT_DIR, TENSORBOARD_DIR
 
@@ -47,11 +49,13 @@ class Artifacts(BaseModel):
     truncated: bool = False
 
 
-def job_dir(request: Request, job_id: int) -> Path:
-    return checkpoint_root(request.app.state.settings.storage_path) / str(int(job_id))
+def job_dir(request: Request, job_id: int) -> Path | str:
+    return object_store.under(checkpoint_root(request.app.state.settings.storage_path), str(int(job_id)))
 
 
-def _files(root: Path, folder: str) -> list[tuple[str, int]]:
+def _files(root: Path | str, folder: str) -> list[tuple[str, int]]:
+    if isinstance(root, str):
+        return sorted((f"{folder}/{k}", n) for k, n in object_store.find(object_store.join(root, folder)).items())
     base = root / folder
     out: list[tuple[str, int]] = []
     if not base.is_dir() or base.is_symlink():
@@ -87,6 +91,12 @@ def list_artifacts(job_id: JobId, request: Request, tenant: CurrentTenant, db: D
                 truncated = True
                 break
             items.append(ArtifactFile(path=rel, kind=kind, bytes=size))
+    if isinstance(root, str):
+        checkpoints = sorted(f"{CHECKPOINT_DIR}/{name}" for name, is_dir in
+                             object_store.listdir(object_store.join(root, CHECKPOINT_DIR)) if is_dir)
+        export = EXPORT_DIR if any(i.path == f"{EXPORT_DIR}/config.json" for i in items) else None
+        board = TENSORBOARD_DIR if any(i.kind == "tensorboard" for i in items) else None
+        return Artifacts(checkpoints=checkpoints, export=export, tensorboard=board, items=items, truncated=truncated)
     ck = root / CHECKPOINT_DIR
     checkpoints = sorted(f"{CHECKPOINT_DIR}/{p.name}" for p in ck.iterdir()
                          if p.is_dir() and not p.is_symlink()) if ck.is_dir() else []
@@ -106,11 +116,13 @@ def download_artifact(job_id: JobId, path: ArtifactPath, request: Request, tenan
     try:
         if path.startswith("shared:"):
             raise missing
-        _, rel = split_path(path, DataArea(root=root))
+        _, rel = split_path(path, DataArea(root=root) if isinstance(root, Path) else None)
     except DataPathError:
         raise missing from None
     if rel.split("/")[0] not in KINDS:
         raise missing
+    if isinstance(root, str):  # a key under the job's prefix (the rule above allows nothing else): streamed
+        return object_data.send(object_store.join(root, rel), missing.detail)
     real_root = root.resolve()
     target = (root / rel).resolve()
     if not target.is_relative_to(real_root) or not target.is_file():

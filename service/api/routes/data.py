@@ -10,7 +10,8 @@ reserved before they are written (``service.api.data_ledger``), so concurrent up
 the quota together. ``GET /v1/data`` lists one page (``limit``, ``cursor``: paths in byte order).
 ``DELETE`` removes a file or an empty directory, and the directories it leaves empty. Paths follow
 the job-spec rule (relative, no ``..``, no symlink out of the area); no database transaction is
-open while a body streams.
+open while a body streams. On ``s3://`` storage the area is an object-store prefix
+(``service.api.object_data``: the body streamed into a multipart upload, downloads by ranged GETs).
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
+from service.api import object_data
 from service.api.data_ledger import UPLOADS, Ledger, QuotaExceeded, TooManyUploads, WalkBudget, iter_files
 from service.api.deps import CurrentTenant
 from service.api.errors import responses
 from service.settings import data_area
+from workers import object_store
 from workers.data_area import DataArea, DataPathError, split_path
 
 router = APIRouter(prefix="/v1/data", tags=["data"])
@@ -64,7 +67,7 @@ def _bad_path(msg: str) -> RequestValidationError:
     return RequestValidationError([{"loc": ("path", "path"), "msg": msg, "type": "value_error"}])
 
 
-def _target(area: DataArea, raw: str, max_depth: int | None = None) -> Path:
+def _target(area: DataArea, raw: str, max_depth: int | None = None) -> Path | str:
     """The file ``raw`` names inside the area (422 naming ``path`` otherwise; never a glob)."""
     try:
         if raw.startswith("shared:"):
@@ -78,6 +81,8 @@ def _target(area: DataArea, raw: str, max_depth: int | None = None) -> Path:
             raise DataPathError(None, f"nests {rel.count('/')} directories deep (at most {max_depth})")
     except DataPathError as exc:
         raise _bad_path(exc.msg) from None
+    if isinstance(root, str):  # a key under the tenant's prefix (the rule above allows nothing else)
+        return object_store.join(root, rel)
     root = root.resolve()
     target = root / rel
     parent = target.parent.resolve()
@@ -114,8 +119,11 @@ def list_data(
                     truncated=more)
 
 
-def _missing_entries(root: Path, target: Path) -> int:
+def _missing_entries(root: Path | str, target: Path | str) -> int:
     """Entries an upload to ``target`` creates: its missing directories, and the file if new."""
+    if isinstance(root, str) or isinstance(target, str):
+        return object_data.missing_entries(str(root), str(target))
+    root = root.resolve()
     n = 0 if target.exists() else 1
     parent = target.parent
     while parent != root and not parent.exists():
@@ -138,8 +146,13 @@ async def upload_data(path: DataPath, request: Request, tenant: CurrentTenant) -
     book = ledger(request)
 
     def begin() -> Any:
-        replaces = target.stat().st_size if target.is_file() else 0
-        ticket = book.begin(tenant.id, area.root, _missing_entries(area.root.resolve(), target), replaces)
+        if isinstance(target, str):
+            if object_data.is_folder(target):
+                raise HTTPException(status.HTTP_409_CONFLICT, "path is a folder")
+            replaces = object_data.file_size(target) or 0
+        else:
+            replaces = target.stat().st_size if target.is_file() else 0
+        ticket = book.begin(tenant.id, area.root, _missing_entries(area.root, target), replaces)
         if declared is not None and declared.isdigit():
             try:  # the announced size is reserved before any byte streams
                 book.reserve(ticket, int(declared))
@@ -154,6 +167,19 @@ async def upload_data(path: DataPath, request: Request, tenant: CurrentTenant) -
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(exc), headers={"Retry-After": "1"}) from None
     except QuotaExceeded as exc:
         raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, str(exc)) from None
+
+    def check(size: int) -> None:
+        if size > limit:
+            raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"upload over {limit} bytes")
+        try:
+            if size > ticket.reserved:  # beyond what was announced: reserved before it is written
+                book.reserve(ticket, size - ticket.reserved)
+        except QuotaExceeded as exc:
+            raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, str(exc)) from None
+
+    if isinstance(target, str):
+        return await _upload_object(str(area.root), target, request, book, ticket, check)
+    assert isinstance(area.root, Path)
     tmp_dir = area.root / UPLOADS
     tmp = tmp_dir / uuid.uuid4().hex
     size = 0
@@ -163,13 +189,7 @@ async def upload_data(path: DataPath, request: Request, tenant: CurrentTenant) -
         with open(tmp, "wb") as f:
             async for chunk in request.stream():
                 size += len(chunk)
-                if size > limit:
-                    raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"upload over {limit} bytes")
-                try:
-                    if size > ticket.reserved:  # beyond what was announced: reserved before it is written
-                        book.reserve(ticket, size - ticket.reserved)
-                except QuotaExceeded as exc:
-                    raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, str(exc)) from None
+                check(size)
                 await anyio.to_thread.run_sync(f.write, chunk)
             await anyio.to_thread.run_sync(os.fsync, f.fileno())
 
@@ -195,12 +215,27 @@ async def upload_data(path: DataPath, request: Request, tenant: CurrentTenant) -
     return DataFile(path=target.relative_to(area.root.resolve()).as_posix(), bytes=size)
 
 
+async def _upload_object(root: str, url: str, request: Request, book: Ledger, ticket: Any,
+                         check: Any) -> DataFile:
+    """``upload_data`` on an object store: the body streamed into the object under the same checks."""
+    size, placed, created = 0, False, 0
+    try:
+        created = await anyio.to_thread.run_sync(object_data.missing_entries, root, url)
+        size = await object_data.receive(url, request.stream(), check)
+        placed = True
+    finally:
+        book.finish(ticket, placed, created, size)
+    return DataFile(path=url[len(root) + 1:], bytes=size)
+
+
 @router.get("/{path:path}", operation_id="download_data", summary="Download a file of your data area",
             response_class=FileResponse, responses={200: {"content": {"application/octet-stream": {}}},
                                                     **responses(401, 403, 404)})
 def download_data(path: DataPath, request: Request, tenant: CurrentTenant) -> Any:
     area = data_area(request.app.state.settings, tenant.id)
     target = _target(area, path)
+    if isinstance(target, str):
+        return object_data.send(target, "no such file in your data area")
     if not target.is_file():
         raise HTTPException(status.HTTP_404_NOT_FOUND, "no such file in your data area")
     return FileResponse(target.resolve(), media_type="application/octet-stream", filename=target.name)
@@ -213,6 +248,11 @@ def delete_data(path: DataPath, request: Request, tenant: CurrentTenant) -> Resp
     empty; 409 for a directory that still holds something."""
     area = data_area(request.app.state.settings, tenant.id)
     target = _target(area, path)
+    if isinstance(target, str):
+        nbytes = object_data.delete(target, "no such file in your data area")
+        ledger(request).removed(tenant.id, nbytes, 1 + object_data.empty_folders(str(area.root), target))
+        return Response(status_code=204)
+    assert isinstance(area.root, Path)
     root = area.root.resolve()
     nbytes, entries = 0, 0
     if target.is_symlink() or target.is_file():

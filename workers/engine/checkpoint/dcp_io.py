@@ -7,6 +7,9 @@ Save (collective over ``group``; every rank):
   2. the files are hashed in parallel (file ``k`` by rank ``k % world``), gathered on rank 0;
   3. rank 0 commits (manifest, fsync, rename, ``latest``, retention, GC) and broadcasts the result,
      so every rank returns the same ``CheckpointInfo`` or raises the same error.
+On an object store (``root`` an ``s3://`` URL) step 1 writes through DCP's ``FsspecWriter`` into
+``step-N.ckpt-<nonce>/`` and the commit writes the manifest there last (the commit marker, see
+``object_commit``); the load reads through ``FsspecReader``, resharding the same way.
 With ``async_save`` step 1 stages a CPU copy (``dcp.async_save``) and returns; the write, the hashing
 and the commit run on a background thread over a process group used only for checkpoints.
 
@@ -22,17 +25,18 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed import ProcessGroup
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.stateful import Stateful
 
+from workers import object_store
 from workers.engine.checkpoint import _dist
-from workers.engine.checkpoint.fsutil import list_files
 from workers.engine.checkpoint.manifest import MANIFEST_NAME, Manifest, to_jsonable
+from workers.engine.checkpoint.records import Location, as_location
 from workers.engine.checkpoint.rng import capture_rng_state
 from workers.engine.checkpoint.store import (
     MIN_KEEP,
@@ -42,6 +46,7 @@ from workers.engine.checkpoint.store import (
     commit_checkpoint,
     find_latest_verified,
     hash_files,
+    list_files_at,
     new_nonce,
 )
 
@@ -80,6 +85,22 @@ class LoadResult:
     seconds: float = 0.0
 
 
+def writer_for(path: Location) -> dcp.FileSystemWriter:
+    """DCP's writer of a checkpoint directory: files fsynced on a filesystem; through fsspec on an
+    object store (``FsspecWriter``: each file one object, complete when its upload ends; no fsync)."""
+    if isinstance(path, str):
+        return FsspecWriter(path, single_file_per_rank=True, sync_files=False, thread_count=1,
+                            **object_store.storage_options())
+    return dcp.FileSystemWriter(path, single_file_per_rank=True, sync_files=True, thread_count=1)
+
+
+def reader_for(path: Location) -> dcp.FileSystemReader:
+    """DCP's reader of a checkpoint directory (``FsspecReader`` on an object store)."""
+    if isinstance(path, str):
+        return FsspecReader(path, **object_store.storage_options())
+    return dcp.FileSystemReader(path)
+
+
 def _manifest_fields(manifest_extra: dict[str, Any] | None) -> dict[str, Any]:
     extra = dict(manifest_extra or {})
     fields = {k: extra.pop(k, None) for k in _LIFTED}
@@ -100,7 +121,7 @@ class Checkpointer:
     def __init__(self, root: str | os.PathLike, *, rank: int | None = None, world_size: int | None = None,
                  keep: int = MIN_KEEP, group: ProcessGroup | None = None, async_save: bool = False,
                  async_group: ProcessGroup | None = None, timeout_s: float = 600.0) -> None:
-        self.root = Path(root)
+        self.root = as_location(root)
         self.group = group
         self.rank, self.world_size = _dist.rank_and_size(group)
         if (rank is not None and rank != self.rank) or (world_size is not None and world_size != self.world_size):
@@ -175,14 +196,14 @@ class Checkpointer:
 
     @staticmethod
     def _writer(pending: PendingCheckpoint) -> dcp.FileSystemWriter:
-        return dcp.FileSystemWriter(pending.tmp_path, single_file_per_rank=True, sync_files=True, thread_count=1)
+        return writer_for(pending.tmp_path)
 
     def _commit(self, pending: PendingCheckpoint, fields: dict[str, Any], group: ProcessGroup | None,
                 fault: Fault) -> int:
         listing: Any = None
         if self.rank == 0:
             try:
-                listing = [n for n in list_files(pending.tmp_path) if n != MANIFEST_NAME]
+                listing = [n for n in list_files_at(pending.tmp_path) if n != MANIFEST_NAME]
             except OSError as exc:
                 listing = f"cannot list {pending.tmp_path}: {exc}"
         names = _dist.broadcast(listing, group)
@@ -232,7 +253,8 @@ class Checkpointer:
         if found is None:
             return None
         step, path, manifest = found
-        dcp.load({APP_KEY: app_state}, checkpoint_id=path, process_group=self.group, no_dist=not _dist.active())
+        dcp.load({APP_KEY: app_state}, storage_reader=reader_for(as_location(path)), process_group=self.group,
+                 no_dist=not _dist.active())
         log.info("loaded checkpoint %s (step %d) in %.2fs", path, step, time.perf_counter() - t0)
         return LoadResult(step, path, Manifest.from_dict(manifest), [tuple(s) for s in skipped],
                           time.perf_counter() - t0)

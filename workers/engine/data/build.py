@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from workers import object_store
 from workers.data_area import DataArea, resolve_data_paths
 from workers.engine.data.builtin import builtin_dataset
 from workers.engine.data.text import TEXT_SUFFIXES, collect_text_files, text_dataset
@@ -30,6 +31,19 @@ def _paths(raw: Any) -> list[str]:
     if isinstance(raw, (str, os.PathLike)):
         return [str(raw)]
     return [str(p) for p in raw]
+
+
+def _local(f: Path | str, kind: str) -> Path | str:
+    """A selected file where the readers can open it: an object (``s3://...``) staged on this node,
+    with a token file's sidecar (``F.json`` or ``F``'s suffix replaced by ``.json``) when there is one."""
+    if not object_store.is_url(f):
+        return f
+    if kind == "tokens":
+        suffix = Path(object_store.name(f)).suffix
+        for side in (f"{f}.json", f"{f[:-len(suffix)]}.json" if suffix else None):
+            if side and side != f and object_store.exists(side):
+                object_store.stage(side)
+    return object_store.stage(f)
 
 
 def tokens_dataset(paths: list[str], seq_len: int, dtype: str | None = None) -> TokenDataset:
@@ -70,7 +84,7 @@ def build_dataset(data_cfg: Any, seq_len: int, cache_dir: str | os.PathLike | No
             from workers.engine.data.hf_tokenizer import DOC_SUFFIXES
 
             suffixes = DOC_SUFFIXES
-        files = resolve_data_paths(paths, DataArea.from_dict(area), suffixes)
+        files = [_local(f, kind) for f in resolve_data_paths(paths, DataArea.from_dict(area), suffixes)]
         shown = paths[0] if len(paths) == 1 else f"{len(paths)} paths"
         if kind == "text" and tokenizer:
             from workers.engine.data.hf_tokenizer import tokenized_dataset

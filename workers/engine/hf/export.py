@@ -12,13 +12,16 @@ in memory. One file per pipeline stage, ``model-0000s-of-0000n.safetensors``, pl
 from __future__ import annotations
 
 import json
+import shutil
 import struct
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from workers import object_store
 from workers.engine.config import ModelConfig
 from workers.engine.hf.config import hf_config
 from workers.engine.hf.weights import INDEX_FILE, engine_name, hf_name, is_rotary, rope_rows_engine_to_hf
@@ -75,11 +78,14 @@ def _to_hf(name: str, t: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 def export_hf(parts: Any, cfg: ModelConfig, layout: Any, coords: Any, out: str | Path,
-              base_config: dict[str, Any] | None = None, extra_files: dict[str, bytes] | None = None) -> Path:
-    """Write this run's weights under ``out`` (collective over all ranks)."""
+              base_config: dict[str, Any] | None = None, extra_files: dict[str, bytes] | None = None) -> Path | str:
+    """Write this run's weights under ``out`` (collective over all ranks). An object-store ``out``
+    (``s3://...``): each writer writes into a local temporary directory and uploads its files,
+    streamed, then removes them."""
     from torch.distributed.tensor import DTensor
 
-    out = Path(out)
+    remote = str(out) if object_store.is_url(out) else None
+    out = Path(tempfile.mkdtemp(prefix="orthoplex-export-")) if remote else Path(out)
     out.mkdir(parents=True, exist_ok=True)
     stages = layout.pp
     writer_rank = coords.tp == 0 and coords.cp == 0 and coords.dp == 0
@@ -116,6 +122,10 @@ def export_hf(parts: Any, cfg: ModelConfig, layout: Any, coords: Any, out: str |
         (out / "config.json").write_text(json.dumps(hf_config(cfg, base_config), indent=2) + "\n")
         for fn, data in (extra_files or {}).items():
             (out / fn).write_bytes(data)
+    if remote is not None:  # every rank uploads what it wrote
+        for f in sorted(out.iterdir()):
+            object_store.upload(f, object_store.join(remote, f.name))
+        shutil.rmtree(out, ignore_errors=True)
     if dist.is_initialized():
         dist.barrier()
-    return out
+    return remote if remote is not None else out

@@ -7,7 +7,8 @@ service's environment, admin token and database URL included, and a job could re
 passwords, keys, credentials, database URLs), keeping what Ray, Python and torch need.
 ``without_secrets()`` applies it to ``os.environ`` for the duration of a block (for ``ray.init``
 starting a local cluster, whose raylet copies ``os.environ``). ``RAY_AUTH_MODE`` is never set here:
-an operator's setting is kept as is.
+an operator's setting is kept as is. The object store's credentials (:data:`STORAGE`) are kept: the
+ranks write checkpoints there themselves (docs/storage.md).
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from contextlib import contextmanager
 #: names of variables that carry secrets (matched case-insensitively anywhere in the name)
 SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|PRIVATE|DATABASE_URL|DSN|_KEY$|^PG", re.I)
 #: Ray's own auth token must reach the raylets when the operator turned token auth on
-KEEP = frozenset({"RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"})
+#: the object store's credentials: ranks read and write checkpoints under ``s3://`` storage themselves
+STORAGE = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                     "GOOGLE_APPLICATION_CREDENTIALS"})
+KEEP = frozenset({"RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", *STORAGE})
 _LOCK = threading.Lock()
 
 

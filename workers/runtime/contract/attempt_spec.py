@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers import object_store
 from workers.data_area import DataArea
 from workers.engine.config import ModelConfig
 from workers.job_inputs import CHECKPOINT_DIR, EXPORT_DIR, TENSORBOARD_DIR, hf_model, tokenizer_path
@@ -49,7 +50,7 @@ class Grant:
     """What the control plane decides for one attempt of a job."""
 
     job_id: int
-    job_dir: Path  # the job's directory (checkpoints, export, TensorBoard files under it)
+    job_dir: Path | str  # the job's directory (checkpoints, export, TensorBoard under it; a URL on s3://)
     gpus: int  # the GPUs the scheduler granted: the runtime plans within min_gpus..gpus
     min_gpus: int
     gpu_type: str  # the cluster's GPU profile, the one submissions were fit-checked against
@@ -86,13 +87,13 @@ def attempt_spec(stored: Mapping[str, Any], area: DataArea, grant: Grant) -> dic
         spec[key] = d
     export = stored.get("export")
     if isinstance(export, Mapping):
-        spec["export"] = {**dict(export), "dir": str(grant.job_dir / EXPORT_DIR)}
+        spec["export"] = {**dict(export), "dir": str(object_store.under(grant.job_dir, EXPORT_DIR))}
     tracking = dict(stored.get("tracking") or {})
-    spec["tracking"] = {"tensorboard_dir": str(grant.job_dir / TENSORBOARD_DIR),
+    spec["tracking"] = {"tensorboard_dir": str(object_store.under(grant.job_dir, TENSORBOARD_DIR)),
                         "mlflow_uri": tracking.get("mlflow_uri") or grant.mlflow_uri,
                         "experiment": tracking.get("experiment", "orthoplex"),
                         "run_name": f"job-{grant.job_id}"}
-    spec["checkpoint_dir"] = str(grant.job_dir / CHECKPOINT_DIR)
+    spec["checkpoint_dir"] = str(object_store.under(grant.job_dir, CHECKPOINT_DIR))
     spec["gpu_type"] = grant.gpu_type
     spec["min_gpus"] = max(1, min(grant.min_gpus, grant.gpus))
     spec["max_gpus"] = grant.gpus

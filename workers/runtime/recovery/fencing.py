@@ -7,6 +7,7 @@ directory (``.orthoplex-fence``, replaced atomically); every rank learns its gan
 and checks it before each step and each save: a rank whose epoch is older raises :class:`Fenced`
 and does nothing. The checkpoint directory is the one thing every rank of every gang of a job
 shares (it must be shared storage for resharded restores anyway), so the fence needs no service.
+On an object store (``s3://``) the fence is one object, replaced by one PUT.
 
 The check runs before the save starts; a rank that passed it just before a newer gang advanced the
 epoch can still finish that one save (the save is a collective of the old gang, so it needs all of
@@ -22,6 +23,8 @@ import os
 import time
 from pathlib import Path
 
+from workers import object_store
+
 FENCE_FILE = ".orthoplex-fence"
 
 
@@ -36,18 +39,26 @@ def _path(checkpoint_dir: str | os.PathLike[str]) -> Path:
 def current(checkpoint_dir: str | os.PathLike[str]) -> int:
     """The epoch of the newest gang (0 when none was started)."""
     try:
-        return int(json.loads(_path(checkpoint_dir).read_text())["epoch"])
+        if object_store.is_url(checkpoint_dir):
+            raw = object_store.read_bytes(object_store.join(str(checkpoint_dir), FENCE_FILE)).decode()
+        else:
+            raw = _path(checkpoint_dir).read_text()
+        return int(json.loads(raw)["epoch"])
     except FileNotFoundError:
         return 0
 
 
 def advance(checkpoint_dir: str | os.PathLike[str], *, owner: str = "") -> int:
     """Start a new epoch (a new gang); every older epoch is fenced from now on. Returns the epoch."""
+    epoch = current(checkpoint_dir) + 1
+    body = json.dumps({"epoch": epoch, "owner": owner, "ts": time.time()})
+    if object_store.is_url(checkpoint_dir):
+        object_store.write_bytes(object_store.join(str(checkpoint_dir), FENCE_FILE), body.encode())
+        return epoch
     path = _path(checkpoint_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    epoch = current(checkpoint_dir) + 1
     tmp = path.with_name(f"{FENCE_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"epoch": epoch, "owner": owner, "ts": time.time()}))
+    tmp.write_text(body)
     tmp.replace(path)
     return epoch
 
