@@ -19,19 +19,13 @@ that its rank 0 returns to the supervisor; the peers: the ranks' own ``step`` lo
   after ``REP_KILL`` steps).
 * steady step: the median of the survivors' other gaps, without the first ``START_GAPS`` gaps of the
   run (the job's start: the warm pool importing torch, the first quorum).
-* longest wait (:func:`waited`): the longest stall beyond one steady step of the same system in the
-  same run. The issue defines a stall as "only the time the surviving ranks wait"; a gap between two
-  commits also holds the step's own work, whose length differs between the systems (torchft's steps
-  slept to 0.3 s, Orthoplex's CPU-bound tp=2 step 0.35-0.6 s), so the wait is reported beside each
-  stall, with its own verdict. The goal's verdict stays on the stall: the wait leans on a noisy
-  baseline (a peer run that never gets back to full strength has only the few gaps before the kill
-  for its steady median, slow ones at the job's start: 1.3 s for a 0.5 s step on 2026-12-06). A step
-  with fewer groups, whose survivors compute the lost group's rows (the global batch kept),
-  counts its extra work as wait.
+* stall in own steps: a stall divided by the same run's steady step, so systems whose steps differ
+  in length compare in their own units.
+* common window (:func:`add_common_window`): the longest gap of each system over the same window
+  after the kill (the longest kill -> full strength of the round's runs that got back).
+* longest wait (:func:`waited`): the longest stall beyond one steady step of the same run.
 * longest waiting, measured (``work`` of :func:`stall_window`): over the same window, each gap minus
-  the survivor's own work inside it (its timed forward/backward passes and optimizer steps; a peer's
-  step padding counts as work), the issue's "only the time the surviving ranks wait" taken from the
-  survivors' own timestamps rather than from a steady median.
+  the survivor's own work inside it (its timed forward/backward passes and optimizer steps).
 * steps redone (the worst survivor), kill -> full strength, final loss.
 """
 
@@ -51,10 +45,7 @@ REP_NODES, REP_GPUS, REP_GROUPS, REP_TP, REP_STEPS, REP_KILL, GLOBAL_BATCH = 4, 
 #: so a lost group's 4 rows still split 2 and 2 over the survivors)
 REP_MICRO_BATCH = 4
 START_GAPS = 2  # gaps to steps 1 and 2 (0-based): the job's start, excluded from the steady median
-#: the later torchft runs' lighthouse heartbeat timeout (torchft's stall waits for it; Ray Train's default is
-#: 2 s): 0.5 s, the shortest a live group's heartbeat survived on this loaded host (docs/runtime.md)
-TORCHFT_FAST_HEARTBEAT_MS = 500
-PEER_STEPS, PEER_STEPS_QUICK = 60, 50  # 30 was too few: torchft's replacement had not joined (2026-12-03)
+PEER_STEPS, PEER_STEPS_QUICK = 60, 50  # and on until back at full strength (bench.recovery_peers)
 
 
 def waited(stall_s: float | None, steady_step_s: float | None) -> float | None:
@@ -80,7 +71,7 @@ def stall_window(step_ts: dict[str, list[list[float]]], kill_ts: float, full_ts:
     end of the run (``stall_open``; with no ``end_ts``, ``stall_s`` is None: unbounded).
 
     ``work``: per survivor, the ``[start, end]`` of its own work (forward/backward passes, optimizer
-    steps, a peer's step padding); then ``waiting_s`` is the longest time a survivor spent waiting
+    steps); then ``waiting_s`` is the longest time a survivor spent waiting
     between two commits in the same window (a gap minus the survivor's work inside it: quorums,
     reductions, failure detection, a replacement's heal, the supervisor's round trip)."""
     end = float("inf") if full_ts is None else full_ts
