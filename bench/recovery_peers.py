@@ -100,6 +100,7 @@ class _Run:
         self.kill_at, self.kill_group = config["kill_at"], config["kill_group"]
         self.marker = Path(config["log"] + ".killed")
         self.done = Path(config["log"] + ".done")  # a survivor finished: a late replacement stops
+        self.kill = str(config.get("kill", "node"))  # "node": the node's raylet; "process": this process
         self.settle, self.max_steps = int(config.get("settle_steps", 0)), int(config.get("max_steps", self.cfg.steps))
         self.degraded = False  # a step after the fault ran without every group
         self.full_at: int | None = None  # the first step after that with every group in it
@@ -158,6 +159,8 @@ class _Run:
 
             self.marker.touch()
             self.note("fault", step=step)
+            if self.kill == "process":  # torchft used directly: the group's process crashes
+                os.kill(os.getpid(), signal.SIGKILL)
             _kill_own_node()
 
     def forward_backward(self, step: int) -> Any:
@@ -221,9 +224,16 @@ def _torchft_train_fn(config: dict[str, Any]) -> None:
         timeout=timeout, quorum_timeout=timeout,
         checkpoint_transport=PGTransport(pg, timeout=timeout, device=torch.device("cpu")),
     )
+    torchft_loop(run, manager, config["timeout_s"])
+
+
+def torchft_loop(run: _Run, manager: Any, timeout_s: float) -> None:
+    """The torchft peers' training loop, the same for Ray Train's workers and plain processes: per
+    step a quorum, this group's rows forward and backward, the fault hook, the cross-group average,
+    ``should_commit``, the optimizer step; until :meth:`_Run.keep_going` says stop."""
     run.note("manager_up", step=manager.current_step())
     if not run.marker.exists():
-        run.wait_for_all("manager_up", timeout_s=config["timeout_s"])
+        run.wait_for_all("manager_up", timeout_s=timeout_s)
     while run.keep_going(manager.current_step()):
         step = manager.current_step()
         manager.start_quorum()
@@ -325,7 +335,8 @@ def summarize(rows: list[dict[str, Any]], kind: str, groups: int, kill_group: in
             attempts[r["step"]] = attempts.get(r["step"], 0) + 1
     repeated = sorted(st for st, n in attempts.items() if n > len(survivors))
     return {
-        "system": {"torchft": "Ray Train + torchft (replica groups)", "restart": "Ray Train restart"}[kind],
+        "system": {"torchft": "Ray Train + torchft (replica groups)", "restart": "Ray Train restart",
+                   "torchft-direct": "torchft Manager, plain processes"}[kind],
         "kind": kind,
         "stall_s": round(stall, 3),
         "steady_step_s": round(statistics.median(intervals), 3) if intervals else None,

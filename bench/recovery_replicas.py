@@ -208,10 +208,17 @@ def stall_breakdown(groups: dict[str, Any], survivors: list[str], dropped: list[
 
 
 def _peer(kind: str, cluster: Any, work: Path, quick: bool, **kw: Any) -> dict[str, Any]:
+    """A peer run (``torchft``, ``restart``: Ray Train; ``torchft-direct``: torchft's Manager in plain
+    processes, no Ray) on the compare's failure, its numbers in the compare's windows."""
     from bench.recovery_peers import run_peer
+    from bench.recovery_torchft import KIND, run_direct
 
-    out = run_peer(kind, steps=PEER_STEPS_QUICK if quick else PEER_STEPS, kill_at=REP_KILL,  # type: ignore[arg-type]
-                   cluster=cluster, work=work, gpus_per_group=REP_GPUS, **kw)
+    steps = PEER_STEPS_QUICK if quick else PEER_STEPS
+    if kind == KIND:
+        out = run_direct(steps=steps, kill_at=REP_KILL, work=work / "direct", **kw)
+    else:
+        out = run_peer(kind, steps=steps, kill_at=REP_KILL,  # type: ignore[arg-type]
+                       cluster=cluster, work=work, gpus_per_group=REP_GPUS, **kw)
     out["stall_s_whole_run_after_kill"] = out["stall_s"]  # summarize's own (unbounded) window, for reference
     out["steps_redone_whole_run"] = out["steps_redone"]  # with attempts redone before the kill (load, start)
     out["steps_redone"] = out["steps_redone_after_fault"]
@@ -229,8 +236,9 @@ def _rel_diff(run: dict[str, Any], ref: dict[str, Any]) -> float:
 
 
 FAULT_RUNS = ("tp2-fault", "tp1-fault")
-#: the peers of a compare round (torchft: Ray Train + ``TorchftConfig``; restart: Ray Train's restart)
-PEER_RUNS = ("torchft", "restart")
+#: the peers of a compare round (torchft: Ray Train + ``TorchftConfig``; torchft-direct: torchft's Manager
+#: in plain processes, as TorchTitan's fault-tolerance mode; restart: Ray Train's restart)
+PEER_RUNS = ("torchft", "torchft-direct", "restart")
 
 
 def _round(cluster: Any, work: Path, quick: bool) -> dict[str, dict[str, Any]]:
@@ -244,7 +252,12 @@ def _round(cluster: Any, work: Path, quick: bool) -> dict[str, dict[str, Any]]:
         runs[tag] = _replica_run(tag, work, tp=tp, fault=fault)
         cluster.restore()
     for kind in PEER_RUNS:
-        runs[kind] = _peer(kind, cluster, work, quick)
+        try:
+            runs[kind] = _peer(kind, cluster, work, quick)
+        except Exception as exc:  # a peer that fails to run at all is an invalid comparison, not a crash
+            runs[kind] = {"system": kind, "failed": repr(exc)[:500], "fit_hung": True, "stall_s": None,
+                          "steady_step_s": None, "steps_redone": 0, "full_strength_s": None, "final_loss": float("nan"),
+                          "steps": 0}
         cluster.restore()
     for tp in (1, 2):
         if f"tp{tp}-clean" in runs:
@@ -291,6 +304,8 @@ def rounds_of(r: dict[str, Any]) -> list[dict[str, Any]]:
 def peer_problem(peer: dict[str, Any]) -> str | None:
     """Why a peer run cannot be compared with (None: it can): its ``fit()`` hung, its survivors never
     stepped again, or it never got back to full strength. Such a run makes the comparison invalid."""
+    if peer.get("failed"):
+        return "the run failed"
     if peer.get("fit_hung"):
         return "fit() hung"
     if peer.get("stall_open"):
@@ -476,6 +491,9 @@ def compare_markdown(r: dict[str, Any]) -> str:
               f"excluded). Waiting: each gap minus the survivor's own work inside it. The peers train the same tiny "
               f"model, global batch {GLOBAL_BATCH}, engine optimizer and data with their own plain-torch loop, with no "
               "step padding; Ray Train's `TorchftConfig` makes each worker its own replica group (1 process, whole model), "
+              "and torchft used directly (`torchft-direct`: its `Manager` and lighthouse in plain processes, as TorchTitan's "
+              "fault-tolerance mode runs it; its group's process is killed instead of its node, and the driver starts a "
+              "replacement process at once), "
               "Orthoplex tp=2 runs 2 ranks per group, tp=1 one. The killed group's node dies in its step "
               f"{REP_KILL} after the backward pass, before the cross-group reduction, in all systems."]
     if r.get("quick"):

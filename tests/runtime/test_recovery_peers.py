@@ -164,3 +164,19 @@ def test_fit_with_deadline_interrupts_a_hung_fit_and_leaves_a_quick_one_alone() 
         assert len(interrupts) == 2  # no stray SIGINT after a fit that returned
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(600)
+def test_torchft_used_directly_replaces_a_lost_group_in_plain_processes(tmp_path) -> None:
+    """The second torchft peer (bench/recovery_torchft.py): torchft's Manager and lighthouse in plain
+    processes, the last group's process killed mid-step, a replacement process healed from a survivor;
+    the run ends by itself, back at full strength, with the survivors' stall measured."""
+    from bench.recovery_torchft import run_direct
+
+    out = run_direct(steps=30, kill_at=4, work=tmp_path, deadline_s=420.0)
+    assert not out["fit_hung"], out
+    assert out["degraded_steps"], "the survivors never committed a step without the lost group"
+    assert out["full_strength_s"] is not None, f"never back at {GROUPS} groups: {out}"
+    assert out["last_step"] >= 29 and all(math.isfinite(x) for x in out["losses"])
+    assert out["stall_s"] > 0 and out["system"] == "torchft Manager, plain processes"
