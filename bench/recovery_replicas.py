@@ -464,6 +464,8 @@ def compare_markdown(r: dict[str, Any]) -> str:
                      f"{_med(x, 'stall_steps', '.1f')} | {_med(x, 'stall_window_s')} | {_med(x, 'stall_window_steps', '.1f')} | "
                      f"{_med(x, 'steady_step_s', '.3f')} | {_med(x, 'waiting_s')} | {_med(x, 'full_strength_s')} | "
                      f"{_med(x, 'steps_redone', '.0f')} |")
+    padded = sorted({x["min_step_s"] for rd in rounds for x in rd["runs"].values() if x.get("min_step_s")})
+    direct = any("torchft-direct" in rd["runs"] for rd in rounds)
     lines += ["", "Verdict, Orthoplex tp=2 at least as good (median stall over the common window, median steps redone): "
               + "; ".join(f"against {k}: **{m[f'verdict_tp2_vs_{k}']}**" for k in PEER_RUNS if f"verdict_tp2_vs_{k}" in m)
               + ".", "",
@@ -489,18 +491,35 @@ def compare_markdown(r: dict[str, Any]) -> str:
               "the same for every system of the round; its stall is the longest gap in it. Own steps: a stall divided "
               "by the system's steady median step of the same run (the first gaps of the run and the stall window "
               f"excluded). Waiting: each gap minus the survivor's own work inside it. The peers train the same tiny "
-              f"model, global batch {GLOBAL_BATCH}, engine optimizer and data with their own plain-torch loop, with no "
-              "step padding; Ray Train's `TorchftConfig` makes each worker its own replica group (1 process, whole model), "
-              "and torchft used directly (`torchft-direct`: its `Manager` and lighthouse in plain processes, as TorchTitan's "
-              "fault-tolerance mode runs it; its group's process is killed instead of its node, and the driver starts a "
-              "replacement process at once), "
-              "Orthoplex tp=2 runs 2 ranks per group, tp=1 one. The killed group's node dies in its step "
+              f"model, global batch {GLOBAL_BATCH}, engine optimizer and data with their own plain-torch loop, "
+              + (f"**every peer step padded by sleeping to {' or '.join(f'{p:g}' for p in padded)} s** (the harness before issue 37: the peers' stall "
+                 "in seconds then holds about two padded steps by construction; compare the stalls in own steps); "
+                 if padded else "with no step padding; ")
+              + "Ray Train's `TorchftConfig` makes each worker its own replica group (1 process, whole model), "
+              + ("and torchft used directly (`torchft-direct`: its `Manager` and lighthouse in plain processes, as "
+                 "TorchTitan's fault-tolerance mode runs it; its group's process is killed instead of its node, and the "
+                 "driver starts a replacement process at once), " if direct else "")
+              + "Orthoplex tp=2 runs 2 ranks per group, tp=1 one. The killed group's node dies in its step "
               f"{REP_KILL} after the backward pass, before the cross-group reduction, in all systems."]
+    lines += [hang_note(i, x) for i, rd in enumerate(rounds, 1) for x in rd["runs"].values() if x.get("fit_hung")]
     if r.get("quick"):
         lines += ["", f"_Quick mode: no tp=1 no-fault run, peers {PEER_STEPS_QUICK} steps._"]
     lines += ["", goals_markdown(rounds[-1]), "",
               f"_Host load average (1 min) at the start and after each round: {r.get('load_average_1min')}._"]
     return "\n".join(lines)
+
+
+def hang_note(i: int, x: dict[str, Any]) -> str:
+    """What a hung peer run hung on, from its diagnosis at the deadline (``bench.recovery_peers``)."""
+    d = x.get("hang_diagnosis") or {}
+    stuck = [pg for pg in d.get("placement_groups", []) if pg.get("state") not in ("CREATED", "REMOVED")]
+    held = (x.get("gpus_free") or {}).get("gpus_held")
+    what = (f"{len(stuck)} placement group(s) not placed ({', '.join(sorted({str(pg.get('state')) for pg in stuck}))}): "
+            "Ray Train replaces a lost replica group at the same placement-group slot and waits for it forever when "
+            "no alive node can take it (`bench/torchft_hang_repro.py`)" if stuck else
+            "no placement group waiting" if d else "not diagnosed (a run before the diagnosis)")
+    return (f"\n_Round {i}, {x['system']}: hung ({x.get('failed') or 'ended at the deadline'}); {what}; GPUs held "
+            f"by others before it started: {'-' if held is None else held}._")
 
 
 def goals_markdown(rd: dict[str, Any]) -> str:
