@@ -119,8 +119,10 @@ class _Run:
         """Record a committed step's quorum for :meth:`keep_going`: a step after the fault without
         every group (or this group's own healing step, for a replacement), then the first step with
         every group computing (``full_at``), the same step for every group of that quorum."""
-        if healing or (self.marker.exists() and participants < self.groups):
-            self.degraded = True  # a replacement's healing step says so too: it stops with the survivors
+        if self.marker.exists() and (healing or participants < self.groups):
+            # after the fault only (groups heal at step 0 too); a replacement's healing step counts, so it
+            # stops with the survivors
+            self.degraded = True
         elif self.degraded and participants >= self.groups and not healing and self.full_at is None:
             self.full_at = step
 

@@ -96,7 +96,8 @@ def test_the_unpadded_peer_runs_on_until_back_at_full_strength_for_its_settle_st
                 "kill_group": GROUPS - 1, "settle_steps": 2, "max_steps": 10}, 0, GROUPS)
     for step in range(4):
         assert run.keep_going(step)
-        run.saw(step, GROUPS, False)
+        run.saw(step, GROUPS, step == 0)  # groups heal at step 0 (from the first group): not the fault's
+    assert not run.degraded
     run.marker.touch()  # the fault happened (the killed group's marker)
     run.saw(4, GROUPS - 1, False)
     # past ``steps`` (4) and not yet back at full strength: on
@@ -108,6 +109,7 @@ def test_the_unpadded_peer_runs_on_until_back_at_full_strength_for_its_settle_st
     assert not run.keep_going(10)
     late = _Run({"train": _train_config(4, tmp_path, "t"), "log": str(tmp_path / "log"), "kill_at": 2,
                  "kill_group": GROUPS - 1, "settle_steps": 2, "max_steps": 10}, 2, GROUPS)
+    late.marker.touch()
     late.saw(6, GROUPS, True)  # a replacement heals at step 6 and is in at 7: it stops with the survivors
     late.saw(7, GROUPS, False)
     assert late.full_at == 7 and late.keep_going(8) and not late.keep_going(9)
