@@ -82,6 +82,7 @@ def run_direct(steps: int = STEPS, kill_at: int = KILL_AT, work: Path | None = N
 
     if not 0 < kill_at < steps:
         raise ValueError(f"kill_at must be in 1..steps-1, got {kill_at} for {steps} steps")
+    os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse (in this process) logs every quorum at info
     tmp = work is None
     work = Path(tempfile.mkdtemp(prefix="orthoplex-peer-direct-")) if work is None else work
     work.mkdir(parents=True, exist_ok=True)

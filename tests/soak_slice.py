@@ -35,7 +35,7 @@ ESTIMATED_S = {
     "tests/runtime/test_elastic_cluster.py::test_node_loss_replans_onto_8_gpus_and_matches_the_no_failure_loss": 300.0,
     "tests/runtime/test_elastic_cluster.py::test_straggler_jitter_grow_and_hang_in_one_job": 420.0,
     "tests/runtime/test_recovery_peers.py::test_torchft_peer_replaces_a_lost_replica_group": 150.0,
-    "tests/runtime/test_recovery_peers.py::test_torchft_used_directly_replaces_a_lost_group_in_plain_processes": 90.0,
+    "tests/runtime/test_recovery_peers.py::test_torchft_used_directly_replaces_a_lost_group_in_plain_processes": 60.0,
 }
 
 
