@@ -412,7 +412,7 @@ def compare_summary(r: dict[str, Any]) -> dict[str, Any]:
     """The history row of a compare: medians of tp=2's and torchft's stall in seconds and in their own
     steps over the common window, and the verdict."""
     m = r.get("medians") or medians(r)
-    tp2, ft = m.get("tp2-fault", {}), m.get("torchft", {})
+    tp2, ft, direct = m.get("tp2-fault", {}), m.get("torchft", {}), m.get("torchft-direct", {})
 
     def med(x: dict[str, Any], v: str) -> float | None:
         return (x.get(v) or {}).get("median")
@@ -420,7 +420,11 @@ def compare_summary(r: dict[str, Any]) -> dict[str, Any]:
     return {"rounds": len(rounds_of(r)), "tp2 stall s": med(tp2, "stall_s"), "tp2 stall steps": med(tp2, "stall_steps"),
             "tp2 step s": med(tp2, "steady_step_s"), "torchft stall s": med(ft, "stall_s"),
             "torchft stall steps": med(ft, "stall_steps"), "torchft step s": med(ft, "steady_step_s"),
-            "torchft runs invalid": len(ft.get("invalid", [])), "tp2 vs torchft": m.get("verdict_tp2_vs_torchft")}
+            "torchft runs invalid": len(ft.get("invalid", [])), "tp2 vs torchft": m.get("verdict_tp2_vs_torchft"),
+            **({} if not direct.get("runs") else {
+                "torchft-direct stall s": med(direct, "stall_s"), "torchft-direct stall steps": med(direct, "stall_steps"),
+                "torchft-direct runs invalid": len(direct.get("invalid", [])),
+                "tp2 vs torchft-direct": m.get("verdict_tp2_vs_torchft-direct")})}
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
