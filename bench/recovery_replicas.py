@@ -22,7 +22,7 @@ that its rank 0 returns to the supervisor; the peers: the ranks' own ``step`` lo
 * stall in own steps: a stall divided by the same run's steady step, so systems whose steps differ
   in length compare in their own units.
 * common window (:func:`add_common_window`): the longest gap of each system over the same window
-  after the kill (the longest kill -> full strength of the round's runs that got back).
+  after the kill (the longest kill -> full strength of the round's replica-group runs that got back).
 * longest wait (:func:`waited`): the longest stall beyond one steady step of the same run.
 * longest waiting, measured (``work`` of :func:`stall_window`): over the same window, each gap minus
   the survivor's own work inside it (its timed forward/backward passes and optimizer steps).
@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import socket
 import statistics
 import tempfile
 from pathlib import Path
@@ -241,16 +242,52 @@ FAULT_RUNS = ("tp2-fault", "tp1-fault")
 PEER_RUNS = ("torchft", "torchft-direct", "restart")
 
 
+def settle(cluster: Any, timeout_s: float = 90.0) -> dict[str, Any]:
+    """Back to ``cluster.nodes`` live worker nodes before the next run, the GCS agreeing. A node killed
+    in the last run can still count as alive for a few seconds, and ``restore()`` then adds no node in
+    its place: the next run starts without its spare node (seen 2026-12-07: Ray Train + torchft's lost
+    group then had nowhere to go and its ``fit()`` hung; the restart peer never killed a node). So:
+    restore, then wait until the GCS counts exactly ``cluster.nodes`` alive nodes with GPUs, none of
+    them with a raylet that refuses connections, and every GPU free, restoring again meanwhile."""
+    import time
+
+    import ray
+
+    def raylet_gone(n: dict[str, Any]) -> bool:  # a killed raylet refuses connections at once
+        try:
+            socket.create_connection((n["NodeManagerAddress"], n["NodeManagerPort"]), timeout=1.0).close()
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+        return False
+
+    t0 = time.monotonic()
+    while True:
+        cluster.restore()
+        alive = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU")]
+        stale = [n for n in alive if raylet_gone(n)]  # dead, the GCS not told yet: wait, then restore
+        free = ray.available_resources().get("GPU", 0.0)
+        total = sum(n["Resources"]["GPU"] for n in alive)
+        if not stale and len(alive) == cluster.nodes and free >= total:
+            return {"settle_s": round(time.monotonic() - t0, 2), "nodes": len(alive)}
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"the cluster did not settle in {timeout_s:.0f} s: {len(alive)} GPU nodes alive "
+                               f"(want {cluster.nodes}), {free} of {total} GPUs free")
+        time.sleep(0.5)
+
+
 def _round(cluster: Any, work: Path, quick: bool) -> dict[str, dict[str, Any]]:
     """One round: Orthoplex tp=2 and tp=1 (each with a no-fault reference run unless ``quick`` drops
     tp=1's), then the peers, on the same cluster and failure; the common stall window added."""
+    settle(cluster)
     runs: dict[str, dict[str, Any]] = {}
     plan: list[tuple[str, int, bool]] = [("tp2-clean", 2, False), ("tp2-fault", 2, True)]
     plan += [] if quick else [("tp1-clean", 1, False)]
     plan += [("tp1-fault", 1, True)]
     for tag, tp, fault in plan:
         runs[tag] = _replica_run(tag, work, tp=tp, fault=fault)
-        cluster.restore()
+        settle(cluster)
     for kind in PEER_RUNS:
         try:
             runs[kind] = _peer(kind, cluster, work, quick)
@@ -258,7 +295,7 @@ def _round(cluster: Any, work: Path, quick: bool) -> dict[str, dict[str, Any]]:
             runs[kind] = {"system": kind, "failed": repr(exc)[:500], "fit_hung": True, "stall_s": None,
                           "steady_step_s": None, "steps_redone": 0, "full_strength_s": None, "final_loss": float("nan"),
                           "steps": 0}
-        cluster.restore()
+        settle(cluster)
     for tp in (1, 2):
         if f"tp{tp}-clean" in runs:
             runs[f"tp{tp}-fault"]["max_rel_loss_diff_vs_no_fault"] = _rel_diff(runs[f"tp{tp}-fault"], runs[f"tp{tp}-clean"])
@@ -323,9 +360,10 @@ def stall_steps(x: dict[str, Any], value: str = "stall_s") -> float | None:
 
 def add_common_window(runs: dict[str, dict[str, Any]]) -> None:
     """The same window for every fault run of a round: from the kill to the kill plus the longest
-    kill -> full strength of the round's runs that got back (``window_s``); each run's longest
+    kill -> full strength of the round's replica-group runs that got back (``window_s``: the
+    restart peer's tens of seconds would make it the whole run); each run's longest
     survivor gap in it (``stall_window_s``) and that in its own steady steps (``stall_window_steps``)."""
-    back = [x["full_strength_s"] for k, x in runs.items() if k not in ("tp2-clean", "tp1-clean")
+    back = [x["full_strength_s"] for k, x in runs.items() if k not in ("tp2-clean", "tp1-clean", "restart")
             and x.get("full_strength_s") is not None]
     if not back:
         return
@@ -491,7 +529,7 @@ def compare_markdown(r: dict[str, Any]) -> str:
     lines += ["", "How each number is taken, the same for every system: from the surviving groups' own per-step commit "
               "timestamps. Stall: the longest gap between two consecutive commits of a survivor that ends after the "
               "kill and starts before the job is back at full strength (the end of the run if never). Common window: "
-              "from the kill to the kill plus the longest kill -> full strength of the round's runs that got back, "
+              "from the kill to the kill plus the longest kill -> full strength of the round's replica-group runs that got back, "
               "the same for every system of the round; its stall is the longest gap in it. Own steps: a stall divided "
               "by the system's steady median step of the same run (the first gaps of the run and the stall window "
               f"excluded). Waiting: each gap minus the survivor's own work inside it. The peers train the same tiny "
