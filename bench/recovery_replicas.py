@@ -558,7 +558,8 @@ def hang_note(i: int, x: dict[str, Any]) -> str:
     held = (x.get("gpus_free") or {}).get("gpus_held")
     what = (f"{len(stuck)} placement group(s) not placed ({', '.join(sorted({str(pg.get('state')) for pg in stuck}))}): "
             "Ray Train replaces a lost replica group at the same placement-group slot and waits for it forever when "
-            "no alive node can take it (`bench/torchft_hang_repro.py`)" if stuck else
+            "no alive node can take it (`bench/torchft_hang_repro.py`; runs before the harness settled the cluster "
+            "could start without a spare node)" if stuck else
             "no placement group waiting" if d else "not diagnosed (a run before the diagnosis)")
     return (f"\n_Round {i}, {x['system']}: hung ({x.get('failed') or 'ended at the deadline'}); {what}; GPUs held "
             f"by others before it started: {'-' if held is None else held}._")

@@ -4,16 +4,20 @@ group's placement-group bundle cannot be placed again (Ray 2.60, torchft 0.2.0).
 Ray Train replaces a failed replica group *at the same placement-group slots*
 (``WorkerGroup.replace_replica_group``): the bundle on the dead node goes RESCHEDULING and the
 controller waits, inside its loop, for the new worker to start. When no alive node can host the
-bundle (here: the spare node's GPUs are held by another placement group, as a leftover of an earlier
-job would hold them), the replacement never starts, the surviving groups finish their steps, and
-``fit()`` blocks forever: no timeout, no error. This script holds the spare node's GPUs, runs the
-benchmark's torchft peer with a deadline, and prints what the cluster looked like at the deadline
-(the trainer's placement group RESCHEDULING, one bundle on no node).
+bundle (here: the spare node's GPUs are held by another placement group), the replacement never
+starts, the surviving groups finish their steps, and ``fit()`` blocks forever: no timeout, no error.
+This script holds the spare node's GPUs, runs the benchmark's torchft peer with a deadline, and
+prints what the cluster looked like at the deadline (the trainer's placement group RESCHEDULING, one
+bundle on no node).
 
 ``python -m bench.torchft_hang_repro [--free]`` (``--free``: the same without the held GPUs, which
-recovers). Ray's side, not ours: a placement group that cannot be rescheduled should fail the run or
-fall back to a smaller one, not wait forever. The benchmark's side: ``bench.recovery_peers.run_peer``
-waits until no GPU is held before ``fit()`` and reports a hung run as invalid with this diagnosis.
+recovers). What was ours and what is Ray's: in the recovery compare runs the hang came from our
+harness, which started a peer run before the GCS had marked the node killed in the run before dead,
+so no spare node was restored and the lost group had nowhere to go (the diagnosis of 2026-12-07
+09:07: 2 worker nodes alive, the bundle RESCHEDULING); ``bench.recovery_replicas.settle`` now waits
+for a settled cluster before every run. Ray's part: a replica group that cannot be placed again
+makes ``fit()`` wait forever instead of failing or going on with fewer groups; the benchmark ends
+such a run at a deadline and reports it as invalid, with this diagnosis.
 """
 
 from __future__ import annotations
