@@ -476,6 +476,10 @@ def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster
     work = Path(tempfile.mkdtemp(prefix=f"orthoplex-peer-{kind}-")) if work is None else work
     log = work / f"{kind}.jsonl"
     log.unlink(missing_ok=True)
+    # a run before in the same folder (the compare's rounds) leaves Ray Train's run and checkpoints:
+    # the restart peer would resume from its last checkpoint, past every step, and never fault
+    shutil.rmtree(work / "ray_results" / f"peer-{kind}", ignore_errors=True)
+    shutil.rmtree(work / f"ckpt-{kind}", ignore_errors=True)
     for marker in (".killed", ".done"):
         Path(str(log) + marker).unlink(missing_ok=True)
     config = {"train": _train_config(steps, work, kind), "log": str(log), "kill_at": kill_at,
