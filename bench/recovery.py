@@ -455,36 +455,84 @@ def _goals_markdown(samples: list[dict[str, Any]]) -> str:
         f"{blocked} | {overhead_verdict(ov)} |", *injob_row])
 
 
-def _carried_baseline(path: Path | None = None) -> dict[str, Any]:
-    """The restart rows of the last run that measured them (``baseline`` not rerun): the goodput
-    simulator is calibrated on them (service/failure_sim/recovery.py ``MEASURED``), so a partial run
-    keeps them, saying which run they come from."""
+PARTS = ("baseline", "compare", "replan")
+
+
+def _carried(parts: list[str], path: Path | None = None) -> dict[str, Any]:
+    """The parts not rerun, from the last results file (``carried``: part -> the run it comes from).
+    The goodput simulator is calibrated on the baseline rows (service/failure_sim/recovery.py ``MEASURED``),
+    so a partial run keeps them, and the other parts, saying which run they come from."""
     from bench.common import RESULTS_DIR
 
     path = path or RESULTS_DIR / "recovery.json"
     if not path.exists():
         return {}
     before = json.loads(path.read_text())
-    if "rows" not in before:
-        return {}
-    since = before.get("baseline_rows_from") or f"the run finished {before.get('finished_at', '?')} (not rerun)"
-    return {"rows": before["rows"], "ratio_raytrain_over_ours": before.get("ratio_raytrain_over_ours"),
-            "baseline_rows_from": since}
+    out: dict[str, Any] = {}
+    carried = dict(before.get("carried") or {})
+    keys = {"baseline": ("rows", "ratio_raytrain_over_ours"), "compare": ("compare",), "replan": ("replan",)}
+    for part in PARTS:
+        if part in parts or keys[part][0] not in before:
+            continue
+        out.update({k: before.get(k) for k in keys[part]})
+        out.setdefault("carried", {})[part] = carried.get(part) or before.get("finished_at", "?")
+    return out
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+def render_markdown(result: dict[str, Any]) -> str:
+    """The recovery results' tables, rendered from ``result``'s data (``bench.render``)."""
+    from bench.recovery_replicas import compare_markdown
+
+    carried = result.get("carried") or {}
+
+    def since(part: str) -> list[str]:
+        return [f"_Not rerun in this run: from the run finished {carried[part]}._"] if part in carried else []
+
+    md: list[str] = []
+    if result.get("rows"):
+        md += [_markdown(result["rows"], result["ratio_raytrain_over_ours"]), *since("baseline")]
+    if result.get("compare"):
+        md += [compare_markdown(result["compare"]), *since("compare")]
+    if result.get("replan"):
+        md += [_replan_markdown(result["replan"]), _goals_markdown([result["replan"]]), *since("replan")]
+    return "\n\n".join(md)
+
+
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The history row of a recovery run: the parts it ran (not the carried ones), headline numbers."""
+    from bench.recovery_replicas import compare_summary
+
+    carried = result.get("carried") or {}
+    out: dict[str, Any] = {"parts": ",".join(p for p in PARTS if p not in carried and
+                                             result.get({"baseline": "rows"}.get(p, p)))}
+    if result.get("rows") and "baseline" not in carried:
+        out["restart / ours"] = result.get("ratio_raytrain_over_ours")
+    if result.get("compare") and "compare" not in carried:
+        out.update(compare_summary(result["compare"]))
+    if result.get("replan") and "replan" not in carried:
+        r = result["replan"]
+        out["replan memory s"] = r["runs"]["memory"]["node_lost_to_resumed_s"]
+        out["replan storage s"] = r["runs"]["storage"]["node_lost_to_resumed_s"]
+        out["snapshot overhead"] = r.get("snapshot_overhead_median", r.get("snapshot_overhead"))
+    return out
+
+
+def run(quick: bool = False, parts: list[str] | None = None, repeat: int = 1) -> dict[str, Any]:
     """Both systems, same workload and failure, one invocation; ``quick`` skips the tuned Ray Train run.
-    Then replica groups (``compare``, also ``replicas``: Orthoplex tp=2 and tp=1 replica groups, Ray Train
-    + torchft and Ray Train restart, same cluster and failure, see ``bench.recovery_replicas``) and the
-    re-plan path (memory vs storage) on the issue's 3 x 4 cluster (``RECOVERY_PARTS=compare`` or
-    ``replan``: that part alone)."""
+    Then replica groups (``compare``: Orthoplex tp=2 and tp=1 replica groups, Ray Train + torchft and Ray
+    Train restart, same cluster and failure, ``repeat`` times, see ``bench.recovery_replicas``) and the
+    re-plan path (memory vs storage) on the issue's 3 x 4 cluster. ``parts`` (default: all, or
+    ``RECOVERY_PARTS``): the parts to run; the others are carried from the last results file."""
     from workers.testbed.local_cluster import InProcessCluster
 
-    parts = os.environ.get("RECOVERY_PARTS", "baseline,compare,replan").split(",")
+    parts = parts or os.environ.get("RECOVERY_PARTS", ",".join(PARTS)).split(",")
+    parts = ["compare" if p == "replicas" else p for p in parts]  # ``replicas``: the old name of compare
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise ValueError(f"unknown recovery part(s) {unknown}; choose from {', '.join(PARTS)}")
     steps = 8 if quick else 12
     rows: list[dict[str, Any]] = []
-    out: dict[str, Any] = {"name": "recovery"}
-    md: list[str] = []
+    out: dict[str, Any] = {"name": "recovery", "quick": quick, "parts": parts, **_carried(parts)}
     if "baseline" in parts:
         work = Path(tempfile.mkdtemp(prefix="orthoplex-bench-recovery-"))
         cluster = InProcessCluster(nodes=NODES, gpus_per_node=GPUS_PER_NODE).start()
@@ -500,19 +548,12 @@ def run(quick: bool = False) -> dict[str, Any]:
             shutil.rmtree(work, ignore_errors=True)
         ratio = rows[1]["total_s"] / rows[0]["total_s"]
         out.update({"rows": rows, "ratio_raytrain_over_ours": round(ratio, 2)})
-        md.append(_markdown(rows, ratio))
-    else:
-        out.update(_carried_baseline())
-    if "compare" in parts or "replicas" in parts:  # ``replicas``: the old name of this part
-        from bench.recovery_replicas import compare, compare_markdown
+    if "compare" in parts:
+        from bench.recovery_replicas import compare
 
-        out["compare"] = compare(quick)
-        md.append(compare_markdown(out["compare"]))
+        out["compare"] = compare(quick, repeat=repeat)
     if "replan" in parts:
         out["replan"] = _replan(quick)
-        md.append(_replan_markdown(out["replan"]))
-        md.append(_goals_markdown([out["replan"]]))
-    out["markdown"] = "\n\n".join(md)
     return out
 
 
@@ -520,5 +561,5 @@ if __name__ == "__main__":
     from bench.common import write_result
 
     out = run(quick=bool(os.environ.get("QUICK")))
-    print(out["markdown"])
+    print(render_markdown(out))
     write_result(out)

@@ -56,10 +56,11 @@ from typing import Any, Literal
 
 NODES, GPUS_PER_NODE, GROUPS, GPUS_PER_GROUP = 4, 2, 3, 2
 GLOBAL_BATCH, KILL_AT, SAVE_EVERY = 12, 6, 2
-# The tiny model's step takes ~40 ms here, far less than the seconds a replacement needs to start:
-# unpaced, the survivors finish before the lost group is back. Every step of both peers is padded to
-# MIN_STEP_S (a sleep after the step), standing in for a real step time; stalls include it.
-MIN_STEP_S, STEPS = 0.3, 60
+# No step padding (issue 37: a sleep made the peer's stall about two padded steps by construction).
+# The tiny model's step takes ~40 ms here, far less than the seconds a replacement needs to start, so
+# the torchft peer runs past ``steps`` until it has been back at full strength for SETTLE_STEPS steps
+# (at most MAX_STEPS): the same work per step as Orthoplex's groups, measured in its own steps.
+STEPS, SETTLE_STEPS, MAX_STEPS = 60, 5, 3000
 # torchft's lighthouse: a step's quorum needs 2 of the 3 groups; a replica whose heartbeat is older
 # than HEARTBEAT_TIMEOUT_MS is out (the default 5 s; 2 s here, near Orthoplex's ~1 s heartbeat
 # detection, without dropping live replicas of this loaded 2-core machine).
@@ -99,14 +100,36 @@ class _Run:
         self.kill_at, self.kill_group = config["kill_at"], config["kill_group"]
         self.marker = Path(config["log"] + ".killed")
         self.done = Path(config["log"] + ".done")  # a survivor finished: a late replacement stops
-        self.min_step_s = float(config.get("min_step_s", 0.0))
-        self.pad = str(config.get("pad", "sleep"))  # how a step is padded to min_step_s: "sleep" | "compute"
-        self.t_step = time.perf_counter()
+        self.kill = str(config.get("kill", "node"))  # "node": the node's raylet; "process": this process
+        self.settle, self.max_steps = int(config.get("settle_steps", 0)), int(config.get("max_steps", self.cfg.steps))
+        self.degraded = False  # a step after the fault ran without every group
+        self.full_at: int | None = None  # the first step after that with every group in it
+
+    def keep_going(self, step: int) -> bool:
+        """Train step ``step``? Until ``steps``, then on until the job has been back at full strength
+        for ``settle`` steps (each group decides from the quorums it saw; every group of a quorum saw
+        the same ones), never past ``max_steps``; a survivor that finished stops a late replacement."""
+        if self.done.exists() or step >= self.max_steps:
+            return False
+        if step < self.cfg.steps:
+            return True
+        return self.settle > 0 and (self.full_at is None or step < self.full_at + self.settle)
+
+    def saw(self, step: int, participants: int, healing: bool) -> None:
+        """Record a committed step's quorum for :meth:`keep_going`: a step after the fault without
+        every group (or this group's own healing step, for a replacement), then the first step with
+        every group computing (``full_at``), the same step for every group of that quorum."""
+        if self.marker.exists() and (healing or participants < self.groups):
+            # after the fault only (groups heal at step 0 too); a replacement's healing step counts, so it
+            # stops with the survivors
+            self.degraded = True
+        elif self.degraded and participants >= self.groups and not healing and self.full_at is None:
+            self.full_at = step
 
     @contextlib.contextmanager
     def working(self) -> Any:
-        """Time a piece of this rank's own work (forward/backward, optimizer step, step padding: the
-        pad stands in for a real step's compute); the next log row carries it (``work``)."""
+        """Time a piece of this rank's own work (forward/backward, optimizer step); the next log row
+        carries it (``work``)."""
         t0 = time.time()
         try:
             yield
@@ -123,24 +146,6 @@ class _Run:
                 return
             time.sleep(0.1)
 
-    def compute_pad(self) -> None:
-        """``pad: compute``: spin until the step has taken ``min_step_s``, before the reduction, as a
-        CPU-bound step's own compute would; a sleeping pad (``pace``) lets the failure's detection (a
-        killed process's sockets close only once the kernel has torn it down) happen during it."""
-        if self.pad != "compute":
-            return
-        end, x = self.t_step + self.min_step_s, 1.0001
-        while time.perf_counter() < end:
-            for _ in range(2000):
-                x = x * 1.0000001 + 1e-9
-
-    def pace(self) -> None:
-        """Pad the step that began at the last ``pace()`` to ``min_step_s``."""
-        left = self.min_step_s - (time.perf_counter() - self.t_step)
-        if left > 0:
-            time.sleep(left)
-        self.t_step = time.perf_counter()
-
     def note(self, event: str, **kw: Any) -> None:
         work, self.work = self.work, []
         with self.log.open("a") as f:
@@ -156,6 +161,8 @@ class _Run:
 
             self.marker.touch()
             self.note("fault", step=step)
+            if self.kill == "process":  # torchft used directly: the group's process crashes
+                os.kill(os.getpid(), signal.SIGKILL)
             _kill_own_node()
 
     def forward_backward(self, step: int) -> Any:
@@ -219,16 +226,22 @@ def _torchft_train_fn(config: dict[str, Any]) -> None:
         timeout=timeout, quorum_timeout=timeout,
         checkpoint_transport=PGTransport(pg, timeout=timeout, device=torch.device("cpu")),
     )
+    torchft_loop(run, manager, config["timeout_s"])
+
+
+def torchft_loop(run: _Run, manager: Any, timeout_s: float) -> None:
+    """The torchft peers' training loop, the same for Ray Train's workers and plain processes: per
+    step a quorum, this group's rows forward and backward, the fault hook, the cross-group average,
+    ``should_commit``, the optimizer step; until :meth:`_Run.keep_going` says stop."""
     run.note("manager_up", step=manager.current_step())
     if not run.marker.exists():
-        run.wait_for_all("manager_up", timeout_s=config["timeout_s"])
-    while manager.current_step() < run.cfg.steps and not run.done.exists():
+        run.wait_for_all("manager_up", timeout_s=timeout_s)
+    while run.keep_going(manager.current_step()):
         step = manager.current_step()
         manager.start_quorum()
         with run.working():
             loss = run.forward_backward(step)
             flat = run.flat_grads()
-            run.compute_pad()
         run.maybe_kill(step)  # the step's work done, before the cross-group reduction
         manager.allreduce(flat).wait()  # AVG over the quorum's participating groups
         manager.allreduce(loss).wait()
@@ -240,10 +253,9 @@ def _torchft_train_fn(config: dict[str, Any]) -> None:
                 run.set_grads(flat)
                 run.optimizer_step(step)
             run.note("step", step=step, loss=float(loss.item()), participants=participants, healing=healing)
+            run.saw(step, participants, healing)
         else:
             run.note("abort", step=step, participants=participants)
-        with run.working():
-            run.pace()
     run.note("done", step=manager.current_step())
     run.done.touch()
     manager.shutdown()
@@ -279,8 +291,6 @@ def _restart_train_fn(config: dict[str, Any]) -> None:
             run.set_grads(flat)
             run.optimizer_step(step)
         run.note("step", step=step, loss=float(loss.item()), participants=run.groups)
-        with run.working():
-            run.pace()
         if (step + 1) % config["save_every"] == 0 or step + 1 == run.cfg.steps:
             with tempfile.TemporaryDirectory() as d:
                 if run.group == 0:
@@ -327,7 +337,8 @@ def summarize(rows: list[dict[str, Any]], kind: str, groups: int, kill_group: in
             attempts[r["step"]] = attempts.get(r["step"], 0) + 1
     repeated = sorted(st for st, n in attempts.items() if n > len(survivors))
     return {
-        "system": {"torchft": "Ray Train + torchft (replica groups)", "restart": "Ray Train restart"}[kind],
+        "system": {"torchft": "Ray Train + torchft (replica groups)", "restart": "Ray Train restart",
+                   "torchft-direct": "torchft Manager, plain processes"}[kind],
         "kind": kind,
         "stall_s": round(stall, 3),
         "steady_step_s": round(statistics.median(intervals), 3) if intervals else None,
@@ -367,11 +378,17 @@ def _release_ray_train_actors(sigint: Any) -> None:
         ray.kill(ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator"))
 
 
-def fit_with_deadline(fit: Callable[[], Any], timeout_s: float, grace_s: float = 20.0) -> bool:
+_LAST_DIAGNOSIS: dict[str, Any] = {}
+
+
+def fit_with_deadline(fit: Callable[[], Any], timeout_s: float, grace_s: float = 20.0,
+                      on_deadline: Callable[[], Any] | None = None) -> bool:
     """Run ``fit()`` on this (the main) thread; past ``timeout_s`` interrupt it as Ctrl-C would: SIGINT
     to this thread, whose handler (Ray Train's: the first aborts the run through its controller, the
     third exits) ends it; again every ``grace_s`` until it does. True when ``fit()`` returned by
-    itself; False when it was interrupted (whatever it raised then is swallowed)."""
+    itself; False when it was interrupted (whatever it raised then is swallowed). ``on_deadline``
+    runs on the watchdog's thread at the deadline, before the interrupt (its result:
+    ``_LAST_DIAGNOSIS["value"]``)."""
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("fit_with_deadline must run on the main thread (it interrupts it with SIGINT)")
     done, fired = threading.Event(), threading.Event()
@@ -380,6 +397,11 @@ def fit_with_deadline(fit: Callable[[], Any], timeout_s: float, grace_s: float =
     def watchdog() -> None:
         if done.wait(timeout_s):
             return
+        if on_deadline is not None:  # before the interrupt tears the run down: what it hangs on
+            try:
+                _LAST_DIAGNOSIS["value"] = on_deadline()
+            except Exception as exc:  # a diagnosis must never keep the run from being ended
+                _LAST_DIAGNOSIS["value"] = {"error": repr(exc)}
         fired.set()
         while not done.is_set():
             signal.pthread_kill(main, signal.SIGINT)  # type: ignore[arg-type]
@@ -396,15 +418,44 @@ def fit_with_deadline(fit: Callable[[], Any], timeout_s: float, grace_s: float =
     return not fired.is_set()
 
 
+def wait_for_free_gpus(timeout_s: float = 60.0) -> dict[str, Any]:
+    """Wait until every alive node's GPUs are free (a run before may still hold some: its placement
+    groups and actors go away asynchronously); returns the seconds waited and the GPUs still held."""
+    import ray
+
+    t0 = time.monotonic()
+    held = 0.0
+    while time.monotonic() - t0 < timeout_s:
+        held = ray.cluster_resources().get("GPU", 0.0) - ray.available_resources().get("GPU", 0.0)
+        if held <= 0:
+            break
+        time.sleep(0.5)
+    return {"waited_s": round(time.monotonic() - t0, 2), "gpus_held": held}
+
+
+def hang_diagnosis() -> dict[str, Any]:
+    """What the cluster looks like when ``fit()`` hung: placement groups not placed and where their
+    bundles are, the free GPUs per alive node, and the nodes the GCS still counts alive."""
+    import ray
+    from ray.util import placement_group_table
+
+    pgs = [{"name": v.get("name"), "state": v.get("state"), "bundles_to_node": v.get("bundles_to_node_id"),
+            "bundles": v.get("bundles")} for v in placement_group_table().values() if v.get("state") != "REMOVED"]
+    return {"placement_groups": pgs, "available": ray.available_resources(), "total": ray.cluster_resources(),
+            "alive_nodes": [n["NodeID"] for n in ray.nodes() if n.get("Alive")]}
+
+
 def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster: Any = None,
              work: Path | None = None, timeout_s: float = 30.0,
-             gpus_per_group: int = GPUS_PER_GROUP, min_step_s: float = MIN_STEP_S,
-             heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS, fit_timeout_s: float = 240.0,
-             pad: str = "sleep") -> dict[str, Any]:
+             gpus_per_group: int = GPUS_PER_GROUP, heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS,
+             fit_timeout_s: float = 240.0, settle_steps: int = SETTLE_STEPS,
+             max_steps: int = MAX_STEPS) -> dict[str, Any]:
     """Train ``steps`` steps under the peer ``kind`` on a local cluster, crash the last group's node
-    in step ``kill_at`` (after its backward pass), and return the numbers of :func:`summarize` plus ``wall_s``.
-    Every step takes at least ``min_step_s``: slept after the step (``pad="sleep"``) or spun before
-    the reduction (``pad="compute"``, torchft only: a CPU-bound step of that length).
+    in step ``kill_at`` (after its backward pass), and return the numbers of :func:`summarize` plus
+    ``wall_s``. No step padding; torchft runs on past ``steps`` until back at full strength for
+    ``settle_steps`` steps (at most ``max_steps``). Before ``fit()``, waits until no GPU of the
+    cluster is held (``gpus_free``); a ``fit()`` that hangs is ended and reported with
+    ``fit_hung`` and ``hang_diagnosis``.
 
     ``cluster``: a connected Ray cluster with ``GROUPS + 1`` alive nodes of ``gpus_per_group``
     declared GPUs (one group per node, one spare); ``None`` starts (and shuts down) the benchmark's
@@ -416,8 +467,6 @@ def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster
         raise ValueError(f"kind must be 'torchft' or 'restart', got {kind!r}")
     if not 0 < kill_at < steps:
         raise ValueError(f"kill_at must be in 1..steps-1, got {kill_at} for {steps} steps")
-    if pad not in ("sleep", "compute"):
-        raise ValueError(f"pad must be 'sleep' or 'compute', got {pad!r}")
     own = cluster is None
     if own:
         from workers.testbed.local_cluster import InProcessCluster
@@ -427,11 +476,16 @@ def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster
     work = Path(tempfile.mkdtemp(prefix=f"orthoplex-peer-{kind}-")) if work is None else work
     log = work / f"{kind}.jsonl"
     log.unlink(missing_ok=True)
+    # a run before in the same folder (the compare's rounds) leaves Ray Train's run and checkpoints:
+    # the restart peer would resume from its last checkpoint, past every step, and never fault
+    shutil.rmtree(work / "ray_results" / f"peer-{kind}", ignore_errors=True)
+    shutil.rmtree(work / f"ckpt-{kind}", ignore_errors=True)
     for marker in (".killed", ".done"):
         Path(str(log) + marker).unlink(missing_ok=True)
     config = {"train": _train_config(steps, work, kind), "log": str(log), "kill_at": kill_at,
               "kill_group": GROUPS - 1, "save_every": SAVE_EVERY, "timeout_s": timeout_s,
-              "min_replicas": MIN_REPLICAS, "min_step_s": min_step_s, "pad": pad}
+              "min_replicas": MIN_REPLICAS, "settle_steps": settle_steps if kind == "torchft" else 0,
+              "max_steps": max_steps}
     if kind == "torchft":
         from ray.train.v2.torch.torchft_config import TorchftConfig
 
@@ -449,10 +503,12 @@ def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster
         run_config=RunConfig(storage_path=str(work / "ray_results"), name=f"peer-{kind}",
                              failure_config=FailureConfig(max_failures=3)),
     )
+    free = wait_for_free_gpus()
     t0 = time.time()
     sigint = signal.getsignal(signal.SIGINT)
+    _LAST_DIAGNOSIS.clear()
     try:
-        returned = fit_with_deadline(trainer.fit, fit_timeout_s)
+        returned = fit_with_deadline(trainer.fit, fit_timeout_s, on_deadline=hang_diagnosis)
         wall = time.time() - t0
         rows = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
         out = summarize(rows, kind, GROUPS, GROUPS - 1)
@@ -463,8 +519,10 @@ def run_peer(kind: PeerKind, steps: int = STEPS, kill_at: int = KILL_AT, cluster
             cluster.shutdown()
         if tmp:
             shutil.rmtree(work, ignore_errors=True)
+    if not returned:
+        out["hang_diagnosis"] = _LAST_DIAGNOSIS.get("value")
     return {**out, "wall_s": round(wall, 2), "ended_ts": t0 + wall, "steps": steps, "groups": GROUPS,
-            "global_batch": GLOBAL_BATCH, "min_step_s": min_step_s, "pad": pad,
+            "global_batch": GLOBAL_BATCH, "gpus_free": free, "settle_steps": config["settle_steps"],
             **({"heartbeat_timeout_ms": heartbeat_timeout_ms} if kind == "torchft" else {})}
 
 
@@ -486,8 +544,8 @@ LIMITS = (
     f"Workload: tiny Llama, global batch {GLOBAL_BATCH}, {GROUPS} replica groups (Ray Train workers) "
     f"of {GPUS_PER_GROUP} declared GPUs on a head + {NODES} x {GPUS_PER_NODE}-GPU local Ray cluster, "
     f"CPU torch with gloo on a 2-core machine shared with other work; the node of the last group "
-    f"crashed (raylet SIGKILL) before step {KILL_AT}; every step padded to {MIN_STEP_S} s (the tiny "
-    f"model's step is ~40 ms, shorter than a replacement's start). Limits: Ray 2.60's TorchftConfig makes each "
+    f"crashed (raylet SIGKILL) in step {KILL_AT}; no step padding: torchft runs on until back at full "
+    f"strength for {SETTLE_STEPS} steps (the tiny model's step is ~40 ms, shorter than a replacement's start). Limits: Ray 2.60's TorchftConfig makes each "
     f"worker its own replica group, so a group is one process holding the whole model (no TP inside "
     f"a group). torchft: lighthouse min_replicas {MIN_REPLICAS}, heartbeat timeout "
     f"{HEARTBEAT_TIMEOUT_MS} ms, gloo/PG-transport timeouts 30 s; while a group is missing the "

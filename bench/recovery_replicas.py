@@ -19,19 +19,13 @@ that its rank 0 returns to the supervisor; the peers: the ranks' own ``step`` lo
   after ``REP_KILL`` steps).
 * steady step: the median of the survivors' other gaps, without the first ``START_GAPS`` gaps of the
   run (the job's start: the warm pool importing torch, the first quorum).
-* longest wait (:func:`waited`): the longest stall beyond one steady step of the same system in the
-  same run. The issue defines a stall as "only the time the surviving ranks wait"; a gap between two
-  commits also holds the step's own work, whose length differs between the systems (torchft's steps
-  slept to 0.3 s, Orthoplex's CPU-bound tp=2 step 0.35-0.6 s), so the wait is reported beside each
-  stall, with its own verdict. The goal's verdict stays on the stall: the wait leans on a noisy
-  baseline (a peer run that never gets back to full strength has only the few gaps before the kill
-  for its steady median, slow ones at the job's start: 1.3 s for a 0.5 s step on 2026-12-06). A step
-  with fewer groups, whose survivors compute the lost group's rows (the global batch kept),
-  counts its extra work as wait.
+* stall in own steps: a stall divided by the same run's steady step, so systems whose steps differ
+  in length compare in their own units.
+* common window (:func:`add_common_window`): the longest gap of each system over the same window
+  after the kill (the longest kill -> full strength of the round's replica-group runs that got back).
+* longest wait (:func:`waited`): the longest stall beyond one steady step of the same run.
 * longest waiting, measured (``work`` of :func:`stall_window`): over the same window, each gap minus
-  the survivor's own work inside it (its timed forward/backward passes and optimizer steps; a peer's
-  step padding counts as work), the issue's "only the time the surviving ranks wait" taken from the
-  survivors' own timestamps rather than from a steady median.
+  the survivor's own work inside it (its timed forward/backward passes and optimizer steps).
 * steps redone (the worst survivor), kill -> full strength, final loss.
 """
 
@@ -40,6 +34,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import socket
 import statistics
 import tempfile
 from pathlib import Path
@@ -51,10 +46,7 @@ REP_NODES, REP_GPUS, REP_GROUPS, REP_TP, REP_STEPS, REP_KILL, GLOBAL_BATCH = 4, 
 #: so a lost group's 4 rows still split 2 and 2 over the survivors)
 REP_MICRO_BATCH = 4
 START_GAPS = 2  # gaps to steps 1 and 2 (0-based): the job's start, excluded from the steady median
-#: the later torchft runs' lighthouse heartbeat timeout (torchft's stall waits for it; Ray Train's default is
-#: 2 s): 0.5 s, the shortest a live group's heartbeat survived on this loaded host (docs/runtime.md)
-TORCHFT_FAST_HEARTBEAT_MS = 500
-PEER_STEPS, PEER_STEPS_QUICK = 60, 50  # 30 was too few: torchft's replacement had not joined (2026-12-03)
+PEER_STEPS, PEER_STEPS_QUICK = 60, 50  # and on until back at full strength (bench.recovery_peers)
 
 
 def waited(stall_s: float | None, steady_step_s: float | None) -> float | None:
@@ -80,7 +72,7 @@ def stall_window(step_ts: dict[str, list[list[float]]], kill_ts: float, full_ts:
     end of the run (``stall_open``; with no ``end_ts``, ``stall_s`` is None: unbounded).
 
     ``work``: per survivor, the ``[start, end]`` of its own work (forward/backward passes, optimizer
-    steps, a peer's step padding); then ``waiting_s`` is the longest time a survivor spent waiting
+    steps); then ``waiting_s`` is the longest time a survivor spent waiting
     between two commits in the same window (a gap minus the survivor's work inside it: quorums,
     reductions, failure detection, a replacement's heal, the supervisor's round trip)."""
     end = float("inf") if full_ts is None else full_ts
@@ -217,14 +209,23 @@ def stall_breakdown(groups: dict[str, Any], survivors: list[str], dropped: list[
 
 
 def _peer(kind: str, cluster: Any, work: Path, quick: bool, **kw: Any) -> dict[str, Any]:
+    """A peer run (``torchft``, ``restart``: Ray Train; ``torchft-direct``: torchft's Manager in plain
+    processes, no Ray) on the compare's failure, its numbers in the compare's windows."""
     from bench.recovery_peers import run_peer
+    from bench.recovery_torchft import KIND, run_direct
 
-    out = run_peer(kind, steps=PEER_STEPS_QUICK if quick else PEER_STEPS, kill_at=REP_KILL,  # type: ignore[arg-type]
-                   cluster=cluster, work=work, gpus_per_group=REP_GPUS, **kw)
+    steps = PEER_STEPS_QUICK if quick else PEER_STEPS
+    if kind == KIND:
+        out = run_direct(steps=steps, kill_at=REP_KILL, work=work / "direct", **kw)
+    else:
+        out = run_peer(kind, steps=steps, kill_at=REP_KILL,  # type: ignore[arg-type]
+                       cluster=cluster, work=work, gpus_per_group=REP_GPUS, **kw)
     out["stall_s_whole_run_after_kill"] = out["stall_s"]  # summarize's own (unbounded) window, for reference
     out["steps_redone_whole_run"] = out["steps_redone"]  # with attempts redone before the kill (load, start)
     out["steps_redone"] = out["steps_redone_after_fault"]
-    out.update(stall_window(out.pop("survivor_step_ts"), out["fault_ts"], out["full_strength_ts"], out.get("ended_ts"),
+    out["survivor_commit_ts"] = out.pop("survivor_step_ts")
+    out["kill_ts"] = out["fault_ts"]
+    out.update(stall_window(out["survivor_commit_ts"], out["fault_ts"], out["full_strength_ts"], out.get("ended_ts"),
                             work=out.pop("survivor_work")))
     out["group_size"] = 1
     out.pop("losses", None)
@@ -235,308 +236,374 @@ def _rel_diff(run: dict[str, Any], ref: dict[str, Any]) -> float:
     return max(abs(run["losses"][k] - v) / abs(v) for k, v in ref["losses"].items())
 
 
-def compare(quick: bool) -> dict[str, Any]:
-    """The four systems on one cluster, one invocation (``quick``: no tp=1 no-fault run, shorter peers)."""
+FAULT_RUNS = ("tp2-fault", "tp1-fault")
+#: the peers of a compare round (torchft: Ray Train + ``TorchftConfig``; torchft-direct: torchft's Manager
+#: in plain processes, as TorchTitan's fault-tolerance mode; restart: Ray Train's restart)
+PEER_RUNS = ("torchft", "torchft-direct", "restart")
+
+
+def settle(cluster: Any, timeout_s: float = 90.0) -> dict[str, Any]:
+    """Back to ``cluster.nodes`` live worker nodes before the next run, the GCS agreeing. A node killed
+    in the last run can still count as alive for a few seconds, and ``restore()`` then adds no node in
+    its place: the next run starts without its spare node (seen 2026-12-07: Ray Train + torchft's lost
+    group then had nowhere to go and its ``fit()`` hung; the restart peer never killed a node). So:
+    restore, then wait until the GCS counts exactly ``cluster.nodes`` alive nodes with GPUs, none of
+    them with a raylet that refuses connections, and every GPU free, restoring again meanwhile."""
     import time
 
-    from workers.testbed.local_cluster import InProcessCluster
+    import ray
 
-    started, t0 = time.strftime("%Y-%m-%d %H:%M", time.gmtime()), time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix="orthoplex-bench-compare-"))
-    loads = [os.getloadavg()[0]]
+    def raylet_gone(n: dict[str, Any]) -> bool:  # a killed raylet refuses connections at once
+        try:
+            socket.create_connection((n["NodeManagerAddress"], n["NodeManagerPort"]), timeout=1.0).close()
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+        return False
+
+    t0 = time.monotonic()
+    while True:
+        cluster.restore()
+        alive = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU")]
+        stale = [n for n in alive if raylet_gone(n)]  # dead, the GCS not told yet: wait, then restore
+        free = ray.available_resources().get("GPU", 0.0)
+        total = sum(n["Resources"]["GPU"] for n in alive)
+        if not stale and len(alive) == cluster.nodes and free >= total:
+            return {"settle_s": round(time.monotonic() - t0, 2), "nodes": len(alive)}
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"the cluster did not settle in {timeout_s:.0f} s: {len(alive)} GPU nodes alive "
+                               f"(want {cluster.nodes}), {free} of {total} GPUs free")
+        time.sleep(0.5)
+
+
+def _round(cluster: Any, work: Path, quick: bool) -> dict[str, dict[str, Any]]:
+    """One round: Orthoplex tp=2 and tp=1 (each with a no-fault reference run unless ``quick`` drops
+    tp=1's), then the peers, on the same cluster and failure; the common stall window added."""
+    settle(cluster)
     runs: dict[str, dict[str, Any]] = {}
-    cluster = InProcessCluster(nodes=REP_NODES, gpus_per_node=REP_GPUS).start()
-    try:
-        plan: list[tuple[str, int, bool]] = [("tp2-clean", 2, False), ("tp2-fault", 2, True)]
-        plan += [] if quick else [("tp1-clean", 1, False)]
-        plan += [("tp1-fault", 1, True)]
-        for tag, tp, fault in plan:
-            runs[tag] = _replica_run(tag, work, tp=tp, fault=fault)
-            loads.append(os.getloadavg()[0])
-            cluster.restore()
-        for kind in ("torchft", "restart"):
+    plan: list[tuple[str, int, bool]] = [("tp2-clean", 2, False), ("tp2-fault", 2, True)]
+    plan += [] if quick else [("tp1-clean", 1, False)]
+    plan += [("tp1-fault", 1, True)]
+    for tag, tp, fault in plan:
+        runs[tag] = _replica_run(tag, work, tp=tp, fault=fault)
+        settle(cluster)
+    for kind in PEER_RUNS:
+        try:
             runs[kind] = _peer(kind, cluster, work, quick)
-            loads.append(os.getloadavg()[0])
-            cluster.restore()
-        if not quick:
-            # torchft at a short lighthouse heartbeat timeout (the peer's default here: 2 s); then the
-            # same with every step padded to Orthoplex tp=2's own no-fault steady step of this run (a stall
-            # in seconds then compares recovery, not step lengths: 0.3 s vs a CPU-bound tp=2 step), slept
-            # after the step, and spent computing before the reduction (a CPU-bound step, as Orthoplex's
-            # is here: a sleep hides the failure's detection)
-            matched = runs["tp2-clean"]["steady_step_s"]
-            hb = f", heartbeat timeout {TORCHFT_FAST_HEARTBEAT_MS / 1000:g} s"
-            for tag, extra, suffix in (
-                    ("torchft-fast", {}, hb),
-                    ("torchft-matched", {"min_step_s": matched}, f"{hb}, step padded to tp=2's {matched:.2f} s"),
-                    ("torchft-matched-compute", {"min_step_s": matched, "pad": "compute"},
-                     f"{hb}, step of {matched:.2f} s of compute")):
-                runs[tag] = _peer("torchft", cluster, work, quick, heartbeat_timeout_ms=TORCHFT_FAST_HEARTBEAT_MS,
-                                  **extra)
-                runs[tag]["system"] += suffix
-                loads.append(os.getloadavg()[0])
-                cluster.restore()
-    finally:
-        cluster.shutdown()
-        shutil.rmtree(work, ignore_errors=True)
+        except Exception as exc:  # a peer that fails to run at all is an invalid comparison, not a crash
+            runs[kind] = {"system": kind, "failed": repr(exc)[:500], "fit_hung": True, "stall_s": None,
+                          "steady_step_s": None, "steps_redone": 0, "full_strength_s": None, "final_loss": float("nan"),
+                          "steps": 0}
+        settle(cluster)
     for tp in (1, 2):
         if f"tp{tp}-clean" in runs:
             runs[f"tp{tp}-fault"]["max_rel_loss_diff_vs_no_fault"] = _rel_diff(runs[f"tp{tp}-fault"], runs[f"tp{tp}-clean"])
     for r in runs.values():
         r.pop("losses", None)
-    return {"runs": runs, "quick": quick, "load_average_1min": [round(x, 1) for x in loads], "started": started,
-            "wall_s": round(time.monotonic() - t0)}
+    add_common_window(runs)
+    return runs
+
+
+def compare(quick: bool, repeat: int = 1) -> dict[str, Any]:
+    """``repeat`` rounds of the systems on one cluster, one invocation, with the medians over them
+    (``quick``: no tp=1 no-fault run, shorter peers)."""
+    import time
+
+    from workers.testbed.local_cluster import InProcessCluster
+
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    started, t0 = time.strftime("%Y-%m-%d %H:%M", time.gmtime()), time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="orthoplex-bench-compare-"))
+    loads = [os.getloadavg()[0]]
+    rounds: list[dict[str, Any]] = []
+    cluster = InProcessCluster(nodes=REP_NODES, gpus_per_node=REP_GPUS).start()
+    try:
+        for i in range(repeat):
+            print(f"compare: round {i + 1} of {repeat}", flush=True)
+            rounds.append({"runs": _round(cluster, work, quick)})
+            loads.append(os.getloadavg()[0])
+    finally:
+        cluster.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+    out = {"rounds": rounds, "repeat": repeat, "quick": quick, "load_average_1min": [round(x, 1) for x in loads],
+           "started": started, "wall_s": round(time.monotonic() - t0)}
+    out["medians"] = medians(out)
+    return out
+
+
+def rounds_of(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rounds of a compare result (results written before ``--repeat`` hold one round, at the top)."""
+    return r.get("rounds") or [r]
+
+
+def peer_problem(peer: dict[str, Any]) -> str | None:
+    """Why a peer run cannot be compared with (None: it can): its ``fit()`` hung, its survivors never
+    stepped again, or it never got back to full strength. Such a run makes the comparison invalid."""
+    if peer.get("failed"):
+        return "the run failed"
+    if peer.get("fit_hung"):
+        return "fit() hung"
+    if peer.get("stall_open"):
+        return "survivors never stepped again"
+    if peer.get("full_strength_s") is None:
+        return "never back at full strength"
+    return None
+
+
+def stall_steps(x: dict[str, Any], value: str = "stall_s") -> float | None:
+    """A run's stall (``value``) in its own steady steps: comparable across systems whose steps differ."""
+    v, step = x.get(value), x.get("steady_step_s")
+    return None if v is None or not step else round(v / step, 2)
+
+
+def add_common_window(runs: dict[str, dict[str, Any]]) -> None:
+    """The same window for every fault run of a round: from the kill to the kill plus the longest
+    kill -> full strength of the round's replica-group runs that got back (``window_s``: the
+    restart peer's tens of seconds would make it the whole run); each run's longest
+    survivor gap in it (``stall_window_s``) and that in its own steady steps (``stall_window_steps``)."""
+    back = [x["full_strength_s"] for k, x in runs.items() if k not in ("tp2-clean", "tp1-clean", "restart")
+            and x.get("full_strength_s") is not None]
+    if not back:
+        return
+    window = max(back)
+    for k, x in runs.items():
+        if k in ("tp2-clean", "tp1-clean") or not x.get("survivor_commit_ts") or x.get("kill_ts") is None:
+            continue
+        w = stall_window(x["survivor_commit_ts"], x["kill_ts"], x["kill_ts"] + window,
+                         x.get("ended_ts") if x.get("full_strength_s") is None else None)
+        x["window_s"] = round(window, 3)
+        x["stall_window_s"] = w["stall_s"]
+        x["stall_window_steps"] = None if w["stall_s"] is None or not x.get("steady_step_s") \
+            else round(w["stall_s"] / x["steady_step_s"], 2)
+
+
+def _worse_or_equal(a: dict[str, Any], b: dict[str, Any], value: str = "stall_s") -> bool:
+    """``a``'s stall (``value``) is known, ``b``'s too, and ``a``'s is no shorter. An open or unknown
+    stall decides nothing (False): a hung run is never counted on either side."""
+    va, vb = a.get(value), b.get(value)
+    if a.get("stall_open") or b.get("stall_open") or va is None or vb is None:
+        return False
+    return vb <= va
+
+
+def as_good(x: dict[str, Any], peer: dict[str, Any], value: str = "stall_s") -> bool:
+    """The goal's verdict: run ``x`` is at least as good as ``peer`` on the stall (``value``) and on
+    steps redone, and dropped no group beside the killed one. Never true against a peer run that hung
+    or never recovered (:func:`peer_problem`): that comparison is invalid, not a win."""
+    return (peer_problem(peer) is None and _worse_or_equal(peer, x, value)
+            and x["steps_redone"] <= peer["steps_redone"] and not x.get("extra_groups_dropped"))
+
+
+def verdict(x: dict[str, Any], peer: dict[str, Any], value: str = "stall_s") -> str:
+    """``yes``, ``no`` or ``invalid (why)`` for :func:`as_good`."""
+    problem = peer_problem(peer)
+    if problem:
+        return f"invalid ({problem})"
+    return "yes" if as_good(x, peer, value) else "no"
+
+
+def _spread(xs: list[float]) -> dict[str, Any]:
+    return {"median": round(statistics.median(xs), 3), "min": round(min(xs), 3), "max": round(max(xs), 3), "n": len(xs)}
+
+
+MEDIAN_VALUES = ("stall_s", "stall_steps", "stall_window_s", "stall_window_steps", "steady_step_s", "waiting_s",
+                 "full_strength_s", "steps_redone")
+
+
+def medians(r: dict[str, Any]) -> dict[str, Any]:
+    """Per system, over the rounds whose run of it is valid: median, min, max of each value; the
+    number of rounds whose peer run was invalid; and the verdicts of tp=2 against each peer over the
+    medians (``invalid`` if any round's peer run was)."""
+    out: dict[str, Any] = {}
+    rounds = rounds_of(r)
+    for key in (*FAULT_RUNS, *PEER_RUNS):
+        rows = [rd["runs"][key] for rd in rounds if key in rd["runs"]]
+        valid = [x for x in rows if peer_problem(x) is None]
+        vals: dict[str, Any] = {"system": rows[0]["system"] if rows else key, "runs": len(rows),
+                                "invalid": [peer_problem(x) for x in rows if peer_problem(x)]}
+        for v in MEDIAN_VALUES:
+            xs = [stall_steps(x) if v == "stall_steps" else x.get(v) for x in valid]
+            xs = [x for x in xs if x is not None]
+            if xs:
+                vals[v] = _spread(xs)
+        out[key] = vals
+    tp2 = out.get("tp2-fault", {})
+    for key in PEER_RUNS:
+        peer = out.get(key, {})
+        if not peer.get("runs"):
+            continue
+        if peer["invalid"] or tp2.get("invalid"):
+            out[f"verdict_tp2_vs_{key}"] = f"invalid ({len(peer['invalid'])} of {peer['runs']} peer runs: " \
+                                           f"{'; '.join(sorted(set(peer['invalid'])))})" if peer["invalid"] \
+                else "invalid (Orthoplex tp=2 did not recover)"
+            continue
+        # the common window when both measured it (results before it: the stall to full strength)
+        stall = "stall_window_s" if tp2.get("stall_window_s") and peer.get("stall_window_s") else "stall_s"
+        ok = all(tp2.get(v) and peer.get(v) and tp2[v]["median"] <= peer[v]["median"] for v in (stall, "steps_redone"))
+        out[f"verdict_tp2_vs_{key}"] = ("yes" if ok else "no") + ("" if stall == "stall_window_s" else " (stall to full strength)")
+    return out
+
+
+def compare_summary(r: dict[str, Any]) -> dict[str, Any]:
+    """The history row of a compare: medians of tp=2's and torchft's stall in seconds and in their own
+    steps over the common window, and the verdict."""
+    m = r.get("medians") or medians(r)
+    tp2, ft, direct = m.get("tp2-fault", {}), m.get("torchft", {}), m.get("torchft-direct", {})
+
+    def med(x: dict[str, Any], v: str) -> float | None:
+        return (x.get(v) or {}).get("median")
+
+    return {"rounds": len(rounds_of(r)), "tp2 stall s": med(tp2, "stall_s"), "tp2 stall steps": med(tp2, "stall_steps"),
+            "tp2 step s": med(tp2, "steady_step_s"), "torchft stall s": med(ft, "stall_s"),
+            "torchft stall steps": med(ft, "stall_steps"), "torchft step s": med(ft, "steady_step_s"),
+            "torchft runs invalid": len(ft.get("invalid", [])), "tp2 vs torchft": m.get("verdict_tp2_vs_torchft"),
+            **({} if not direct.get("runs") else {
+                "torchft-direct stall s": med(direct, "stall_s"), "torchft-direct stall steps": med(direct, "stall_steps"),
+                "torchft-direct runs invalid": len(direct.get("invalid", [])),
+                "tp2 vs torchft-direct": m.get("verdict_tp2_vs_torchft-direct")})}
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _ratio(a: float | None, b: float | None) -> str:
-    return "-" if a is None or not b else f"{a / b:.2f}x"
-
-
 def _stall(x: dict[str, Any], value: str = "stall_s") -> str:
-    """A run's stall (``value``: ``stall_s``, ``wait_s`` for its wait or ``waiting_s`` for its
-    measured waiting): seconds, or that its survivors never stepped again after the kill."""
-    v = _value(x, value)
+    """A run's stall (``value``: ``stall_s`` or ``waiting_s``): seconds, or that its survivors never
+    stepped again after the kill."""
+    v = x.get(value)
     if x.get("stall_open"):
         return "never stepped again" if v is None else f">= {v:.2f} (never stepped again)"
     return _fmt(v)
 
 
-def _value(x: dict[str, Any], value: str) -> float | None:
-    """A run's ``stall_s``, ``wait_s`` (rows written before the wait was recorded: from their stall
-    and steady step, by the same rule) or ``waiting_s`` (None for rows written before it was measured)."""
-    return waited(x["stall_s"], x["steady_step_s"]) if value == "wait_s" else x.get(value)
-
-
-def _worse_or_equal(a: dict[str, Any], b: dict[str, Any], value: str = "stall_s") -> bool:
-    """``a``'s stall (``value``: its wait, its waiting, or ``stall_s``: its longest gap) is no shorter than ``b``'s
-    (an open stall is as long as the run allowed)."""
-    va, vb = _value(a, value), _value(b, value)
-    if a.get("stall_open"):
-        return not b.get("stall_open") or va is None or (vb or 0) <= va
-    return not b.get("stall_open") and vb is not None and va is not None and vb <= va
-
-
-def as_good(x: dict[str, Any], peer: dict[str, Any], value: str = "stall_s") -> bool:
-    """The goal's verdict: run ``x`` is at least as good as ``peer`` on the stall (``value``:
-    ``stall_s``, ``wait_s`` or ``waiting_s``) and on steps redone, and dropped no group beside the killed one."""
-    return (_worse_or_equal(peer, x, value) and x["steps_redone"] <= peer["steps_redone"]
-            and not x.get("extra_groups_dropped"))
-
-
-def _steps(stall: float | None, step: float | None) -> str:
-    """The stall in the system's own steady steps: comparable across systems whose steps differ in
-    length (the peers' padded 0.3 s, Orthoplex's CPU-bound tp=2 step); the verdicts use seconds."""
-    return "-" if stall is None or not step else f"{stall / step:.1f}"
+def _med(m: dict[str, Any], v: str, spec: str = ".2f") -> str:
+    x = m.get(v)
+    if not x:
+        return "-"
+    return f"{format(x['median'], spec)} ({format(x['min'], spec)}-{format(x['max'], spec)})"
 
 
 def compare_markdown(r: dict[str, Any]) -> str:
-    runs = r["runs"]
-    ft = runs["torchft"]
-    rows = [runs["tp2-fault"], runs["tp1-fault"], ft,
-            *[runs[k] for k in ("torchft-fast", "torchft-matched", "torchft-matched-compute") if k in runs],
-            runs["restart"]]
-    lines = [f"### Replica groups vs Ray Train + torchft vs Ray Train restart (one invocation, {REP_NODES} nodes x "
-             f"{REP_GPUS} declared GPUs, {REP_GROUPS} groups, the last group's node killed at 0-based step {REP_KILL})",
-             "",
-             "| system | group size | survivors' longest stall, kill -> full strength (s) | steady median step (s) | "
-             "stall in steady steps | longest wait beyond a steady step (s) | wait / torchft | "
-             "longest waiting, measured (s) | waiting / torchft | steps redone | "
-             "redone / torchft | kill -> full strength (s) | full / torchft | final loss | "
-             "max rel. loss diff vs no-fault | steps |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for x in rows:
-        diff = x.get("max_rel_loss_diff_vs_no_fault")
-        if x.get("extra_groups_dropped"):
-            lines.append(f"| {x['system']}: **{x['extra_groups_dropped']} more group(s) dropped than the killed one** "
-                         f"({x['dropped']}; stall from {x['stall_from']}) | | | | | | | | | | | | | | | |")
-        lines.append(
-            f"| {x['system']} | {x['group_size']} | {_stall(x)} | {_fmt(x['steady_step_s'], '.3f')} | "
-            f"{_steps(x['stall_s'], x['steady_step_s'])} | {_stall(x, 'wait_s')} | "
-            f"{_ratio(_value(x, 'wait_s'), _value(ft, 'wait_s'))} | {_stall(x, 'waiting_s')} | "
-            f"{_ratio(_value(x, 'waiting_s'), _value(ft, 'waiting_s'))} | {x['steps_redone']} | "
-            f"{x['steps_redone']} vs {ft['steps_redone']} | {_fmt(x.get('full_strength_s'))} | "
-            f"{_ratio(x.get('full_strength_s'), ft['full_strength_s'])} | {x['final_loss']:.6f} | "
-            f"{'not measured' if diff is None else f'{diff:.1e}'} | {x['steps']} |")
-    lines += ["", "How each number is taken, the same for every system: from the surviving groups' own per-step "
-              "commit timestamps (Orthoplex: each group's commit time returned by its rank 0; the peers: the "
-              "ranks' own step log rows). Stall: the longest gap between two consecutive commits of a survivor "
-              "that ends after the kill and starts before the first commit of a step every group computed in "
-              "(a replacement heals in its first step without a share of it; the end of "
-              "the run if never back). Wait: that stall beyond one steady median step of the same system "
-              "in the same run, toward the issue's \"only the time the surviving ranks wait\" (a gap also holds the "
-              "step's own work, whose length differs between the systems; a step with fewer groups counts "
-              "its extra rows as wait; the steady median of a run that never gets back rests on the "
-              "few gaps before the kill), reported beside the stall. Waiting, measured: in the same window, "
-              "the longest gap minus the survivor's own work inside it, from its own timestamps of each "
-              "piece of work (forward/backward passes, optimizer steps; the peers' step padding counts as "
-              "work, standing in for a real step's compute): the time it spent in quorums, reductions, "
-              "failure detection, a replacement's heal and the round trip between steps. "
-              "**The job's start is excluded**: the kill comes after "
-              f"{REP_KILL} steps, and the steady median leaves out the first {START_GAPS} gaps of the run (the warm "
-              "pool importing torch, the first quorum) and the stall window. Steps redone: the worst survivor's "
-              "step attempts after the kill that redo a step (Orthoplex: a step's attempts beyond the first, from the "
-              "ranks' voted-down attempts (a rank redoes one at once); torchft: "
-              "aborted attempts + repeated commits; restart: steps rerun since the checkpoint); attempts redone "
-              "*before* the kill (the loaded host, the start) are not counted here, see below.", "",
-              "Differences, stated: Ray Train's `TorchftConfig` makes each worker its own replica group, so a "
-              "peer group is 1 process holding the whole model on 2 declared GPUs (Orthoplex tp=2: 2 ranks per "
-              "group; tp=1: 1 rank per group, 1 GPU). Each group runs its 4 rows of a step in one forward/backward "
-              f"pass in all systems (Orthoplex: micro_batch {REP_MICRO_BATCH}; the survivors of a lost group take "
-              "2 of its rows each). The peers train the same tiny model, global batch "
-              f"{GLOBAL_BATCH}, engine optimizer and data, but with their own plain-torch loop, every step padded to "
-              f"{ft['min_step_s']} s by sleeping after it (their unpadded ~40 ms step is shorter than a "
-              "replacement's start; the 'step padded to' row: slept to Orthoplex tp=2's no-fault steady step of "
-              "this run; the 'of compute' row: the same length spent spinning before the reduction, a CPU-bound "
-              "step like Orthoplex's: asleep, a survivor waits out the dead peer's teardown inside its pad), over "
-              f"{ft['steps']} steps (Orthoplex: {REP_STEPS} unpadded steps) so the replacement can join; the "
-              f"killed group's node dies in 0-based step {REP_KILL} after its backward pass, before the "
-              "cross-group reduction, in all systems (the peers: by the group's own worker; Orthoplex: by the "
-              "fault hook). While a group is missing, torchft's survivors average their own rows only (smaller "
-              "batch), so its loss curve is not the no-fault one; no no-fault peer run is done here, hence "
-              "'not measured'. Restart: a Ray Train checkpoint every 2 steps. Peer stall over the whole rest of "
-              f"the run after the kill (their own summary's window): torchft {_fmt(ft.get('stall_s_whole_run_after_kill'))} s, "
-              f"restart {_fmt(runs['restart'].get('stall_s_whole_run_after_kill'))} s. Steps redone over the whole run, "
-              f"before the kill too: torchft {ft.get('steps_redone_whole_run')}, restart "
-              f"{runs['restart'].get('steps_redone_whole_run')}; Orthoplex tp=2 aborted before the kill: "
-              f"{runs['tp2-fault'].get('aborted_before_kill')}, tp=1: {runs['tp1-fault'].get('aborted_before_kill')}."]
-    for x in rows:
-        if x.get("fit_hung"):
-            lines += ["", f"**{x['system']}: `fit()` did not return within its deadline** (the replacement "
-                      f"{'joined' if x.get('full_strength_s') is not None else 'never committed a step'}); the run "
-                      "was aborted through Ray Train's own Ctrl-C path and its numbers are the ranks' logs up to then."]
+    """The compare part: medians over the rounds, then every round's runs, then the goals of the last round."""
+    rounds = rounds_of(r)
+    m = r.get("medians") or medians(r)
+    lines = [f"### Replica groups vs Ray Train + torchft vs Ray Train restart ({len(rounds)} round(s) in one "
+             f"invocation, {REP_NODES} nodes x {REP_GPUS} declared GPUs, {REP_GROUPS} groups, the last group's node "
+             f"killed at 0-based step {REP_KILL})", "",
+             "Medians over the rounds whose run is valid (min-max); a peer run that hung or never got back to full "
+             "strength is invalid and makes the verdict invalid, never a win.", "",
+             "| system | valid runs | stall, kill -> full strength (s) | in own steady steps | stall, common window (s) | "
+             "in own steady steps | steady step (s) | waiting, measured (s) | kill -> full strength (s) | steps redone |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for key in (*FAULT_RUNS, *PEER_RUNS):
+        x = m.get(key)
+        if not x or not x.get("runs"):
+            continue
+        bad = f" ({'; '.join(x['invalid'])})" if x["invalid"] else ""
+        lines.append(f"| {x['system']} | {x['runs'] - len(x['invalid'])} of {x['runs']}{bad} | {_med(x, 'stall_s')} | "
+                     f"{_med(x, 'stall_steps', '.1f')} | {_med(x, 'stall_window_s')} | {_med(x, 'stall_window_steps', '.1f')} | "
+                     f"{_med(x, 'steady_step_s', '.3f')} | {_med(x, 'waiting_s')} | {_med(x, 'full_strength_s')} | "
+                     f"{_med(x, 'steps_redone', '.0f')} |")
+    padded = sorted({x["min_step_s"] for rd in rounds for x in rd["runs"].values() if x.get("min_step_s")})
+    direct = any("torchft-direct" in rd["runs"] for rd in rounds)
+    lines += ["", "Verdict, Orthoplex tp=2 at least as good (median stall over the common window, median steps redone): "
+              + "; ".join(f"against {k}: **{m[f'verdict_tp2_vs_{k}']}**" for k in PEER_RUNS if f"verdict_tp2_vs_{k}" in m)
+              + ".", "",
+              "| round | system | stall (s) | own steps | common window (s) | stall in it (s) | own steps | steady step (s) | "
+              "waiting (s) | kill -> full (s) | redone | final loss | max rel. loss diff vs no-fault | valid |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for i, rd in enumerate(rounds, 1):
+        for key in (*FAULT_RUNS, *[k for k in rd["runs"] if k not in FAULT_RUNS and not k.endswith("-clean")]):
+            x = rd["runs"].get(key)
+            if x is None:
+                continue
+            diff = x.get("max_rel_loss_diff_vs_no_fault")
+            lines.append(
+                f"| {i} | {x['system']} | {_stall(x)} | {_fmt(stall_steps(x), '.1f')} | {_fmt(x.get('window_s'))} | "
+                f"{_fmt(x.get('stall_window_s'))} | {_fmt(x.get('stall_window_steps'), '.1f')} | "
+                f"{_fmt(x['steady_step_s'], '.3f')} | {_stall(x, 'waiting_s')} | {_fmt(x.get('full_strength_s'))} | "
+                f"{x['steps_redone']} | {x['final_loss']:.6f} | {'-' if diff is None else f'{diff:.1e}'} | "
+                f"{peer_problem(x) or 'yes'} |")
+    lines += ["", "How each number is taken, the same for every system: from the surviving groups' own per-step commit "
+              "timestamps. Stall: the longest gap between two consecutive commits of a survivor that ends after the "
+              "kill and starts before the job is back at full strength (the end of the run if never). Common window: "
+              "from the kill to the kill plus the longest kill -> full strength of the round's replica-group runs that got back, "
+              "the same for every system of the round; its stall is the longest gap in it. Own steps: a stall divided "
+              "by the system's steady median step of the same run (the first gaps of the run and the stall window "
+              f"excluded). Waiting: each gap minus the survivor's own work inside it. The peers train the same tiny "
+              f"model, global batch {GLOBAL_BATCH}, engine optimizer and data with their own plain-torch loop, "
+              + (f"**every peer step padded by sleeping to {' or '.join(f'{p:g}' for p in padded)} s** (the harness before issue 37: the peers' stall "
+                 "in seconds then holds about two padded steps by construction; compare the stalls in own steps); "
+                 if padded else "with no step padding; ")
+              + "Ray Train's `TorchftConfig` makes each worker its own replica group (1 process, whole model), "
+              + ("and torchft used directly (`torchft-direct`: its `Manager` and lighthouse in plain processes, as "
+                 "TorchTitan's fault-tolerance mode runs it; its group's process is killed instead of its node, and the "
+                 "driver starts a replacement process at once), " if direct else "")
+              + "Orthoplex tp=2 runs 2 ranks per group, tp=1 one. The killed group's node dies in its step "
+              f"{REP_KILL} after the backward pass, before the cross-group reduction, in all systems."]
+    lines += [hang_note(i, x) for i, rd in enumerate(rounds, 1) for x in rd["runs"].values() if x.get("fit_hung")]
     if r.get("quick"):
-        lines += ["", "_Quick mode: no tp=1 no-fault run (its loss check is not measured), peers "
-                  f"{PEER_STEPS_QUICK} steps._"]
-    lines += ["", goals_markdown(r), "",
-              f"_Host load average (1 min) at the start and after each run: {r['load_average_1min']}._"]
+        lines += ["", f"_Quick mode: no tp=1 no-fault run, peers {PEER_STEPS_QUICK} steps._"]
+    lines += ["", goals_markdown(rounds[-1]), "",
+              f"_Host load average (1 min) at the start and after each round: {r.get('load_average_1min')}._"]
     return "\n".join(lines)
 
 
-def goals_markdown(r: dict[str, Any]) -> str:
-    """Issue 14's replica-group goals for Orthoplex tp=2, verdicts computed."""
-    runs = r["runs"]
-    f, c, ft, one = runs["tp2-fault"], runs["tp2-clean"], runs["torchft"], runs["tp1-fault"]
+def hang_note(i: int, x: dict[str, Any]) -> str:
+    """What a hung peer run hung on, from its diagnosis at the deadline (``bench.recovery_peers``)."""
+    d = x.get("hang_diagnosis") or {}
+    stuck = [pg for pg in d.get("placement_groups", []) if pg.get("state") not in ("CREATED", "REMOVED")]
+    held = (x.get("gpus_free") or {}).get("gpus_held")
+    what = (f"{len(stuck)} placement group(s) not placed ({', '.join(sorted({str(pg.get('state')) for pg in stuck}))}): "
+            "Ray Train replaces a lost replica group at the same placement-group slot and waits for it forever when "
+            "no alive node can take it (`bench/torchft_hang_repro.py`; runs before the harness settled the cluster "
+            "could start without a spare node)" if stuck else
+            "no placement group waiting" if d else "not diagnosed (a run before the diagnosis)")
+    return (f"\n_Round {i}, {x['system']}: hung ({x.get('failed') or 'ended at the deadline'}); {what}; GPUs held "
+            f"by others before it started: {'-' if held is None else held}._")
+
+
+def goals_markdown(rd: dict[str, Any]) -> str:
+    """Issue 14's replica-group goals for Orthoplex tp=2 in one round, verdicts computed."""
+    runs = rd["runs"]
+    f = runs["tp2-fault"]
+    c = runs.get("tp2-clean", {})
     diff = f.get("max_rel_loss_diff_vs_no_fault", float("nan"))
 
     def yes(ok: bool) -> str:
         return "yes" if ok else "**no**"
 
-    def vs(label: str, peer: dict[str, Any] | None, extra: str = "", tp1: bool = True) -> list[str]:
-        if peer is None:
-            return []
-        tp1_text = (f"; tp=1 (same group size): stall {_stall(one)} s (wait {_stall(one, 'wait_s')} s), "
-                    f"redone {one['steps_redone']}" if tp1 else "")
-        one_ok = f" (tp=1: {yes(as_good(one, peer))})" if tp1 else ""
-        waiting = f.get("waiting_s") is not None
-        wait_ok = (f" (wait: {yes(as_good(f, peer, 'wait_s'))}"
-                   + (f"; waiting: {yes(as_good(f, peer, 'waiting_s'))})" if waiting else ")"))
-        return [f"| {label} | tp=2: stall {_stall(f)} vs {_stall(peer)} s; wait beyond a steady step "
-                f"{_stall(f, 'wait_s')} vs {_stall(peer, 'wait_s')} s"
-                + (f"; waiting, measured {_stall(f, 'waiting_s')} vs {_stall(peer, 'waiting_s')} s " if waiting else " ")
-                + f"({_steps(f['stall_s'], f['steady_step_s'])} vs {_steps(peer['stall_s'], peer['steady_step_s'])} "
-                f"steady steps), redone {f['steps_redone']} vs {peer['steps_redone']}{extra}{tp1_text}"
-                f" | {yes(as_good(f, peer))}{wait_ok}{one_ok}{hung_note(peer)} |"]
-
-    def matched_extra(peer: dict[str, Any] | None) -> str:
-        if peer is None:
-            return ""
-        return (f", kill -> full strength {_fmt(f.get('full_strength_s'))} vs {_fmt(peer.get('full_strength_s'))} s; "
-                f"steady step {_fmt(peer['steady_step_s'], '.3f')} vs {_fmt(f['steady_step_s'], '.3f')} s")
-
-    fast, matched, compute = runs.get("torchft-fast"), runs.get("torchft-matched"), runs.get("torchft-matched-compute")
-    peers = [*vs("at least as good as Ray Train + torchft (same run) on stall and steps lost: torchft as configured "
-                 f"(heartbeat timeout {ft.get('heartbeat_timeout_ms', 0) / 1000:g} s, steps slept to "
-                 f"{ft.get('min_step_s', 0):.2f} s)", ft),
-             *vs("the same against torchft at a short heartbeat timeout "
-                 f"({(fast or {}).get('heartbeat_timeout_ms', 0) / 1000:g} s)", fast),
-             *vs("the same, torchft's steps slept to tp=2's own no-fault step "
-                 f"({(matched or {}).get('min_step_s', 0):.2f} s)", matched, matched_extra(matched), tp1=False),
-             *vs("the same, torchft's steps spent computing to tp=2's own no-fault step "
-                 f"({(compute or {}).get('min_step_s', 0):.2f} s; a CPU-bound step, as tp=2's is)", compute,
-                 matched_extra(compute), tp1=False)]
-
     back = f.get("groups_at_end") == REP_GROUPS and bool(f.get("replacement_on_spare_node"))
     extra = int(f.get("extra_groups_dropped") or 0)
-    stall_ok = not f.get("stall_open") and f["stall_s"] <= 3 and not extra
-    # the redo's own gap; a later, longer gap is a step with fewer groups (each survivor computes a larger
-    # share: the global batch kept) or the replacement's join step
-    kill_gap = "" if f.get("kill_gap_s") is None else f"the gap across the kill {f['kill_gap_s']:.2f} s; "
+    stall_ok = not f.get("stall_open") and f["stall_s"] is not None and f["stall_s"] <= 3 and not extra
     why = (f"; **{extra} more group(s) dropped** ({f.get('dropped')}), stall from {f.get('stall_from')}"
            if extra else "")
+    peers = []
+    for key in [k for k in runs if k not in FAULT_RUNS and not k.endswith("-clean")]:
+        p = runs[key]
+        peers.append(f"| at least as good as {p['system']} (same round) on stall and steps redone | tp=2: stall "
+                     f"{_stall(f)} vs {_stall(p)} s ({_fmt(stall_steps(f), '.1f')} vs {_fmt(stall_steps(p), '.1f')} own "
+                     f"steps), redone {f['steps_redone']} vs {p['steps_redone']} | {verdict(f, p)} |")
     return "\n".join([
-        f"#### Goals (issue 14, replica groups: Orthoplex tp={REP_TP} x {REP_GROUPS} groups)", "",
+        f"#### Goals (issue 14, replica groups: Orthoplex tp={REP_TP} x {REP_GROUPS} groups, last round)", "",
         "| goal | measured | met? |", "|---|---|---|",
-        f"| survivors' longest stall <= 3 s | {_stall(f)} s (ends at 0-based step {f['stall_ends_step']}; {kill_gap}"
-        f"steady median step {_fmt(f['steady_step_s'], '.3f')} s; no-fault run's steady median "
-        f"{_fmt(c['steady_step_s'], '.3f')} s{why}) | {yes(stall_ok)} |",
-        f"| at most one step redone | {f['steps_redone']} (0-based {f['redone_steps']}) | {yes(f['steps_redone'] <= 1)} |",
+        f"| survivors' longest stall <= 3 s | {_stall(f)} s (steady median step {_fmt(f['steady_step_s'], '.3f')} s; "
+        f"no-fault run's {_fmt(c.get('steady_step_s'), '.3f')} s{why}) | {yes(stall_ok)} |",
+        f"| at most one step redone | {f['steps_redone']} (0-based {f.get('redone_steps')}) | {yes(f['steps_redone'] <= 1)} |",
         f"| every step's loss within 1e-4 relative of the no-fault run | max rel. diff {diff:.1e} | {yes(diff <= 1e-4)} |",
         f"| back at {REP_GROUPS} groups, replacement on the spare node | {f.get('groups_at_end')} groups at the end, "
-        f"kill -> full strength {_fmt(f.get('full_strength_s'))} s, healed from group {f.get('healed_from')}, "
-        f"spare node: {f.get('replacement_on_spare_node')} | {yes(back)} |",
+        f"kill -> full strength {_fmt(f.get('full_strength_s'))} s, spare node: {f.get('replacement_on_spare_node')} "
+        f"| {yes(back)} |",
         f"| no storage read | `resumed` events: {f['resumed_events']} | {yes(f['resumed_events'] == 0)} |",
         *peers])
 
 
-def hung_note(peer: dict[str, Any]) -> str:
-    """A verdict against a peer run whose ``fit()`` hung is no fair verdict: say so next to it."""
-    return ("; **the peer's run hung** (`fit()` ended by the deadline), so this verdict says little"
-            if peer.get("fit_hung") else "")
-
-
-PEER_RUNS = ("torchft", "torchft-fast", "torchft-matched", "torchft-matched-compute")
-
-
-def across_runs_markdown(result: dict[str, Any], keys: list[str]) -> str:
-    """The compare runs ``keys`` of ``recovery.json`` (``result``) in one table: Orthoplex's wait and
-    stall (longest gap) against every torchft run of the same invocation, and the tally of the goal's
-    verdict (:func:`as_good`) and of the same on the wait."""
-    head = ["| run | tp=2 stall (wait; waiting), s | tp=1 stall (wait; waiting), s | "
-            + " | ".join(f"{k} stall (wait; waiting), s" for k in PEER_RUNS)
-            + " | tp=2 as good on stall and redone | on wait and redone | on waiting and redone "
-            "| tp=1 as good on stall and redone |",
-            "|---|---|---|" + "---|" * len(PEER_RUNS) + "---|---|---|---|"]
-    won = {"stall_s": 0, "wait_s": 0, "waiting_s": 0}
-    measured = 0  # torchft runs of the compare runs that measured the waiting
-    won_tp1 = 0
-    total = 0
-
-    def cell(x: dict[str, Any]) -> str:
-        return f"{_stall(x)} ({_stall(x, 'wait_s')}; {_stall(x, 'waiting_s')})"
-
-    for key in keys:
-        runs = result[key]["runs"]
-        f = runs["tp2-fault"]
-        peers = [runs[k] for k in PEER_RUNS if k in runs]
-        tally = {v: sum(as_good(f, p, v) for p in peers) if _value(f, v) is not None or f.get("stall_open") else 0
-                 for v in won}
-        tp1 = sum(as_good(runs["tp1-fault"], p) for p in peers)
-        won_tp1 += tp1
-        for v in won:
-            won[v] += tally[v]
-        total += len(peers)
-        measured += len(peers) if f.get("waiting_s") is not None else 0
-        head.append(f"| {result[key].get('started', key)} | {cell(f)} | {cell(runs['tp1-fault'])} | "
-                    + " | ".join(cell(runs[k]) if k in runs else "-" for k in PEER_RUNS)
-                    + f" | {tally['stall_s']} of {len(peers)} | {tally['wait_s']} of {len(peers)} | "
-                    + (f"{tally['waiting_s']} of {len(peers)}" if f.get("waiting_s") is not None else "not measured")
-                    + f" | {tp1} of {len(peers)} |")
-    head += ["", f"Over these {len(keys)} runs, Orthoplex tp=2 is at least as good as torchft on the stall and on "
-             f"steps redone in **{won['stall_s']} of {total}** torchft runs; on the wait and steps redone "
-             f"in {won['wait_s']} of {total}; on the measured waiting and steps redone in {won['waiting_s']} of "
-             f"{measured} (the runs that measured it). Orthoplex tp=1 (torchft's group size) on the "
-             f"stall and steps redone: {won_tp1} of {total}."]
-    return "\n".join(head)
-
-
 if __name__ == "__main__":
-    import json
+    from bench.render import load_history
 
-    from bench.common import RESULTS_DIR
-
-    res = json.loads((RESULTS_DIR / "recovery.json").read_text())
-    print(across_runs_markdown(res, res["compare_series"]))
+    for rec in load_history("recovery"):
+        if "tp2 vs torchft" in rec.get("summary", {}):
+            s = rec["summary"]
+            print(rec["finished_at"], s["tp2 stall s"], s["torchft stall s"], s["tp2 vs torchft"])

@@ -150,6 +150,12 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The history row of a run (``bench.render``)."""
+    s = result.get("summary") or summarize(result["runs"])
+    return {"extra CPU s per step": s["extra_cpu_s_per_step_total"], "median step on / off": s["median_step_on_over_off"]}
+
+
 if __name__ == "__main__":
     import sys
 
@@ -158,3 +164,4 @@ if __name__ == "__main__":
     result = run(quick="--quick" in sys.argv)
     print(result["markdown"])
     print("wrote", *write_result(result))
+

@@ -31,7 +31,7 @@ def _example() -> str:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-# soak tier (`./dev test -m soak`): 90-137 s, and its path (HF import, BPE text, tp2·pp2·dp2, val_loss,
+# soak tier (`./dev test --all`, or one CI run in five): 90-137 s, and its path (HF import, BPE text, tp2·pp2·dp2, val_loss,
 # export, eval, transformers) runs in the default suite in tests/engine/test_hf_train_export.py; moved
 # out when the 2026-12-03 clean-clone run took 48 min against CI's 40-minute budget
 @pytest.mark.soak

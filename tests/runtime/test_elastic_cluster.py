@@ -4,7 +4,7 @@
    the job re-plans onto the 8 GPUs left with another layout, resumes from the last checkpoint and
    finishes every step; no step is lost beyond that checkpoint; the final 10-step mean loss is within
    1% of the engine's single-process run of the same config; nothing leaks (the fixture checks).
-2. Straggler, jitter, hang and grow-back in one job (``soak`` tier, see the test): a node slowed 3x is detected within two scoring
+2. Straggler, jitter, hang and grow-back in one job (``soak`` tier, see the test): a node slowed 5x is detected within two scoring
    windows and left out by the re-plan, while a node with 3% jitter is never named; a new node joins
    and the job grows onto it at a checkpoint boundary; then a rank hangs, the step deadline catches
    it and the job recovers and finishes.
@@ -117,7 +117,11 @@ def test_node_loss_replans_onto_8_gpus_and_matches_the_no_failure_loss(ray_clust
 
 # soak tier: on this 2-core machine its 8-12 ranks time-share two cores, and in 2 of 3 clean-clone
 # runs on 2026-12-02 the compute-straggler scorer named a second, healthy node (or the re-plan kept
-# the slowed one); it also took 168-286 s of the CI budget. The default run keeps the straggler,
+# the slowed one); it also took 168-286 s of the CI budget. The cause of both: a 3x slowdown scores
+# about 0.33, while the default threshold (0.7) sits where busy-time noise alone puts a healthy node
+# of a loaded host (0.67 seen in the netns spec-fault job), and a node measured at a third of the
+# speed is one the planner may keep. Since issue 37 the job slows the node 5x (score ~0.2, a speed
+# the planner leaves out) and flags only below 0.45, far from both. The default run keeps the straggler,
 # grow and hang decisions in tests/runtime/test_recovery_decisions.py, the scorer's jitter and
 # machine-wide cases in test_pure.py, and link stragglers over namespaces in tests/netns.
 @pytest.mark.soak
@@ -132,10 +136,11 @@ def test_straggler_jitter_grow_and_hang_in_one_job(ray_cluster, tmp_path) -> Non
     spec = {
         "model": "tiny", "steps": 22, "global_batch": GLOBAL_BATCH, "checkpoint_dir": str(tmp_path / "ckpt"),
         "layout_hint": HINT, "min_gpus": 4, "checkpoint": {"max_every_steps": 3},
-        "runtime": {"straggler_window": window, "hang_timeout_s": 12, "heartbeat_s": 1.0},
+        "runtime": {"straggler_window": window, "straggler_threshold": 0.45, "hang_timeout_s": 12,
+                    "heartbeat_s": 1.0},
         "faults": [
             {"kind": "jitter_node", "at_step": 0, "rank": 0, "amplitude": 0.03},
-            {"kind": "slow_node", "at_step": 5, "rank": -1, "factor": 3.0},
+            {"kind": "slow_node", "at_step": 5, "rank": -1, "factor": 5.0},
             {"kind": "hang_rank", "at_step": 16, "rank": 1},
         ],
     }

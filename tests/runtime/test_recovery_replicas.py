@@ -56,22 +56,26 @@ def test_peer_summary_counts_redone_steps_after_the_crash_only() -> None:
 
 
 @pytest.mark.unit
-def test_a_partial_recovery_run_keeps_the_restart_rows_and_says_where_they_come_from(tmp_path) -> None:
+def test_a_partial_recovery_run_carries_the_parts_not_rerun_and_says_where_they_come_from(tmp_path) -> None:
     import json
 
-    from bench.recovery import _carried_baseline
+    from bench.recovery import _carried
 
-    assert _carried_baseline(tmp_path / "none.json") == {}
+    assert _carried(["compare"], tmp_path / "none.json") == {}
     before = tmp_path / "recovery.json"
     rows = [{"system": "orthoplex runtime", "phases": {"detect": 1.0}}]
-    before.write_text(json.dumps({"rows": rows, "ratio_raytrain_over_ours": 9.1, "finished_at": "2026-11-29T14:41:15Z"}))
-    out = _carried_baseline(before)
-    assert out["rows"] == rows and out["ratio_raytrain_over_ours"] == 9.1
-    assert out["baseline_rows_from"] == "the run finished 2026-11-29T14:41:15Z (not rerun)"
-    before.write_text(json.dumps({**json.loads(before.read_text()), "baseline_rows_from": "2026-11-29 run"}))
-    assert _carried_baseline(before)["baseline_rows_from"] == "2026-11-29 run"  # carried again: the first date
-    before.write_text(json.dumps({"compare": {}}))  # a record without restart rows: nothing to carry
-    assert _carried_baseline(before) == {}
+    before.write_text(json.dumps({"rows": rows, "ratio_raytrain_over_ours": 9.1, "replan": {"steps": 40},
+                                  "compare": {"runs": {}}, "finished_at": "2026-11-29T14:41:15Z"}))
+    out = _carried(["compare"], before)
+    assert out["rows"] == rows and out["ratio_raytrain_over_ours"] == 9.1 and out["replan"] == {"steps": 40}
+    assert "compare" not in out  # rerun: never carried
+    assert out["carried"] == {"baseline": "2026-11-29T14:41:15Z", "replan": "2026-11-29T14:41:15Z"}
+    before.write_text(json.dumps({**json.loads(before.read_text()), "carried": {"baseline": "2026-11-28T00:00:00Z"},
+                                  "finished_at": "2026-12-01T00:00:00Z"}))
+    assert _carried(["compare"], before)["carried"] == {"baseline": "2026-11-28T00:00:00Z",  # carried again: first date
+                                                        "replan": "2026-12-01T00:00:00Z"}
+    before.write_text(json.dumps({"compare": {}}))  # nothing else recorded: nothing to carry
+    assert _carried(["compare"], before) == {}
 
 
 def _run(system: str, stall: float, redone: int, step: float, **kw: object) -> dict:
@@ -79,84 +83,73 @@ def _run(system: str, stall: float, redone: int, step: float, **kw: object) -> d
             "full_strength_s": 4.0, "final_loss": 3.0, "steps": 16, **kw}
 
 
-@pytest.mark.unit
-def test_goal_verdicts_name_each_torchft_run_and_the_step_it_was_padded_to() -> None:
-    """The goals table judges tp=2 against every torchft run of the invocation, the step-matched one
-    included (its padding stated), on the stall (the longest gap) with the wait's verdict (the stall
-    beyond the system's own steady step) beside it; a verdict follows the numbers, not the row order."""
-    from bench.recovery_replicas import compare_markdown
-
-    tp2 = _run("Orthoplex tp=2 x 3 groups", 2.2, 1, 0.8, group_size=2, redone_steps=[6], stall_ends_step=6,
-               resumed_events=0, groups_at_end=3, replacement_on_spare_node=True, healed_from=0,
-               max_rel_loss_diff_vs_no_fault=1e-7, aborted_before_kill=[])
-    runs = {"tp2-fault": tp2, "tp2-clean": _run("clean", 0.0, 0, 0.79),
-            "tp1-fault": _run("Orthoplex tp=1 x 3 groups", 1.0, 1, 0.07, aborted_before_kill=[]),
-            "torchft": _run("Ray Train + torchft", 3.0, 2, 0.3, min_step_s=0.3),
-            "torchft-fast": _run("torchft 0.5 s", 1.4, 3, 0.3, min_step_s=0.3, heartbeat_timeout_ms=500),
-            "torchft-matched": _run("torchft 0.5 s matched", 2.5, 3, 0.8, min_step_s=0.79, heartbeat_timeout_ms=500),
-            "torchft-matched-compute": _run("torchft 0.5 s compute", 2.1, 1, 0.6, min_step_s=0.79, pad="compute",
-                                            heartbeat_timeout_ms=500),
-            "restart": _run("restart", 15.0, 2, 0.28, min_step_s=0.3)}
-    md = compare_markdown({"runs": runs, "quick": False, "load_average_1min": [1.0]})
-    goals = md[md.index("#### Goals"):]
-    rows = [line for line in goals.splitlines() if "torchft" in line]
-    assert len(rows) == 4
-    # waits: tp=2 2.2 - 0.8 = 1.4 s; torchft 2.7, fast 1.1, matched 1.7, compute 1.5 s
-    assert "steps slept to 0.30 s" in rows[0] and rows[0].endswith("| yes (wait: yes) (tp=1: yes) |")
-    assert "tp=2: stall 2.20 vs 3.00 s; wait beyond a steady step 1.40 vs 2.70 s" in rows[0]
-    assert "(2.8 vs 10.0 steady steps)" in rows[0]  # each stall in the system's own steady steps
-    assert "tp=2: stall 2.20 vs 1.40 s; wait beyond a steady step 1.40 vs 1.10 s" in rows[1]
-    assert rows[1].endswith("| **no** (wait: **no**) (tp=1: yes) |")  # tp=1: 1.0 s, its wait 0.93 s
-    assert "slept to tp=2's own no-fault step (0.79 s)" in rows[2] and rows[2].endswith("| yes (wait: yes) |")
-    # a shorter wait (1.4 <= 1.5 s) behind a longer stall (2.2 > 2.1 s): the goal's verdict is on the
-    # stall, the wait's is stated beside it
-    assert "spent computing to tp=2's own no-fault step (0.79 s" in rows[3]
-    assert rows[3].endswith("| **no** (wait: yes) |")
-    assert "torchft 0.5 s matched" in md[:md.index("#### Goals")] and "torchft 0.5 s compute" in md
-    assert "| 2.20 | 0.800 | 2.8 | 1.40 | 0.52x |" in md  # tp=2's row: gap, step, steps, wait, wait / torchft's
-
-    # a torchft run whose survivors never stepped again after the kill: an open stall, never "0.00"
-    # and never better than tp=2's
-    runs["torchft"] = _run("Ray Train + torchft", 0.0, 2, 0.3, min_step_s=0.3) | {"stall_s": None, "stall_open": True}
-    runs["torchft-fast"] = _run("torchft 0.5 s", 40.0, 3, 0.3, min_step_s=0.3, heartbeat_timeout_ms=500,
-                                stall_open=True)
-    md = compare_markdown({"runs": runs, "quick": False, "load_average_1min": [1.0]})
-    rows = [line for line in md[md.index("#### Goals"):].splitlines() if "torchft" in line]
-    assert "tp=2: stall 2.20 vs never stepped again s; wait beyond a steady step 1.40 vs never stepped again s" \
-        in rows[0] and "| yes (wait: yes) (tp=1: yes)" in rows[0]
-    assert "stall 2.20 vs >= 40.00 (never stepped again) s; wait beyond a steady step 1.40 vs >= 39.70 (never " \
-        "stepped again) s" in rows[1] and "| yes (wait: yes) (tp=1: yes)" in rows[1]
-    assert "| never stepped again |" in md[:md.index("#### Goals")]
+def _round(tp2_stall: float, ft: dict) -> dict:
+    tp2 = _run("Orthoplex tp=2 x 3 groups", tp2_stall, 1, 0.3, group_size=2, redone_steps=[6], resumed_events=0,
+               groups_at_end=3, replacement_on_spare_node=True, max_rel_loss_diff_vs_no_fault=1e-7)
+    return {"runs": {"tp2-clean": _run("clean", 0.0, 0, 0.29), "tp2-fault": tp2,
+                     "tp1-fault": _run("Orthoplex tp=1 x 3 groups", 0.2, 1, 0.1), "torchft": ft,
+                     "restart": _run("Ray Train restart", 20.0, 2, 0.05)}}
 
 
 @pytest.mark.unit
-def test_the_wait_is_the_stall_beyond_a_steady_step_and_the_tally_counts_each_torchft_run() -> None:
-    from bench.recovery_replicas import across_runs_markdown, stall_window, waited
+def test_a_peer_run_that_hung_or_never_recovered_is_never_a_win() -> None:
+    """Issue 37: a hung or never-recovering peer made Orthoplex 'win'. Such a peer run makes the
+    comparison invalid, whatever its numbers, on every value; only a healthy peer yields yes or no."""
+    from bench.recovery_replicas import as_good, peer_problem, verdict
 
-    assert waited(0.67, 0.491) == 0.179 and waited(0.2, 0.3) == 0.0 and waited(None, 0.3) is None
-    ts = [0.0, 9.0, 10.0, 11.0, 12.0, 13.0, 17.0, 18.0, 19.0, 20.0]
-    assert stall_window({"0": [[s, t] for s, t in enumerate(ts)]}, kill_ts=13.5, full_ts=18.0)["wait_s"] == 3.0
+    tp2 = _run("tp=2", 0.6, 1, 0.3)
+    healthy = _run("torchft", 0.7, 1, 0.04)
+    assert peer_problem(healthy) is None and as_good(tp2, healthy) and verdict(tp2, healthy) == "yes"
+    assert verdict(_run("tp=2", 0.8, 1, 0.3), healthy) == "no"
+    for bad, why in ((healthy | {"fit_hung": True}, "fit() hung"),
+                     (healthy | {"stall_open": True, "stall_s": 40.0}, "survivors never stepped again"),
+                     (healthy | {"stall_open": True, "stall_s": None}, "survivors never stepped again"),
+                     (healthy | {"full_strength_s": None}, "never back at full strength")):
+        assert peer_problem(bad) == why
+        for value in ("stall_s", "waiting_s", "stall_window_s"):
+            assert not as_good(tp2 | {"waiting_s": 0.1, "stall_window_s": 0.6},
+                               bad | {"waiting_s": 9.0, "stall_window_s": 9.0}, value)
+        assert verdict(tp2, bad) == f"invalid ({why})"
 
-    def compare(tp2_stall: float, ft_stall: float, waiting: tuple[float, float] | None = None) -> dict:
-        w = {} if waiting is None else {"waiting_s": waiting[0]}
-        tp2 = _run("tp=2", tp2_stall, 1, 0.49, **w)
-        w = {} if waiting is None else {"waiting_s": waiting[1]}
-        peers = {k: _run(k, ft_stall, 1, 0.3, **w) for k in ("torchft", "torchft-fast", "torchft-matched")}
-        peers["torchft-matched-compute"] = _run("compute", 3.0, 21, 0.37, **w)
-        return {"started": "2026-12-06 02:00", "runs": {"tp2-fault": tp2, "tp1-fault": _run("tp=1", 0.15, 1, 0.06),
-                                                         **peers}}
-    # run a: tp=2 0.67 s (wait 0.18) against torchft's 0.60 s (wait 0.30): as good on the wait, not on the stall;
-    # run c: the waiting measured, tp=2 0.12 s against torchft's 0.25 s
-    md = across_runs_markdown({"a": compare(0.67, 0.60), "b": compare(0.5, 0.9), "c": compare(0.67, 0.60, (0.12, 0.25))},
-                              ["a", "b", "c"])
-    assert "| 2026-12-06 02:00 | 0.67 (0.18; -) | 0.15 (0.09; -) | 0.60 (0.30; -) |" in md
-    assert "| 2026-12-06 02:00 | 0.67 (0.18; 0.12) | 0.15 (0.09; -) | 0.60 (0.30; 0.25) |" in md
-    assert md.count("| 1 of 4 | 4 of 4 | not measured | 4 of 4 |") == 1
-    assert md.count("| 4 of 4 | 4 of 4 | not measured | 4 of 4 |") == 1
-    assert md.count("| 1 of 4 | 4 of 4 | 4 of 4 | 4 of 4 |") == 1
-    assert "in **6 of 12** torchft runs; on the wait and steps redone in 12 of 12; on the measured waiting " \
-           "and steps redone in 4 of 4 (the runs that measured it)" in md
-    assert "tp=1 (torchft's group size) on the stall and steps redone: 12 of 12." in md
+
+@pytest.mark.unit
+def test_repeated_rounds_report_medians_in_seconds_and_own_steps_and_an_invalid_round_spoils_the_verdict() -> None:
+    from bench.recovery_replicas import compare_markdown, compare_summary, medians
+
+    ft = [_run("Ray Train + torchft", s, 1, 0.04) for s in (0.7, 0.9, 0.8)]
+    r = {"rounds": [_round(t, f) for t, f in zip((0.6, 0.5, 0.7), ft, strict=True)], "quick": False,
+         "load_average_1min": [1.0, 2.0]}
+    m = medians(r)
+    assert m["tp2-fault"]["stall_s"] == {"median": 0.6, "min": 0.5, "max": 0.7, "n": 3}
+    assert m["tp2-fault"]["stall_steps"]["median"] == 2.0  # 0.6 s over its own 0.3 s step
+    assert m["torchft"]["stall_steps"]["median"] == 20.0  # 0.8 s over its own 40 ms step
+    assert m["verdict_tp2_vs_torchft"] == "yes (stall to full strength)"
+    md = compare_markdown(r)
+    assert "| Orthoplex tp=2 x 3 groups | 3 of 3 | 0.60 (0.50-0.70) | 2.0 (1.7-2.3) |" in md
+    assert "against torchft: **yes (stall to full strength)**" in md
+    r["rounds"][1]["runs"]["torchft"] |= {"fit_hung": True}
+    m = medians(r)
+    assert m["verdict_tp2_vs_torchft"] == "invalid (1 of 3 peer runs: fit() hung)"
+    assert m["torchft"]["stall_s"]["n"] == 2  # the hung round left out of the medians
+    s = compare_summary(r)
+    assert s["torchft runs invalid"] == 1 and s["tp2 vs torchft"].startswith("invalid")
+    assert "| Ray Train + torchft | 2 of 3 (fit() hung) |" in compare_markdown(r)
+
+
+@pytest.mark.unit
+def test_the_common_window_is_the_same_length_for_every_system_of_a_round() -> None:
+    from bench.recovery_replicas import add_common_window
+
+    # kill at 10.0; tp=2 back after 2 s, torchft after 5 s: both measured over 5 s after the kill
+    tp2 = _run("tp=2", 0.9, 1, 0.3, kill_ts=10.0, full_strength_s=2.0,
+               survivor_commit_ts={"0": [[s, t] for s, t in enumerate([8.8, 9.1, 9.4, 9.7, 10.6, 10.9, 11.2, 16.0])]})
+    ft = _run("torchft", 3.0, 1, 0.5, kill_ts=10.0, full_strength_s=5.0,
+              survivor_commit_ts={"0": [[s, t] for s, t in enumerate([9.0, 9.5, 10.5, 11.0, 14.0, 14.5])]})
+    runs = {"tp2-fault": tp2, "torchft": ft}
+    add_common_window(runs)
+    assert tp2["window_s"] == ft["window_s"] == 5.0
+    assert ft["stall_window_s"] == 3.0 and ft["stall_window_steps"] == 6.0
+    assert tp2["stall_window_s"] == 4.8  # 11.2 -> 16.0 starts inside the common window: it counts
 
 
 def test_the_in_job_snapshot_estimate_charges_the_copy_and_the_push_against_the_clean_steps_around() -> None:
