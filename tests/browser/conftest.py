@@ -23,8 +23,11 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 SHOTS = REPO / "var" / "screenshots"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Chromium for one test module. Not session-scoped: Playwright's sync API keeps an asyncio loop
+    running in the main thread while it is open, and every later ``asyncio.run`` (the SDK's async
+    tests) or second ``sync_playwright()`` (tests/security/test_headers.py) in the session would fail."""
     if not CHROMIUM.exists():
         pytest.fail(f"Chromium is missing at {CHROMIUM}: `apt-get install -y chromium` (.ci/run does this)")
     from playwright.sync_api import sync_playwright

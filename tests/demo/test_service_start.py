@@ -24,7 +24,7 @@ def test_service_is_started_again_when_its_port_was_taken(ray_cluster, tmp_path:
     real = runner.free_port
     monkeypatch.setattr(runner, "free_port", lambda: next(chosen, None) or real())
     demo = runner.Demo(runner.DemoConfig(workdir=tmp_path))
-    demo.cluster = types.SimpleNamespace(address=ray_cluster.address)
+    demo.cluster = types.SimpleNamespace(address=ray_cluster.address, token_file=ray_cluster.token_file)
     try:
         demo._start_service()
         assert demo.port != taken

@@ -56,7 +56,10 @@ def ray_head() -> Iterator[tuple[str, dict[str, str], Callable[[], None]]]:
     environment, and the call that starts it (``ray start`` in a session of its own)."""
     temp = Path(tempfile.mkdtemp(prefix="oxdep", dir="/tmp"))
     port = _free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": RAY_TOKEN, "PYTHONPATH": str(ROOT)}
+    # the pod's environment: its own token only (the session's Ray cluster, if one runs in this
+    # process, left its token file in RAY_AUTH_TOKEN_PATH)
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH_", "ORTHOPLEX_RAY_"))}
+    env = {**inherited, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": RAY_TOKEN, "PYTHONPATH": str(ROOT)}
     ray_bin = str(Path(sys.executable).with_name("ray"))
     sids: set[int] = set()
 

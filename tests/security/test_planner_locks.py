@@ -78,6 +78,16 @@ class Call(threading.Thread):
         return self.result
 
 
+def _no_connection_checked_out(client: TestClient) -> None:
+    """The pool reaches zero checked-out connections (a ceiling of ``WAIT_S``, no timing asserted)."""
+    ev = threading.Event()
+    for _ in range(int(WAIT_S / 0.02)):
+        if client.app.state.engine.pool.checkedout() == 0:
+            return
+        ev.wait(0.02)
+    raise AssertionError(f"{client.app.state.engine.pool.checkedout()} connection(s) held while planning")
+
+
 def test_nothing_waits_on_a_planning_request(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     gate = Gate(monkeypatch)
     n = uuid.uuid4().int % 500 * 8 + 4000  # global batches no earlier test planned (answers are cached)
@@ -99,8 +109,10 @@ def test_nothing_waits_on_a_planning_request(client: TestClient, monkeypatch: py
         submit = Call(lambda: client.post("/v1/jobs", json=job_body(name="s", global_batch=n + 24), headers=a))
         # a second explain of the same job waits for the first one's search (one search per question)
         explain2 = Call(lambda: client.get(f"/v1/dashboard/jobs/{job_a}/explain", headers=a))
-        # while A's explain and dry run sit in the planner: no connection is checked out ...
-        assert client.app.state.engine.pool.checkedout() == 0
+        # while A's explain and dry run sit in the planner: no connection stays checked out (the submit
+        # and the second explain, just started, may still be in their short reads; none holds one
+        # across the planner, or this never reaches zero while the planner is held) ...
+        _no_connection_checked_out(client)
         # ... and everyone else's requests complete, reads and writes (on SQLite a write needs the lock)
         others = [
             Call(lambda: client.get("/healthz")),
@@ -113,7 +125,7 @@ def test_nothing_waits_on_a_planning_request(client: TestClient, monkeypatch: py
         codes = [c.get().status_code for c in others]
         assert codes == [200, 200, 200, 200, 200, 201], codes
         assert explain.is_alive() and dry.is_alive(), "the planning requests were held all along"
-        assert client.app.state.engine.pool.checkedout() == 0
+        _no_connection_checked_out(client)
     finally:
         gate.release.set()
     r = explain.get()

@@ -203,7 +203,7 @@ def test_sse_follows_until_terminal(client: TestClient, tenant: dict[str, str], 
 
 def test_health_ready_metrics(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready", "checks": {"database": "ok"}}
+    assert client.get("/readyz").json() == {"status": "ready", "checks": {"database": "ok"}, "warnings": []}
     text = client.get("/metrics", headers=ADMIN).text  # per-tenant series need the admin (or scrape) token
     for name in ("orthoplex_jobs{state=\"PENDING\"}", "orthoplex_queue_wait_seconds_bucket",
                  "orthoplex_gpus_allocated", "orthoplex_recoveries_total", "orthoplex_api_request_seconds_bucket"):

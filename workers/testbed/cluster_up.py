@@ -183,10 +183,16 @@ def netns_cluster_up(nodes: int, gpus_per_node: int, *, cpus_per_node: float = 2
                      data_dir: Path | None = None) -> dict[str, Any]:
     """``orthoplex cluster up --netns``: start a namespaced cluster that outlives the command."""
     check_no_cluster(data_dir)
-    cluster = NetnsCluster(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node,
-                           state_path=state_file(data_dir)).start()
-    rec = cluster.record()
-    rec.update({"nodes_count": nodes, "gpus_per_node": gpus_per_node})
-    cluster._rec = rec
-    cluster._save()
+    saved = ray_auth.saved_env()
+    try:
+        cluster = NetnsCluster(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node,
+                               state_path=state_file(data_dir)).start()
+        rec = cluster.record()
+        rec.update({"nodes_count": nodes, "gpus_per_node": gpus_per_node})
+        cluster._rec = rec
+        cluster._save()
+    finally:
+        # the cluster outlives the command, its token stays in its file: this process (a CLI run in
+        # another program, a test) gets its own Ray auth variables back
+        ray_auth.restore_env(saved)
     return rec
