@@ -433,8 +433,8 @@ def test_snapshot_holder_keeps_the_newest_snapshots_by_step() -> None:
 
 
 def test_replica_groups_refuse_layouts_a_replica_group_cannot_run() -> None:
-    """``runtime.replica_groups``: TP (and the micro-batch) inside a group only; PP, CP, DP/ZeRO and
-    snapshots are refused when the spec is parsed, naming the option."""
+    """``runtime.replica_groups``: TP (and the micro-batch) inside a group only; PP, CP, DP/ZeRO are
+    refused when the spec is parsed, naming the option."""
     from workers.runtime.contract.job_spec import parse_job
 
     base = {"model": "tiny", "steps": 2, "global_batch": 12, "checkpoint_dir": "/nonexistent/ckpt",
@@ -443,8 +443,8 @@ def test_replica_groups_refuse_layouts_a_replica_group_cannot_run() -> None:
     for hint in ("pp=2", "tp=2,cp=2", "dp=2,zero=1"):
         with pytest.raises(ValueError, match="replica_groups"):
             parse_job({**base, "layout_hint": hint})
-    with pytest.raises(ValueError, match="snapshots"):
-        parse_job({**base, "runtime": {"replica_groups": 3, "snapshots": True}})
+    # one group snapshots (the fallback re-plan restores from memory)
+    assert parse_job({**base, "runtime": {"replica_groups": 3, "snapshots": True}}).runtime.snapshots.enabled
     with pytest.raises(ValueError, match="micro_batch"):
         parse_job({**base, "layout_hint": "micro_batch=5"})
     assert parse_job({**base, "layout_hint": "pp=2", "runtime": {}}).runtime.replicas.groups == 0

@@ -260,9 +260,6 @@ def check_replica_spec(hint: dict[str, Any], runtime: Any, global_batch: int) ->
         raise ValueError(f"replica_groups: a replica group runs tensor parallelism only (tp, micro_batch); "
                          f"{', '.join(bad)} inside a replica group is not wired (use replica_groups 0 to re-plan "
                          "all four dimensions instead)")
-    if runtime.snapshots.enabled:
-        raise ValueError("replica_groups: in-memory snapshots are not wired for replica groups (the live groups "
-                         "are each other's copy); set snapshots false")
     mb = int(hint.get("micro_batch", 1))
     if global_batch % mb:
         raise ValueError(f"replica_groups: global_batch {global_batch} is not a multiple of micro_batch {mb}")

@@ -159,6 +159,22 @@ class ReplicaSet:
         with self.lock:
             return sorted(g for g, gang in self.groups.items() if set(gang.rank_nodes) & set(nodes))
 
+    def snapshot_group(self) -> int | None:
+        """The group that takes the job's in-memory snapshots (one: every group holds the same state
+        after a commit, so more would only multiply the pushes and the holders' memory): the lowest live
+        group with a copy on a node no live group runs on (``snapshot_nodes``: where its ranks' holders
+        are), so the snapshot outlives the loss of every group, which is when a re-plan needs it;
+        else the lowest live group."""
+        with self.lock:
+            live = sorted(self.groups.items())
+        if not live:
+            return None
+        busy = {n for _, gang in live for n in gang.rank_nodes}
+        for g, gang in live:
+            if set(gang.timings.get("snapshot_nodes") or ()) - busy:
+                return g
+        return live[0][0]
+
     def drop(self, group: int) -> Gang | None:
         with self.lock:
             return self.groups.pop(group, None)
