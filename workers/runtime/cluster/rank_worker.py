@@ -191,16 +191,15 @@ class RankWorker:
 
         assert self._trainer is not None and self._rdzv is not None, "setup first"
         cfg = self._trainer.cfg
-        sampler, micro_batch = self._trainer._data(), self._trainer.layout.micro_batch
-        warm_s = warm_up(self._trainer, sampler, micro_batch, cfg.global_batch)  # not in its first steps
+        sampler = self._trainer._data()
+        warm_s = warm_up(self._trainer, sampler, cfg.global_batch)  # not in its first steps
         freeze_heap()
         if self._lighthouse_proxy is not None:
             self._lighthouse_proxy.close()
         self._lighthouse_proxy = ProxyProcess(lighthouse, secret)
         lighthouse = self._lighthouse_proxy.address()
         self._replica = ReplicaStepper(
-            self._trainer, sampler, group=group, rank=self._rank, tp=self._trainer.layout.tp,
-            global_batch=cfg.global_batch, micro_batch=micro_batch,
+            self._trainer, sampler, group=group, rank=self._rank, global_batch=cfg.global_batch,
             store_addr=str(self._rdzv["host"]), store_port=int(self._rdzv["port"]), lighthouse=lighthouse,
             min_replicas=min_replicas, timeout_s=timeout_s)
         return {"group": group, "step": self._replica.current_step(), "warm_up_s": round(warm_s, 3)}

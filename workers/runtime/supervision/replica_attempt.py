@@ -21,6 +21,7 @@ from collections import Counter
 from typing import Any
 
 from planner.layout import Layout
+from workers.engine.replica_rows import group_layout
 from workers.runtime.cluster.gang import Gang, StartFailed
 from workers.runtime.cluster.placement_groups import Reservation
 from workers.runtime.cluster.watchdog import GatherResult
@@ -39,15 +40,14 @@ class ReplicaGroupPhases:
     replicas: ReplicaSet | None
 
     def _plan_replicas(self) -> tuple[Phase, str]:
-        """One group's layout (the hint's TP, nothing else: ``job_spec.check_replica_spec``) times
-        ``replica_groups``; no planner search (the groups are the unit of failure)."""
+        """One group's layout (the layout hint: any of TP, PP, CP, DP, ZeRO/FSDP; its trainers built for
+        one pass, ``replica_rows.group_layout``) times ``replica_groups``; no planner search (the
+        groups are the unit of failure)."""
         if self.cancel_requested or self.preempt_requested:
             return self._end_switch(Switch("cancelled" if self.cancel_requested else "preempted"))
         if self.replicas is not None:  # the fallback hands PLAN to the single-gang phases (_fall_back)
             raise JobFailed("replica groups: planned twice")
-        hint = self.job.layout_hint
-        layout = Layout(tp=int(hint.get("tp", 1)), micro_batch=int(hint.get("micro_batch", 1)),
-                        sp=bool(hint.get("sp", False))).with_global_batch(self.job.global_batch)
+        layout = group_layout(Layout.from_dict(dict(self.job.layout_hint)))
         self.replicas = ReplicaSet(layout, int(self.settings.replicas.groups), self.name)
         now = time.monotonic()
         self._cycle = Cycle(t_down=now, t_plan=now, t_place=now, give_up=now + self.settings.placement.give_up_s)
