@@ -1,9 +1,9 @@
 """Replica groups that run out (issue #38): the job re-plans instead of failing.
 
-A job of 2 replica groups of ``tp=1`` on the session cluster (3 nodes x 4 declared GPUs: a group
-per node, one node spare), with the job's periodic checkpoints (every 2 steps) and in-memory
-snapshots (every step). Both groups' nodes are killed in the middle of step 6 (``kill_node`` on each
-group's rank): every group is lost. Checked, as behaviour:
+A job of 2 replica groups on the session cluster (3 nodes x 4 declared GPUs: a group per node, one
+node spare), a group ``tp=1``, or ``pp=2`` (a pipeline inside each group), with the job's periodic checkpoints (every 2 steps) and in-memory
+snapshots (every step). Both groups' nodes are killed in the middle of step 6 (``kill_node`` on the
+first and the last rank: one of each group): every group is lost. Checked, as behaviour:
 
 - the job SUCCEEDS: both groups ``replica_dropped`` at step 6, then a plan over the GPUs left
   (the spare node, ``max_gpus`` 2) and one ``resumed`` from the in-memory snapshot of step 5: one
@@ -32,26 +32,28 @@ pytestmark = pytest.mark.cluster
 STEPS, KILL_AT = 10, 5  # 0-based step the kill interrupts (reported as step 6)
 
 
-def _spec(tmp_path: Path) -> dict[str, Any]:
+def _spec(tmp_path: Path, hint: dict[str, int]) -> dict[str, Any]:
     return {
         "model": "tiny", "steps": STEPS, "global_batch": 12, "seed": 5, "max_gpus": 2,
-        "layout_hint": {"tp": 1, "micro_batch": 2}, "checkpoint_dir": str(tmp_path / "ckpt"),
+        "layout_hint": hint, "checkpoint_dir": str(tmp_path / "ckpt"),
         "checkpoint": {"min_every_steps": 2, "max_every_steps": 2},
         "runtime": {**h.FAST_RUNTIME, "grow": False, "replica_groups": 2, "warm_ranks_per_node": 0,
                     "snapshots": True, "snapshot_every": 1},
         "faults": [{"kind": "kill_node", "at_step": KILL_AT, "rank": 0},
-                   {"kind": "kill_node", "at_step": KILL_AT, "rank": 1}],
+                   {"kind": "kill_node", "at_step": KILL_AT, "rank": -1}],
     }
 
 
 @pytest.mark.timeout(600)
-def test_a_replica_job_that_loses_every_group_replans_from_memory_and_finishes(ray_cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("hint", [{"tp": 1, "micro_batch": 2}, {"pp": 2, "micro_batch": 1}], ids=["tp1", "pp2"])
+def test_a_replica_job_that_loses_every_group_replans_from_memory_and_finishes(ray_cluster, tmp_path: Path,
+                                                                                hint: dict[str, int]) -> None:
     import ray
 
     from workers.runtime.recovery.memory_snapshots import buddy_of
     from workers.runtime.supervision.launch import start_supervisor, stop_supervisor
 
-    spec = _spec(tmp_path)
+    spec = _spec(tmp_path, hint)
     nodes = ray_cluster.worker_node_ids()  # a snapshot holder on each
     t0 = time.monotonic()
     sup = start_supervisor("t-replica-fallback", 1, spec, enable_fault_injection=True)
@@ -85,5 +87,5 @@ def test_a_replica_job_that_loses_every_group_replans_from_memory_and_finishes(r
                            | {"checkpoint_dir": str(tmp_path / "r")})
     rel = [abs(e["loss"] - ref[e["step"] - 1]) / abs(ref[e["step"] - 1]) for e in steps_ev]
     assert max(rel) <= 1e-4, [f"{e['step']}:{q:.1e}" for e, q in zip(steps_ev, rel, strict=True)]
-    print(json.dumps({"test_s": round(took, 1), "max_rel_loss_diff": max(rel), "source": resumed[0]["source"],
+    print(json.dumps({"hint": hint, "test_s": round(took, 1), "max_rel_loss_diff": max(rel), "source": resumed[0]["source"],
                       "world_sizes": [e["world_size"] for e in steps_ev]}))

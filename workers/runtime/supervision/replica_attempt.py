@@ -54,37 +54,39 @@ class ReplicaGroupPhases:
         return Phase.PLACE, f"{self.replicas.want} replica groups of {layout.short()}"
 
     def _place_replicas(self) -> tuple[Phase, str]:
-        """A node per group (nodes holding no group first), each group its own placement group; fewer
-        groups when fewer nodes have room (the others are started later, as replacements)."""
+        """A node per group (nodes holding no group first; several when the group's layout needs more
+        GPUs than a node has), each group its own placement group; fewer groups when fewer nodes have
+        room (the others are started later, as replacements)."""
         cycle, reps = self._cycle, self.replicas
         assert cycle is not None and reps is not None
-        tp = reps.layout.world_size
-        nodes = reps.pick_nodes(self.port, reps.want, self.replanner.excluded)
-        got: list[tuple[str, Reservation]] = []
-        for g, node in enumerate(nodes):
-            res = self.port.reserve(tp, nodes=[node], name=f"{self.name}-rg{g}", per_node={node: tp})
+        world = reps.layout.world_size
+        spots = reps.pick_spots(self.port, reps.want, self.replanner.excluded)
+        got: list[tuple[dict[str, int], Reservation]] = []
+        for g, spot in enumerate(spots):
+            res = self.port.reserve(world, nodes=list(spot), name=f"{self.name}-rg{g}", per_node=dict(spot))
             if res is None:
                 break
-            got.append((node, res))
-            self.log.emit(ev.Placed(reason=f"replica group {g}: {tp} GPU bundles on node {node[:8]}",
+            got.append((spot, res))
+            where = ", ".join(f"{k} on node {n[:8]}" for n, k in spot.items())
+            self.log.emit(ev.Placed(reason=f"replica group {g} ({reps.layout.short()}): {where}",
                                     gpus=res.size, placement_group=res.name, gpus_per_node=res.gpus_per_node,
                                     bundle_nodes=list(res.bundle_nodes), seconds=round(res.seconds, 4),
                                     strategy=res.strategy))
         if not got:
             if time.monotonic() > cycle.give_up:
-                raise JobFailed(f"no node with {tp} free GPUs for a replica group")
+                raise JobFailed(f"no room for a replica group of {world} GPUs")
             time.sleep(self.settings.placement.retry_s)
             return Phase.PLACE, "no room for a replica group yet"
-        cycle.plan = got  # (node, reservation) per group, in group order
+        cycle.plan = got  # (spot, reservation) per group, in group order
         return Phase.START, f"{len(got)} of {reps.want} replica groups reserved"
 
     def _start_replicas(self) -> tuple[Phase, str]:
         cycle, reps = self._cycle, self.replicas
         assert cycle is not None and reps is not None
         t0 = time.monotonic()
-        for g, (node, res) in enumerate(cycle.plan):
+        for g, (spot, res) in enumerate(cycle.plan):
             try:
-                gang = self.port.start_gang(reps.plan(g, node), res, on_created=lambda gang, g=g: reps.add(g, gang))
+                gang = self.port.start_gang(reps.plan(g, spot), res, on_created=lambda gang, g=g: reps.add(g, gang))
             except StartFailed as exc:
                 if reps.groups.get(g) is None:
                     self.port.release(res)
@@ -308,14 +310,15 @@ class ReplicaGroupPhases:
                                          pids=sorted({int(r["pid"]) for r in j.first.values()}),
                                          warm_ranks=int(gang.timings.get("warm_ranks", 0)))
             keep_phases(reps.history[j.group], row)  # the replacement's first (healing) attempt
-            self._emit_started(gang, f"replacement replica group {j.group} on node {j.node[:8]}")
+            self._emit_started(gang, f"replacement replica group {j.group} on node(s) "
+                                     f"{', '.join(n[:8] for n in j.spot)}")
             healed = row["healed_from"]
             self.log.emit(ev.ReplicaJoined(reason=f"replica group {j.group} took the state of group {healed} over "
                                            f"the network in its first step (no share of that step's batch; its share from the "
                                            f"next step on): {reps.size} groups",
                                            group=j.group, seconds=round(float(row["ts"]) - j.t0, 3),
                                            step=int(row["step"]) + 1, from_group=int(-1 if healed is None else healed),
-                                           nodes=[j.node], groups=reps.size))
+                                           nodes=list(j.spot), groups=reps.size))
 
     def _teardown_replicas(self) -> None:
         reps = self.replicas
