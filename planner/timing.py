@@ -6,8 +6,9 @@ Per micro-batch and pipeline stage (``tok = b·s/cp`` tokens on a rank, ``T`` = 
   efficiency: ``t = max(2MNK / (peak·eff·g(min(M,N,K))), bytes / (HBM·0.7)) + launch``,
   ``g(d) = d/(d+32)``, ``eff`` the GPU's sustained large-GEMM fraction. Backward = 2 x forward.
   **fp8** GEMMs run at the fp8 peak with the GPU's ``fp8_gemm_efficiency``, deeper tiles
-  (``g(d) = d/(d+64)``) and their casts: inputs read in bf16, amax taken, written in fp8, forward
-  and backward (see :func:`gemm_time`).
+  (``g(d) = d/(d+64)``) and their casts, priced by the stack (:func:`gemm_time`): unfused (torchao,
+  plain PyTorch) or Transformer Engine's (``model.attention: fused``: casts fused into the norms,
+  weights cached across micro-batches). The output layer stays in bf16 under fp8.
 - **Attention core**: a flash-type kernel (FlashAttention-2 class, or the vendor's fused kernel:
   cuDNN / Transformer Engine, FlashAttention-3 class on Hopper) with the causal half skipped, at an
   efficiency curve in block length, causality and head dim (:func:`attention_efficiency`;
@@ -19,7 +20,7 @@ Per micro-batch and pipeline stage (``tok = b·s/cp`` tokens on a rank, ``T`` = 
   recompute) of ``2·tok·h`` bytes, ring cost ``2(T-1)/T·S/BW``, on NVLink when the TP group fits in
   a node, on the NICs otherwise (a group with k members per node gets k NICs: NCCL runs a ring per
   NIC). Not overlapped, unless the software pipelines them with the GEMMs (``spec.tp_overlap``:
-  TE userbuffers, PyTorch AsyncTP; see :func:`tp_overlapped`).
+  TE userbuffers, PyTorch AsyncTP; see :func:`tp_overlapped`: the all-gather side hides whole).
 - **CP**: ring passes K/V chunks ``(cp-1)`` times (backward 2 x), each transfer overlapped with one
   step's attention (a ``cp``-th of it): what a step cannot hide is exposed, plus 20 µs of
   launch/synchronisation per ring step. Ulysses: two all-to-alls each way, exposed.
@@ -27,9 +28,10 @@ Per micro-batch and pipeline stage (``tok = b·s/cp`` tokens on a rank, ``T`` = 
   a plain pipeline, overlapped with the other chunks' compute when interleaved (:func:`p2p_exposed`);
   bubble ``(p-1)/v`` stage-times, i.e. ``(p-1)/(v·m+p-1)`` of the pipeline time.
 - **DP**: gradient all-reduce (ZeRO-0) or reduce-scatter + parameter all-gather (ZeRO-1) over
-  DP x CP, overlapped with the last micro-batch's backward; ZeRO-3 (FSDP2) gathers parameters
-  forward and backward and reduce-scatters gradients for every micro-batch, prefetched under the
-  previous layer's compute: the first gather of each pass and the last reduce-scatter (a layer's
+  DP x CP, bucketed and overlapped with the last micro-batch's backward and the first forward, over
+  the cool-down / warm-up of every model chunk when interleaved (:func:`dp_windows`); ZeRO-3
+  (FSDP2) gathers parameters forward and backward and reduce-scatters gradients for every
+  micro-batch, prefetched under the previous layer's compute: the first gather of each pass and the last reduce-scatter (a layer's
   share) are always exposed.
 - **Overlap is not free**: every second of communication hidden under compute slows that compute by
   0.15 s (NCCL kernels occupy SMs and HBM bandwidth), charged to that communication's component;
