@@ -186,7 +186,8 @@ class RankWorker:
         manager uses the group's rendezvous store; the step counter starts at 0 (a replacement heals
         from a peer at its first quorum). The manager asks the job's quorum service through a loopback
         proxy (a child process) that adds the job's ``secret`` (torchft 0.2.0's client cannot send it)."""
-        from workers.engine.replica_ft import ReplicaStepper, warm_up
+        from workers.engine.replica_ft import ReplicaStepper
+        from workers.engine.replica_passes import warm_up
         from workers.runtime.recovery.quorum_proxy import ProxyProcess
 
         assert self._trainer is not None and self._rdzv is not None, "setup first"
