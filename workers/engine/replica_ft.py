@@ -55,7 +55,7 @@ import torch
 import torch.distributed as dist
 
 from workers.engine.parallel.data import flatten, local, unflatten_into
-X
+from workers.engine.replica_passes import forward_backward
 from workers.engine.replica_rows import (  # noqa: F401  (row_share, redo_extra: the tests' names here too)
     redo_extra,
     redo_guess,
