@@ -1,0 +1,52 @@
+"""A job's recovery on the control plane's GPU profile: plan the job, then the one rule
+(``planner.recovery_choice.choose``). Used by the controller (the scheduler's group sizes, an
+attempt's runtime settings) and the API (``POST /v1/plans`` says the same). Pure Python: the planner
+and the planner-spec builder, no Ray, no database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from planner.recovery_choice import ChoiceError, RecoveryChoice, choose, unplanned
+from service.log import get_logger
+from workers.planner_spec import PlanCluster, to_planner_spec
+
+log = get_logger("service.recovery")
+
+
+def job_plan_spec(spec: Mapping[str, Any], gpus: int, *, gpu_type: str, gpus_per_node: int | None) -> dict[str, Any]:
+    """The planner spec of a stored job ``spec`` on up to ``gpus`` of the profile (at least its
+    ``min_gpus``, as the runtime plans within a grant)."""
+    low = max(1, min(int(spec.get("min_gpus", 1)), gpus))
+    cluster = PlanCluster(gpu_type=gpu_type, num_gpus=gpus, min_gpus=low if low < gpus else None,
+                          gpus_per_node=gpus_per_node)
+    return to_planner_spec(spec, cluster)
+
+
+def plan_recovery(spec: Mapping[str, Any], gpus: int, *, gpu_type: str, gpus_per_node: int | None,
+                  model: Any = None) -> RecoveryChoice:
+    """The recovery of the stored job ``spec`` on its best plan for up to ``gpus`` GPUs.
+    ``ChoiceError`` when a policy the spec names cannot hold on that plan; a planner that cannot
+    plan the job gives :func:`~planner.recovery_choice.unplanned` (``auto``: re-plan from memory).
+    ``model``: the engine shape to plan (an HF model's, from its ``config.json``)."""
+    import planner
+
+    job = dict(spec) if model is None else {**spec, "model": model}
+    recovery = spec.get("recovery")
+    try:
+        pspec = job_plan_spec(job, gpus, gpu_type=gpu_type, gpus_per_node=gpus_per_node)
+        result = planner.plan(pspec, top_k=1)
+    except ValueError as exc:  # the planner refused the spec: the fit check says why, elsewhere
+        log.warning("no plan for the recovery choice", extra={"error": repr(exc)})
+        return unplanned(recovery)
+    if not result.plans:
+        return unplanned(recovery)
+    best = result.plans[0]
+    exact = job_plan_spec(job, best.num_gpus, gpu_type=gpu_type, gpus_per_node=gpus_per_node)
+    exact["cluster"].pop("min_gpus", None)
+    return choose(best, recovery, exact)
+
+
+__all__ = ["ChoiceError", "job_plan_spec", "plan_recovery"]
