@@ -84,16 +84,16 @@ def test_a_plan_with_a_recovery_object_is_used_as_it_is() -> None:
     # what the user set explicitly wins over the plan's object
     mine = choose({**plan.to_dict(), "recovery": obj}, {"snapshots": {"every": 2}, "warm_ranks": 0}, spec)
     assert (mine.snapshot_every, mine.warm_ranks) == (2, 0)
-    with pytest.raises(ChoiceError, match="plan.recovery.groups"):
+    with pytest.raises(ChoiceError, match=r"plan\.recovery\.groups"):
         choose({**plan.to_dict(), "recovery": {**obj, "groups": 3}}, None, spec)  # 3 does not divide dp=4
-    with pytest.raises(ChoiceError, match="plan.recovery.policy"):
+    with pytest.raises(ChoiceError, match=r"plan\.recovery\.policy"):
         choose({**plan.to_dict(), "recovery": {**obj, "policy": "pray"}}, None, spec)
 
 
 def test_named_policies_and_the_block_rules() -> None:
     plan, spec = _plan("llama3-8b", "tp=2,dp=4,recompute=full", 8)
     assert choose(plan, {"policy": "replica_groups", "groups": 2}, spec).groups == 2
-    with pytest.raises(ChoiceError, match="recovery.groups"):
+    with pytest.raises(ChoiceError, match=r"recovery\.groups"):
         choose(plan, {"policy": "replica_groups", "groups": 3}, spec)
     r = choose(plan, {"policy": "restart"}, spec)
     assert (r.policy, r.snapshots, r.runtime_policy, r.source) == ("restart", False, "restart", "spec")
