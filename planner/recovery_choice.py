@@ -148,27 +148,47 @@ def group_layout(lay: Layout, groups: int) -> Layout:
                                num_micro_batches=lay.num_micro_batches)
 
 
+def _node_aligned(plan: Plan, groups: int) -> bool:
+    """Whether no node of ``plan`` holds ranks of two of ``groups`` replica groups (a node lost takes
+    one group); False without a rank grid."""
+    lay = plan.layout
+    shard = lay.dp // groups
+    seen: dict[int | str, int] = {}
+    for slot in plan.rank_grid:
+        g = lay.coords(slot.rank).dp // shard
+        if seen.setdefault(slot.node, g) != g:
+            return False
+    return bool(plan.rank_grid)
+
+
 def replica_room(plan: Plan, spec: PlanSpec | Mapping[str, Any] | None) -> tuple[int, str]:
-    """The memory rule: the largest ``G >= 2`` dividing the plan's ``dp`` whose groups each hold a
-    full replica within per-GPU memory, and why; ``(0, why not)`` when none does."""
+    """The memory rule: how many replica groups ``G >= 2`` (a divisor of the plan's ``dp``) each
+    holding a full replica fit per-GPU memory, and why; ``(0, why not)`` when two do not. Of the
+    counts that fit, the largest whose groups share no node (a node lost takes one group), else the
+    largest."""
     lay = plan.layout
     if lay.dp < 2:
         return 0, f"dp={lay.dp}: one copy of the model state, no second replica to heal from"
+    counts = sorted((d for d in range(2, lay.dp + 1) if lay.dp % d == 0), reverse=True)
     if lay.zero == 0:
-        return lay.dp, f"zero=0: each of the dp={lay.dp} data-parallel ranks holds a full replica"
-    if spec is None:
+        fits = counts
+        why = f"zero=0: each of the dp={lay.dp} data-parallel ranks holds a full replica"
+    elif spec is None:
         return 0, f"zero={lay.zero}: no planner spec to price replicas in memory"
-    pspec = spec if isinstance(spec, PlanSpec) else parse_spec(spec)
-    limit = memory_limit_gb(pspec)
-    now = memory_total_gb(pspec, lay)
-    for g in sorted((d for d in range(2, lay.dp + 1) if lay.dp % d == 0), reverse=True):
-        mem = memory_total_gb(pspec, dataclasses.replace(lay, dp_replicate=g))
-        if mem <= limit:
-            return g, (f"zero={lay.zero}, dp={lay.dp}: {g} full replicas fit ({mem:.1f} GiB per GPU of "
-                       f"{limit:.1f} usable, {now:.1f} sharded over all of dp)")
-    mem = memory_total_gb(pspec, dataclasses.replace(lay, dp_replicate=2))
-    return 0, (f"zero={lay.zero}, dp={lay.dp}: two full replicas need {mem:.1f} GiB per GPU, "
-               f"{limit:.1f} usable")
+    else:
+        pspec = spec if isinstance(spec, PlanSpec) else parse_spec(spec)
+        limit = memory_limit_gb(pspec)
+        mem = {g: memory_total_gb(pspec, dataclasses.replace(lay, dp_replicate=g)) for g in counts}
+        fits = [g for g in counts if mem[g] <= limit]
+        if not fits:
+            return 0, (f"zero={lay.zero}, dp={lay.dp}: two full replicas need {mem[2]:.1f} GiB per GPU, "
+                       f"{limit:.1f} usable")
+        why = (f"zero={lay.zero}, dp={lay.dp}: {fits[0]} full replicas fit ({mem[fits[0]]:.1f} GiB per GPU of "
+               f"{limit:.1f} usable, {memory_total_gb(pspec, lay):.1f} sharded over all of dp)")
+    aligned = [g for g in fits if _node_aligned(plan, g)]
+    if aligned and aligned[0] != fits[0]:
+        return aligned[0], f"{why}; {aligned[0]} groups, so that a node lost takes one group"
+    return fits[0], why
 
 
 def _from_plan_object(obj: Mapping[str, Any], lay: Layout) -> tuple[str, int, int | None, int | None, int | None, str]:

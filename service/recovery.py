@@ -6,6 +6,7 @@ and the planner-spec builder, no Ray, no database.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,7 +39,7 @@ def plan_recovery(spec: Mapping[str, Any], gpus: int, *, gpu_type: str, gpus_per
     try:
         pspec = job_plan_spec(job, gpus, gpu_type=gpu_type, gpus_per_node=gpus_per_node)
         result = planner.plan(pspec, top_k=1)
-    except ValueError as exc:  # the planner refused the spec: the fit check says why, elsewhere
+    except Exception as exc:  # the planner refused the spec (the fit check says why) or cannot read it
         log.warning("no plan for the recovery choice", extra={"error": repr(exc)})
         return unplanned(recovery)
     if not result.plans:
@@ -49,4 +50,27 @@ def plan_recovery(spec: Mapping[str, Any], gpus: int, *, gpu_type: str, gpus_per
     return choose(best, recovery, exact)
 
 
-__all__ = ["ChoiceError", "job_plan_spec", "plan_recovery"]
+def job_recovery(spec: Mapping[str, Any], gpus: int, *, gpu_type: str, gpus_per_node: int | None) -> RecoveryChoice:
+    """:func:`plan_recovery` for the control plane, which must go on whatever the spec says: a policy
+    that cannot hold on the plan (a named ``replica_groups`` the plan has no room for) re-plans
+    from memory instead, saying why."""
+    try:
+        return plan_recovery(spec, gpus, gpu_type=gpu_type, gpus_per_node=gpus_per_node)
+    except ChoiceError as exc:
+        block = {k: v for k, v in dict(spec.get("recovery") or {}).items() if k not in ("policy", "groups")}
+        fallback = unplanned({**block, "policy": "replan"})
+        return dataclasses.replace(fallback, reason=f"re-plan from memory: {exc}")
+
+
+def whole_groups(choice: RecoveryChoice | None, min_gpus: int, max_gpus: int) -> tuple[int, int, int]:
+    """(min, max, unit): a replica job's GPU range in whole groups of ``unit`` GPUs (the plan's
+    groups at most); ``unit`` 1 for any other job (its range as it is)."""
+    if choice is None or choice.policy != "replica_groups" or choice.group_gpus < 1 or choice.groups < 2:
+        return min_gpus, max_gpus, 1
+    unit = choice.group_gpus
+    top = min(max_gpus // unit, choice.groups) * unit
+    low = min(top, max(unit, -(-min_gpus // unit) * unit))
+    return low, top, unit
+
+
+__all__ = ["ChoiceError", "job_plan_spec", "job_recovery", "plan_recovery", "whole_groups"]

@@ -270,6 +270,11 @@ class JobPublic(_Out):
     finished_at: dt.datetime | None = None
     final_loss: float | None = None
     final_step: int | None = None
+    recovery: dict[str, Any] | None = Field(
+        default=None, description="the recovery the control plane chose for the latest attempt: policy "
+                                  "(replica_groups, replan, restart), groups, group_gpus, snapshots, snapshot_every, "
+                                  "warm_ranks, reason, source (rule, plan or spec); null before the first attempt "
+                                  "and in job lists")
 
     @field_validator("reason", mode="after")
     @classmethod

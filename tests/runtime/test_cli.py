@@ -12,6 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from planner.recovery_choice import DEFAULT_WARM_RANKS
 from service.cli.runtime import build_spec, register, summarize
 from workers.runtime.cluster.ray_auth import token_env
 
@@ -27,11 +28,26 @@ def test_run_options_become_a_spec_with_faults_only_when_asked() -> None:
     kw = dict(model="tiny", steps=10, global_batch=12, min_gpus=4, layout_hint="tp=2,pp=2", checkpoint_dir="/c",
               slow_factor=2.0, events_out=None, metrics_out=None, max_checkpoint_every=5, hang_timeout_s=30.0)
     plain = build_spec(kill_node_at_step=None, slow_node_at_step=None, **kw)
-    assert plain["faults"] == [] and plain["layout_hint"] == "tp=2,pp=2" and plain["min_gpus"] == 4
+    assert plain["faults"] == [] and plain["layout_hint"]["tp"] == 2 and plain["min_gpus"] == 4
+    assert plain["layout_hint"]["pp"] == 2
     faulty = build_spec(kill_node_at_step=3, slow_node_at_step=5, **kw)
     assert [f["kind"] for f in faulty["faults"]] == ["kill_node", "slow_node"]
     assert faulty["faults"][1]["factor"] == 2.0
-    assert "max_gpus" not in plain and plain["runtime"]["snapshots"] is False  # opt-in
+    # the service's defaults (planner.recovery_choice): snapshots and warm ranks on, re-plan on dp=1
+    assert "max_gpus" not in plain and plain["runtime"]["snapshots"] is True
+    assert plain["runtime"]["warm_ranks_per_node"] == DEFAULT_WARM_RANKS and plain["runtime"]["replica_groups"] == 0
+    assert "recovery" in plain  # what it chose, for the run's first line (run pops it)
+    off = build_spec(kill_node_at_step=None, slow_node_at_step=None, snapshots=False, warm_ranks=0, **kw)
+    assert off["runtime"]["snapshots"] is False and off["runtime"]["warm_ranks_per_node"] == 0
+    restart = build_spec(kill_node_at_step=None, slow_node_at_step=None, recovery="restart", **kw)
+    assert restart["runtime"]["snapshots"] is False and restart["recovery"]["policy"] == "restart"
+    # dp=3 holds three full replicas: auto runs three replica groups of tp=2 (the 6-GPU job)
+    groups = build_spec(kill_node_at_step=None, slow_node_at_step=None, nodes=4, gpus_per_node=2,
+                        **{**kw, "layout_hint": "tp=2,dp=3", "min_gpus": 1, "max_gpus": 6})
+    assert groups["runtime"]["replica_groups"] == 3 and groups["layout_hint"]["tp"] == 2, groups["recovery"]
+    with pytest.raises(ValueError, match="--replica-groups"):  # 4 groups do not divide dp=3
+        build_spec(kill_node_at_step=None, slow_node_at_step=None, nodes=4, gpus_per_node=2, replica_groups=4,
+                   **{**kw, "layout_hint": "tp=2,dp=3", "min_gpus": 1, "max_gpus": 6})
     capped = build_spec(kill_node_at_step=None, slow_node_at_step=None, max_gpus=8, snapshots=True, **kw)
     assert capped["max_gpus"] == 8 and capped["runtime"]["snapshots"] is True
     assert capped["runtime"]["snapshot_every"] == 1

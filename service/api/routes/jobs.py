@@ -226,7 +226,7 @@ def get_job(job_id: JobId, tenant: CurrentTenant, db: Db) -> JobPublic:
     job = repo.get_job(db, tenant.id, job_id)
     if job is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "job not found")
-    return _public(job)
+    return _public(job).model_copy(update={"recovery": repo.attempt_recovery(db, job.id)})
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, operation_id="cancel_job", summary="Cancel a job",

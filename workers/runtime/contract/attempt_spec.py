@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.layout import Layout
+from planner.layout import Layout, parse_hint
 from workers import object_store
 from workers.data_area import DataArea
 from workers.engine.config import ModelConfig
@@ -148,7 +148,7 @@ def recovery_settings(spec: dict[str, Any], stored: Mapping[str, Any], choice: M
                        "warm_ranks_per_node": c.warm_ranks,
                        "replica_groups": c.groups if c.policy == "replica_groups" else 0}
     if c.policy == "replica_groups" and c.group_layout:
-        hint = dict(spec.get("layout_hint") or {})
+        hint = dict(parse_hint(spec.get("layout_hint")))
         for key in REPLICA_HINT:
             value = c.group_layout.get(key)
             if key not in hint and value is not None and value != getattr(_DEFAULT_LAYOUT, key):
