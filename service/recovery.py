@@ -50,12 +50,27 @@ def plan_recovery(spec: Mapping[str, Any], gpus: int, *, gpu_type: str, gpus_per
     return choose(best, recovery, exact)
 
 
+def runnable(spec: Mapping[str, Any], choice: RecoveryChoice) -> RecoveryChoice:
+    """``choice``, or re-plan from memory (saying why) when the runtime would refuse its replica groups
+    for this job (``attempt_spec.replica_refusal``: a layout or snapshots a replica group does not
+    run yet): the replica path running out falls back to a re-plan, never to a failed job."""
+    from workers.runtime.contract.attempt_spec import replica_refusal
+
+    why = replica_refusal(spec, choice.to_dict())
+    if why is None:
+        return choice
+    return dataclasses.replace(choice, policy="replan", groups=0, group_layout=None,
+                               group_gpus=choice.groups * choice.group_gpus,
+                               reason=f"re-plan from memory: the runtime does not run these replica groups ({why}); "
+                                      f"the plan: {choice.reason}")
+
+
 def job_recovery(spec: Mapping[str, Any], gpus: int, *, gpu_type: str, gpus_per_node: int | None) -> RecoveryChoice:
     """:func:`plan_recovery` for the control plane, which must go on whatever the spec says: a policy
-    that cannot hold on the plan (a named ``replica_groups`` the plan has no room for) re-plans
-    from memory instead, saying why."""
+    that cannot hold on the plan (a named ``replica_groups`` the plan has no room for) or that the
+    runtime would refuse (:func:`runnable`) re-plans from memory instead, saying why."""
     try:
-        return plan_recovery(spec, gpus, gpu_type=gpu_type, gpus_per_node=gpus_per_node)
+        return runnable(spec, plan_recovery(spec, gpus, gpu_type=gpu_type, gpus_per_node=gpus_per_node))
     except ChoiceError as exc:
         block = {k: v for k, v in dict(spec.get("recovery") or {}).items() if k not in ("policy", "groups")}
         fallback = unplanned({**block, "policy": "replan"})
@@ -73,4 +88,4 @@ def whole_groups(choice: RecoveryChoice | None, min_gpus: int, max_gpus: int) ->
     return low, top, unit
 
 
-__all__ = ["ChoiceError", "job_plan_spec", "job_recovery", "plan_recovery", "whole_groups"]
+__all__ = ["ChoiceError", "job_plan_spec", "job_recovery", "plan_recovery", "runnable", "whole_groups"]

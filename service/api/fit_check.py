@@ -108,12 +108,18 @@ def recovery_choice(spec: JobSpec, api: ApiSettings, plan: dict[str, Any],
     """What ``spec``'s recovery block comes to on ``plan`` (the one rule, ``planner.recovery_choice``),
     priced on the plan's GPU count; :class:`PlannerRefused` naming the field when it cannot hold."""
     from planner.recovery_choice import ChoiceError, choose
+    from service.recovery import runnable
+    from workers.runtime.contract.attempt_spec import replica_refusal
 
     block = spec.recovery.model_dump(mode="json", exclude_none=True) if spec.recovery is not None else None
     try:
-        return choose(plan, block, planner_spec(spec, api, int(plan["num_gpus"]), model)).to_dict()
+        choice = choose(plan, block, planner_spec(spec, api, int(plan["num_gpus"]), model))
     except ChoiceError as exc:
         raise PlannerRefused(tuple(exc.field.split(".")), exc.msg) from None
+    stored = spec.stored()
+    if choice.source == "spec" and (why := replica_refusal(stored, choice.to_dict())) is not None:
+        raise PlannerRefused(("recovery", "policy"), f"the runtime does not run these replica groups: {why}")
+    return runnable(stored, choice).to_dict()  # auto: the re-plan path where the runtime has no replica path
 
 
 def planner_spec(spec: JobSpec, api: ApiSettings, gpus: int | None = None,

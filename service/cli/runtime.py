@@ -49,8 +49,8 @@ def build_spec(
     ``auto``, snapshots and warm ranks on unless turned off. ``replica_groups`` N names
     ``replica_groups`` with N groups. ``ValueError`` naming the option when the block cannot hold."""
     from planner.recovery_choice import ChoiceError, check_block
-    from service.recovery import plan_recovery
-    from workers.runtime.contract.attempt_spec import recovery_settings
+    from service.recovery import plan_recovery, runnable
+    from workers.runtime.contract.attempt_spec import recovery_settings, replica_refusal
 
     if max_gpus is not None and max_gpus < min_gpus:
         raise ValueError(f"--max-gpus: {max_gpus} is below --min-gpus {min_gpus}")
@@ -92,6 +92,9 @@ def build_spec(
         choice = plan_recovery({**spec, "recovery": block}, gpus, gpu_type="CPU", gpus_per_node=gpus_per_node)
     except ChoiceError as exc:
         raise ValueError(f"{flags.get(exc.field, exc.field)}: {exc.msg}") from None
+    if choice.source == "spec" and (why := replica_refusal(spec, choice.to_dict())) is not None:
+        raise ValueError(f"{'--replica-groups' if replica_groups else '--recovery'}: {why}")
+    choice = runnable(spec, choice)  # auto: the re-plan path where the runtime has no replica path
     recovery_settings(spec, spec, choice.to_dict())
     spec["recovery"] = choice.to_dict()  # what the run chose, and why (the summary prints it)
     if events_out:

@@ -41,10 +41,17 @@ def test_run_options_become_a_spec_with_faults_only_when_asked() -> None:
     assert off["runtime"]["snapshots"] is False and off["runtime"]["warm_ranks_per_node"] == 0
     restart = build_spec(kill_node_at_step=None, slow_node_at_step=None, recovery="restart", **kw)
     assert restart["runtime"]["snapshots"] is False and restart["recovery"]["policy"] == "restart"
-    # dp=3 holds three full replicas: auto runs three replica groups of tp=2 (the 6-GPU job)
-    groups = build_spec(kill_node_at_step=None, slow_node_at_step=None, nodes=4, gpus_per_node=2,
-                        **{**kw, "layout_hint": "tp=2,dp=3", "min_gpus": 1, "max_gpus": 6})
+    # dp=3 holds three full replicas: auto runs three replica groups of tp=2 (the 6-GPU job) ...
+    six = {**kw, "layout_hint": "tp=2,dp=3", "min_gpus": 1, "max_gpus": 6}
+    groups = build_spec(kill_node_at_step=None, slow_node_at_step=None, nodes=4, gpus_per_node=2, snapshots=False,
+                        **six)
     assert groups["runtime"]["replica_groups"] == 3 and groups["layout_hint"]["tp"] == 2, groups["recovery"]
+    # ... and where the runtime's replica path does not run the choice (snapshots inside a group, until
+    # it does), auto re-plans from memory instead, saying why: never a spec the runtime refuses
+    auto = build_spec(kill_node_at_step=None, slow_node_at_step=None, nodes=4, gpus_per_node=2, **six)
+    if auto["recovery"]["policy"] != "replica_groups":
+        assert auto["runtime"]["replica_groups"] == 0 and auto["runtime"]["snapshots"] is True
+        assert "the runtime does not run these replica groups" in auto["recovery"]["reason"]
     with pytest.raises(ValueError, match="--replica-groups"):  # 4 groups do not divide dp=3
         build_spec(kill_node_at_step=None, slow_node_at_step=None, nodes=4, gpus_per_node=2, replica_groups=4,
                    **{**kw, "layout_hint": "tp=2,dp=3", "min_gpus": 1, "max_gpus": 6})

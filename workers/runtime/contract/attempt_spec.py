@@ -20,7 +20,8 @@ Every field keeps its name on the way, down to the engine's ``TrainConfig`` (``e
 - replaces it by the control plane's choice (``recovery``: the grant's ``recovery``, what
   ``planner.recovery_choice`` made of the block on the job's plan and the GPUs granted): the runtime
   settings ``snapshots``, ``snapshot_every``, ``warm_ranks_per_node`` and ``replica_groups``, one
-  replica group's layout as the ``layout_hint`` fields the job left open, and the plan's checkpoint
+  replica group's layout as the ``layout_hint`` fields the job left open (its ``dp`` always: the
+  job's is the groups' times one group's), and the plan's checkpoint
   cadence when the job set no ``checkpoint`` (:func:`recovery_settings`);
 - keeps it in the control plane (:data:`CONTROL_PLANE_ONLY`: ``name``, ``priority``,
   ``preemptible``, ``elastic``).
@@ -41,7 +42,7 @@ from workers import object_store
 from workers.data_area import DataArea
 from workers.engine.config import ModelConfig
 from workers.job_inputs import CHECKPOINT_DIR, EXPORT_DIR, TENSORBOARD_DIR, hf_model, tokenizer_path
-from workers.runtime.contract.job_spec import SPEC_FIELDS
+from workers.runtime.contract.job_spec import SPEC_FIELDS, RuntimeSettings, check_replica_spec
 
 #: fields of the API's spec that the control plane alone acts on (they never reach a rank)
 CONTROL_PLANE_ONLY: frozenset[str] = frozenset({"name", "priority", "preemptible", "elastic"})
@@ -149,6 +150,8 @@ def recovery_settings(spec: dict[str, Any], stored: Mapping[str, Any], choice: M
                        "replica_groups": c.groups if c.policy == "replica_groups" else 0}
     if c.policy == "replica_groups" and c.group_layout:
         hint = dict(parse_hint(spec.get("layout_hint")))
+        hint.pop("dp_replicate", None)  # the groups are the replicas now
+        hint.pop("dp", None)  # the job's dp is the groups' times one group's: the group's goes in
         for key in REPLICA_HINT:
             value = c.group_layout.get(key)
             if key not in hint and value is not None and value != getattr(_DEFAULT_LAYOUT, key):
@@ -156,6 +159,21 @@ def recovery_settings(spec: dict[str, Any], stored: Mapping[str, Any], choice: M
         spec["layout_hint"] = hint
     if c.checkpoint_every_steps and "checkpoint" not in stored:
         spec["checkpoint"] = {"min_every_steps": c.checkpoint_every_steps, "max_every_steps": c.checkpoint_every_steps}
+
+
+def replica_refusal(stored: Mapping[str, Any], choice: Mapping[str, Any]) -> str | None:
+    """Why the runtime would refuse ``choice``'s replica groups for the job ``stored`` (what
+    ``job_spec.check_replica_spec`` says of the translated spec), or None when it runs them."""
+    if choice.get("policy") != "replica_groups":
+        return None
+    spec: dict[str, Any] = {"runtime": {}, "layout_hint": stored.get("layout_hint")}
+    recovery_settings(spec, stored, choice)
+    try:
+        check_replica_spec(parse_hint(spec.get("layout_hint")), RuntimeSettings.from_dict(spec["runtime"]),
+                           int(stored["global_batch"]))
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _vocab(model: str | Mapping[str, Any]) -> int:
