@@ -45,6 +45,9 @@ def plan_recovery(spec: Mapping[str, Any], gpus: int, *, gpu_type: str, gpus_per
     if not result.plans:
         return unplanned(recovery)
     best = result.plans[0]
+    groups = int(dict(recovery or {}).get("groups") or 0)
+    if groups >= 2 and best.layout.dp % groups:  # named groups: the best plan whose dp they divide
+        best = _plan_for_groups(job, groups, gpus, gpu_type=gpu_type, gpus_per_node=gpus_per_node) or best
     exact = job_plan_spec(job, best.num_gpus, gpu_type=gpu_type, gpus_per_node=gpus_per_node)
     exact["cluster"].pop("min_gpus", None)
     return choose(best, recovery, exact)
@@ -63,6 +66,21 @@ def runnable(spec: Mapping[str, Any], choice: RecoveryChoice) -> RecoveryChoice:
                                group_gpus=choice.groups * choice.group_gpus,
                                reason=f"re-plan from memory: the runtime does not run these replica groups ({why}); "
                                       f"the plan: {choice.reason}")
+
+
+def _plan_for_groups(job: Mapping[str, Any], groups: int, gpus: int, *, gpu_type: str,
+                     gpus_per_node: int | None) -> Any:
+    """The best plan on the most GPUs (a multiple of ``groups``, at most ``gpus``) whose ``dp`` the
+    ``groups`` divide; None when no count has one."""
+    import planner
+
+    for n in range(gpus - gpus % groups, groups - 1, -groups):
+        pspec = job_plan_spec(job, n, gpu_type=gpu_type, gpus_per_node=gpus_per_node)
+        pspec["cluster"].pop("min_gpus", None)
+        result = planner.plan(pspec, top_k=1)
+        if result.plans and result.plans[0].layout.dp % groups == 0:
+            return result.plans[0]
+    return None
 
 
 def job_recovery(spec: Mapping[str, Any], gpus: int, *, gpu_type: str, gpus_per_node: int | None) -> RecoveryChoice:

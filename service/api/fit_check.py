@@ -112,8 +112,16 @@ def recovery_choice(spec: JobSpec, api: ApiSettings, plan: dict[str, Any],
     from workers.runtime.contract.attempt_spec import replica_refusal
 
     block = spec.recovery.model_dump(mode="json", exclude_none=True) if spec.recovery is not None else None
+    groups = int((block or {}).get("groups") or 0)
     try:
-        choice = choose(plan, block, planner_spec(spec, api, int(plan["num_gpus"]), model))
+        if groups and int(plan["layout"]["dp"]) % groups:  # named groups: the plan whose dp they divide
+            from service.recovery import plan_recovery
+
+            profile = get_settings()
+            choice = plan_recovery(spec.stored(), spec.max_gpus, gpu_type=profile.gpu_type,
+                                   gpus_per_node=profile.gpus_per_node, model=model)
+        else:
+            choice = choose(plan, block, planner_spec(spec, api, int(plan["num_gpus"]), model))
     except ChoiceError as exc:
         raise PlannerRefused(tuple(exc.field.split(".")), exc.msg) from None
     stored = spec.stored()
