@@ -388,7 +388,7 @@ const FIELDS = [
   ["recovery.policy", "Recovery", "select", "auto", "auto: replica groups when the plan holds two or more full replicas in memory, else re-plan from memory"],
   ["recovery.groups", "Replica groups", "number", "", "optional, with replica_groups"],
   ["recovery.snapshots.enabled", "Memory snapshots", "select", "default", "default: on (off with restart)"],
-  ["recovery.snapshots.every", "Snapshot every N steps", "number", "", "optional; default 1"],
+  ["recovery.snapshots.every", "Snapshot cadence", "number", "", "a snapshot after every N-th step; optional, default 1"],
   ["recovery.warm_ranks", "Warm ranks per node", "number", "", "optional; default 1, 0 turns them off"],
 ];
 const CHOICES = {
