@@ -91,3 +91,49 @@ def test_whole_groups_leaves_other_jobs_alone(choice: dict) -> None:
     c = RecoveryChoice.from_dict(choice)
     assert whole_groups(c, 1, 8) == (2, 6, 2)
     assert whole_groups(c, 3, 4) == (4, 4, 2)  # at least min_gpus, in whole groups, within max_gpus
+
+
+@pytest.mark.postgres
+def test_one_groups_placed_event_does_not_replace_the_jobs_allocation(migrated_db_url: str) -> None:
+    """The grant (every group's GPUs) stays the job's allocation when a replica group reports its own
+    placement; a whole gang's ``placed`` still replaces it (a re-plan's new size)."""
+    from service.controller.events_pull import JobRef, apply_event
+    from service.db import transitions as tr
+    from service.db.models import Job, Tenant
+    from service.db.session import make_engine, make_sessionmaker
+    from workers.runtime.contract import events as ev
+
+    engine = make_engine(migrated_db_url)
+    sessions = make_sessionmaker(engine)
+    try:
+        with sessions() as s:
+            t = Tenant(name="rg")
+            s.add(t)
+            s.flush()
+            job = Job(tenant_id=t.id, name="rg", state="PENDING", spec=dict(SPEC), min_gpus=2, max_gpus=6)
+            s.add(job)
+            s.commit()
+            job_id = job.id
+        grant = {"n0": 2, "n1": 2, "n2": 2}
+        with sessions() as s:
+            epoch = tr.start_attempt(s, job_id, expected={"PENDING"}, new="ADMITTED", expected_epoch=0, reason="t",
+                                     gpus=6, placement=grant)
+        ref = JobRef(job_id, "ADMITTED", 1, int(epoch or 0), gpus_allocated=6)
+
+        def placed(gpus: int, nodes: dict[str, int], group: int | None) -> None:
+            e = ev.Placed(gpus=gpus, placement_group="pg", gpus_per_node=nodes, bundle_nodes=list(nodes), seconds=0.1,
+                          strategy="PACK", group=group)
+            with sessions() as s:
+                apply_event(s, ref, e)
+                s.commit()
+
+        def held() -> int:
+            with sessions() as s:
+                return s.get(Job, job_id).gpus_allocated
+
+        placed(2, {"n3": 2}, group=1)  # one replica group's placement
+        assert held() == 6
+        placed(4, {"n0": 2, "n1": 2}, group=None)  # a whole gang's: the job holds that from now on
+        assert held() == 4
+    finally:
+        engine.dispose()
