@@ -53,15 +53,25 @@ def plan_recovery(spec: Mapping[str, Any], gpus: int, *, gpu_type: str, gpus_per
     return choose(best, recovery, exact)
 
 
-def runnable(spec: Mapping[str, Any], choice: RecoveryChoice) -> RecoveryChoice:
-    """``choice``, or re-plan from memory (saying why) when the runtime would refuse its replica groups
-    for this job (``attempt_spec.replica_refusal``: a layout or snapshots a replica group does not
-    run yet): the replica path running out falls back to a re-plan, never to a failed job."""
+def runnable(spec: Mapping[str, Any], choice: RecoveryChoice, *, strict: bool = False) -> RecoveryChoice:
+    """``choice`` as the runtime will run it for the job ``spec`` (``attempt_spec.replica_refusal``:
+    a layout or snapshots a replica group does not run yet). Replica groups the job named keep
+    going without the default snapshots when those are all the runtime refuses; otherwise the
+    replica path running out re-plans from memory, saying why (never a failed job), or, ``strict``
+    (a submission), a named ``replica_groups`` is a :class:`ChoiceError` on ``recovery.policy``."""
     from workers.runtime.contract.attempt_spec import replica_refusal
 
     why = replica_refusal(spec, choice.to_dict())
     if why is None:
         return choice
+    named = dict(dict(spec.get("recovery") or {}).get("snapshots") or {})
+    if choice.source == "spec" and choice.snapshots and "enabled" not in named:
+        quiet = dataclasses.replace(choice, snapshots=False, reason=f"{choice.reason}; snapshots off: the "
+                                                                    "runtime's replica groups do not take them yet")
+        if replica_refusal(spec, quiet.to_dict()) is None:
+            return quiet
+    if strict and choice.source == "spec":
+        raise ChoiceError("recovery.policy", f"the runtime does not run these replica groups: {why}")
     return dataclasses.replace(choice, policy="replan", groups=0, group_layout=None,
                                group_gpus=choice.groups * choice.group_gpus,
                                reason=f"re-plan from memory: the runtime does not run these replica groups ({why}); "

@@ -109,7 +109,6 @@ def recovery_choice(spec: JobSpec, api: ApiSettings, plan: dict[str, Any],
     priced on the plan's GPU count; :class:`PlannerRefused` naming the field when it cannot hold."""
     from planner.recovery_choice import ChoiceError, choose
     from service.recovery import runnable
-    from workers.runtime.contract.attempt_spec import replica_refusal
 
     block = spec.recovery.model_dump(mode="json", exclude_none=True) if spec.recovery is not None else None
     groups = int((block or {}).get("groups") or 0)
@@ -122,12 +121,10 @@ def recovery_choice(spec: JobSpec, api: ApiSettings, plan: dict[str, Any],
                                    gpus_per_node=profile.gpus_per_node, model=model)
         else:
             choice = choose(plan, block, planner_spec(spec, api, int(plan["num_gpus"]), model))
+        # as the runtime will run it: auto re-plans where the runtime has no replica path for the plan
+        return runnable(spec.stored(), choice, strict=True).to_dict()
     except ChoiceError as exc:
         raise PlannerRefused(tuple(exc.field.split(".")), exc.msg) from None
-    stored = spec.stored()
-    if choice.source == "spec" and (why := replica_refusal(stored, choice.to_dict())) is not None:
-        raise PlannerRefused(("recovery", "policy"), f"the runtime does not run these replica groups: {why}")
-    return runnable(stored, choice).to_dict()  # auto: the re-plan path where the runtime has no replica path
 
 
 def planner_spec(spec: JobSpec, api: ApiSettings, gpus: int | None = None,

@@ -47,10 +47,11 @@ def build_spec(
     (``service.recovery.job_recovery`` on the best plan for up to ``max_gpus``, or every GPU of
     ``nodes`` x ``gpus_per_node``; then the one translation, ``attempt_spec.recovery_settings``):
     ``auto``, snapshots and warm ranks on unless turned off. ``replica_groups`` N names
-    ``replica_groups`` with N groups. ``ValueError`` naming the option when the block cannot hold."""
+    ``replica_groups`` with N groups (without ``max_gpus``: N groups of the hint's layout).
+    ``ValueError`` naming the option when the block cannot hold."""
     from planner.recovery_choice import ChoiceError, check_block
     from service.recovery import plan_recovery, runnable
-    from workers.runtime.contract.attempt_spec import recovery_settings, replica_refusal
+    from workers.runtime.contract.attempt_spec import recovery_settings
 
     if max_gpus is not None and max_gpus < min_gpus:
         raise ValueError(f"--max-gpus: {max_gpus} is below --min-gpus {min_gpus}")
@@ -86,15 +87,20 @@ def build_spec(
     flags = {"recovery.policy": "--recovery", "recovery.groups": "--replica-groups",
              "recovery.snapshots.enabled": "--snapshots", "recovery.snapshots.every": "--snapshot-every",
              "recovery.warm_ranks": "--warm-ranks"}
+    if replica_groups:
+        flags["recovery.policy"] = "--replica-groups"
     try:
         check_block(block)
         gpus = max_gpus or (nodes * gpus_per_node if nodes and gpus_per_node else min_gpus)
-        choice = plan_recovery({**spec, "recovery": block}, gpus, gpu_type="CPU", gpus_per_node=gpus_per_node)
+        if replica_groups and max_gpus is None:  # R groups of the hint's layout (its tp, pp, cp, dp; default 1)
+            hint = spec.get("layout_hint") or {}
+            gpus = replica_groups * int(hint.get("tp", 1)) * int(hint.get("pp", 1)) * int(hint.get("cp", 1)) * int(
+                hint.get("dp", 1))
+        job = {**spec, "recovery": block}
+        # as the runtime will run it: auto re-plans where the runtime has no replica path for the plan
+        choice = runnable(job, plan_recovery(job, gpus, gpu_type="CPU", gpus_per_node=gpus_per_node), strict=True)
     except ChoiceError as exc:
         raise ValueError(f"{flags.get(exc.field, exc.field)}: {exc.msg}") from None
-    if choice.source == "spec" and (why := replica_refusal(spec, choice.to_dict())) is not None:
-        raise ValueError(f"{'--replica-groups' if replica_groups else '--recovery'}: {why}")
-    choice = runnable(spec, choice)  # auto: the re-plan path where the runtime has no replica path
     recovery_settings(spec, spec, choice.to_dict())
     spec["recovery"] = choice.to_dict()  # what the run chose, and why (the summary prints it)
     if events_out:

@@ -55,6 +55,12 @@ def test_run_options_become_a_spec_with_faults_only_when_asked() -> None:
     with pytest.raises(ValueError, match="--replica-groups"):  # 4 groups do not divide dp=3
         build_spec(kill_node_at_step=None, slow_node_at_step=None, nodes=4, gpus_per_node=2, replica_groups=4,
                    **{**kw, "layout_hint": "tp=2,dp=3", "min_gpus": 1, "max_gpus": 6})
+    # --replica-groups R without --max-gpus: R groups of the hint's layout (the demo's two groups of tp=1)
+    named = build_spec(kill_node_at_step=None, slow_node_at_step=None, nodes=3, gpus_per_node=4, replica_groups=2,
+                       **{**kw, "layout_hint": "tp=1", "min_gpus": 1})
+    assert named["runtime"]["replica_groups"] == 2 and named["recovery"]["group_gpus"] == 1, named["recovery"]
+    if not named["runtime"]["snapshots"]:  # the default yields where the runtime's groups take none yet
+        assert "snapshots off" in named["recovery"]["reason"]
     capped = build_spec(kill_node_at_step=None, slow_node_at_step=None, max_gpus=8, snapshots=True, **kw)
     assert capped["max_gpus"] == 8 and capped["runtime"]["snapshots"] is True
     assert capped["runtime"]["snapshot_every"] == 1
