@@ -265,6 +265,8 @@ def choose(plan: Plan | Mapping[str, Any], recovery: Mapping[str, Any] | None = 
     else:
         snaps = enabled if enabled is not None else (plan_every != 0 if plan_every is not None else DEFAULT_SNAPSHOTS)
         cadence = every or plan_every or DEFAULT_SNAPSHOT_EVERY
+    if policy == REPLAN and not snaps:
+        reason = reason.replace("re-plan from memory", "re-plan from storage (snapshots off)")
     glay = group_layout(lay, groups) if policy == REPLICA_GROUPS else None
     return RecoveryChoice(
         policy=policy, groups=(groups or 0) if policy == REPLICA_GROUPS else 0,
