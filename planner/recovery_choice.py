@@ -19,7 +19,7 @@ the snapshot cadence, the warm ranks per node and, in words, why.
 
 Fields the user set explicitly (``snapshots.enabled``, ``snapshots.every``, ``warm_ranks``,
 ``groups``) win over both. ``restart`` restores from storage: no snapshots. The names are the job
-spec's (``workers.runtime.policy.recovery_names``: ``auto``, ``replica_groups``, ``replan``,
+spec's (``planner.recovery_names``: ``auto``, ``replica_groups``, ``replan``,
 ``restart``); a plan's object may use the simulator's names (``replan_memory``, ...).
 
 :func:`for_grant` fits a choice to the GPUs an attempt was granted: a replica job gets whole
@@ -35,9 +35,7 @@ from typing import Any
 
 from planner.layout import Layout
 from planner.memory import memory_limit_gb, memory_total_gb
-from planner.result import Plan
-from planner.spec import PlanSpec, parse_spec
-from workers.runtime.policy.recovery_names import (
+from planner.recovery_names import (
     AUTO,
     CHOSEN_POLICIES,
     JOB_POLICIES,
@@ -47,6 +45,8 @@ from workers.runtime.policy.recovery_names import (
     job_policy,
     runtime_policy,
 )
+from planner.result import Plan
+from planner.spec import PlanSpec, parse_spec
 
 #: snapshots are on unless a job turns them off; one after every N-th step (docs/runtime.md)
 DEFAULT_SNAPSHOTS = True

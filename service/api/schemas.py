@@ -24,8 +24,8 @@ from pydantic import (
 
 from planner.layout import normalise_recompute, recompute_error
 from planner.recovery_choice import DEFAULT_SNAPSHOT_EVERY, DEFAULT_WARM_RANKS, MAX_WARM_RANKS
+from planner.recovery_names import AUTO, JOB_POLICIES
 from service.api.scrub import scrub, scrub_text
-from workers.runtime.policy.recovery_names import AUTO, JOB_POLICIES
 from workers.states import JobState
 
 #: a job state's name, as the API accepts and returns it (derived from ``workers.states.JobState``)

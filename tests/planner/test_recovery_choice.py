@@ -19,8 +19,8 @@ from planner.recovery_choice import (
     for_grant,
     unplanned,
 )
+from planner.recovery_names import JOB_POLICIES, job_policy, runtime_policy
 from planner.result import Plan
-from workers.runtime.policy.recovery_names import JOB_POLICIES, job_policy, runtime_policy
 
 pytestmark = pytest.mark.unit
 
