@@ -93,3 +93,16 @@ def test_cli_job_files_with_a_bad_recovery_block_exit_2_naming_the_field(tmp_pat
     res = CliRunner().invoke(cli_app, ["submit", str(spec), "--url", "http://127.0.0.1:9"])
     assert res.exit_code == 2, res.output
     assert "recovery.snapshots.enabled" in res.output, res.output
+
+
+def test_cli_status_shows_the_jobs_recovery(capsys: pytest.CaptureFixture[str]) -> None:
+    from service.cli.client import _job_detail
+    from service.cli.progress import progress
+
+    job = {"id": 3, "name": "r", "state": "RUNNING", "reason": "", "cancel_requested": False, "gpus_allocated": 6,
+           "min_gpus": 2, "max_gpus": 6, "spec": {"steps": 10},
+           "recovery": {"policy": "replica_groups", "groups": 3, "group_gpus": 2, "snapshots": True,
+                        "snapshot_every": 1, "warm_ranks": 1, "reason": "zero=0: each of the dp=3 ranks holds a full replica"}}
+    _job_detail(job, progress(job, [], []))
+    out = capsys.readouterr().out
+    assert "recovery (auto): replica_groups: 3 groups of 2 GPU(s)" in out and "full replica" in out, out
