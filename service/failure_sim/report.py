@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from service.failure_sim.simulation import Simulation
-from workers.runtime.policy.recovery_names import REPLICA_GROUP, RESTART
+from planner.recovery_names import REPLICA_GROUP, RESTART
 
 #: the issue's goals for Orthoplex's best policy
 TARGET_UP_TO_16K = 0.97

@@ -14,7 +14,7 @@ from service.failure_sim.policies import KINDS, Policy, policies_for
 from service.failure_sim.recovery import BASELINE_RESTART_S, CostModel
 from service.failure_sim.throughput import DEFAULT_MODEL, JobThroughput
 from service.failure_sim.trace import Trace, poisson_trace
-from workers.runtime.policy.recovery_names import REPLICA_GROUP, RESTART
+from planner.recovery_names import REPLICA_GROUP, RESTART
 
 MAX_GPUS = 1 << 20
 MAX_DAYS = 3650.0

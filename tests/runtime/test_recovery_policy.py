@@ -31,7 +31,7 @@ from workers.runtime.policy.recovery import (
     Suspect,
     policy_name,
 )
-from workers.runtime.policy.recovery_names import (
+from planner.recovery_names import (
     POLICY_NAMES,
     REPLAN_MEMORY,
     REPLAN_STORAGE,
