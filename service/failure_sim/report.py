@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from service.failure_sim.simulation import Simulation
 from planner.recovery_names import REPLICA_GROUP, RESTART
+from service.failure_sim.simulation import Simulation
 
 #: the issue's goals for Orthoplex's best policy
 TARGET_UP_TO_16K = 0.97

@@ -30,9 +30,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.runtime.cluster.reachability import Verdict
-from workers.runtime.cluster.watchdog import Failure
-from workers.runtime.contract.events import RestoreSource
 from planner.recovery_names import (
     REPLAN_MEMORY,
     REPLAN_STORAGE,
@@ -40,6 +37,9 @@ from planner.recovery_names import (
     RUNTIME_POLICIES,
     SOURCES,
 )
+from workers.runtime.cluster.reachability import Verdict
+from workers.runtime.cluster.watchdog import Failure
+from workers.runtime.contract.events import RestoreSource
 from workers.runtime.recovery import memory_snapshots as memsnap
 from workers.runtime.recovery.replica_groups import ReplicaSet, raised_to_drop
 
