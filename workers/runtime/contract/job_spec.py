@@ -220,7 +220,7 @@ TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainConf
 #: from the API's spec refuses any other (``attempt_spec``), so nothing is dropped on the way
 SPEC_FIELDS: tuple[str, ...] = ("model", *TRAIN_KEYS, "train", "min_gpus", "max_gpus", "placement", "layout_hint",
                                 "checkpoint", "runtime", "events_out", "metrics_out", "faults", "tracking", "network",
-                                "gpu_type", "replan_horizon_s")
+                                "gpu_type", "replan_horizon_s", "duration_days", "failure_rates")
 
 
 #: the planner's link fields a job spec may set under ``network`` (per GPU, per direction)
