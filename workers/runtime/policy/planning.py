@@ -86,10 +86,10 @@ def planner_spec(
         training["horizon_s"] = max(float(horizon_s), 1e-3)
     cluster = PlanCluster(gpu_type=str(job.raw.get("gpu_type", "CPU")), num_gpus=cap, min_gpus=need, nodes=node_list)
     goodput: dict[str, Any] = {}
-    if job.raw.get("duration_days") is not None:  # goodput-aware plans; the runtime has no event store, so
-        # ``cluster`` rates price with llama3 here (the API's dry run reads the cluster's own history)
-        rates = job.raw.get("failure_rates") or "llama3"
-        goodput = {"duration_days": job.raw["duration_days"], "failure_rates": "llama3" if rates == "cluster" else rates}
+    if job.duration_days is not None:  # goodput-aware plans; the runtime has no event store, so ``cluster``
+        # rates price with llama3 here (the API's dry run reads the cluster's own history)
+        rates = job.failure_rates or "llama3"
+        goodput = {"duration_days": job.duration_days, "failure_rates": "llama3" if rates == "cluster" else rates}
     spec = to_planner_spec({"model": job.model, "global_batch": job.global_batch, "layout_hint": dict(hint or {}),
                             **goodput}, cluster, training=training)
     spec.setdefault("training", {})
