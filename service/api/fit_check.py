@@ -106,7 +106,8 @@ def planner_spec(spec: JobSpec, api: ApiSettings, gpus: int | None = None,
     count in ``min_gpus..max_gpus`` when ``gpus`` is None. ``model``: the engine shape to plan
     (``workers.job_inputs.check_inputs``: an HF model's shape comes from its ``config.json``).
     ``goodput``: ``failure_rates`` and ``recovery_phases`` resolved from the event store
-    (``service.cluster_history.planner_inputs``), used with the spec's ``duration_days``."""
+    (``service.cluster_history.planner_inputs``): with the spec's ``duration_days`` the plans are ranked
+    by effective tokens/s; without it (the submission's fit check) by healthy speed."""
     from workers.planner_spec import PlanCluster, to_planner_spec
 
     top = gpus or spec.max_gpus
@@ -118,9 +119,9 @@ def planner_spec(spec: JobSpec, api: ApiSettings, gpus: int | None = None,
         model = spec.model if isinstance(spec.model, str) else spec.model.model_dump()
     hint = spec.layout_hint.model_dump(exclude_none=True) if spec.layout_hint is not None else None
     job: dict[str, Any] = {"model": model, "global_batch": spec.global_batch, "layout_hint": hint}
-    if spec.duration_days is not None:
+    if spec.duration_days is not None and goodput is not None:  # the fit check plans healthy speed only
         job["duration_days"] = spec.duration_days
-        job.update(goodput or {"failure_rates": spec.failure_rates or "llama3"})
+        job.update(goodput)
     return to_planner_spec(job, cluster)
 
 

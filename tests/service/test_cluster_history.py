@@ -158,3 +158,18 @@ def test_plans_endpoint_returns_the_goodput_choice(client) -> None:
     assert r.status_code == 422 and "failure_rates" in r.text
     plain = client.post("/v1/plans", json=job_body("g"), headers=headers).json()
     assert plain.get("goodput") is None and "ettr" not in plain["plans"][0]
+
+
+def test_job_page_explain_shows_the_goodput_choice(client) -> None:
+    """The job page's "Why this plan" (``/v1/dashboard/jobs/{id}/explain``) carries the plan's ETTR and
+    recovery choice for a job submitted with a duration; ``cluster`` rates are resolved from the store."""
+    _, headers = make_tenant(client, "goodput-page")
+    r = client.post("/v1/jobs", json=job_body("page", duration_days=2, failure_rates="cluster"), headers=headers)
+    assert r.status_code == 201, r.text
+    e = client.get(f"/v1/dashboard/jobs/{r.json()['id']}/explain", headers=headers).json()
+    assert e["available"], e
+    assert e["goodput"]["duration_days"] == 2 and "node-days recorded" in e["goodput"]["note"]
+    best = e["plans"][0]
+    assert best["recovery"]["policy"] and 0 < best["ettr"] <= 1
+    plain = client.post("/v1/jobs", json=job_body("plain"), headers=headers).json()
+    assert client.get(f"/v1/dashboard/jobs/{plain['id']}/explain", headers=headers).json()["goodput"] is None
