@@ -144,3 +144,23 @@ def test_spares_cover_the_nodes_in_repair() -> None:
     k = spares_needed(rates, 2048, 0)
     assert 3 <= k <= 15
     assert spares_needed(rates, 2048, k) == 0  # idle nodes count as spares
+
+
+def test_cli_plan_prints_the_goodput_choice_and_names_bad_fields(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from service.cli.main import app
+
+    spec = tmp_path / "small.json"
+    spec.write_text(json.dumps(SMALL))
+    r = CliRunner().invoke(app, ["plan", "--spec", str(spec), "--duration-days", "1", "--top", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["goodput"]["failure_rates"]["name"] == "llama3" and len(out["plans"]) == 2
+    assert set(out["plans"][0]["recovery"]) == RECOVERY_KEYS and out["plans"][0]["ettr"] > 0.99
+    r = CliRunner().invoke(app, ["plan", "--spec", str(spec), "--duration-days", "1"])
+    assert r.exit_code == 0 and "Ranked by effective tokens/s" in r.output and "chosen:" in r.output
+    for args, field in ((["--duration-days", "-1"], "duration_days"), (["--failure-rates", "mars"], "--failure-rates"),
+                        (["--failure-rates", "llama3"], "duration_days"), (["--calibration", "x"], "--calibration")):
+        r = CliRunner().invoke(app, ["plan", "--spec", str(spec), *args])
+        assert r.exit_code == 2 and field in r.output, (args, r.output)
