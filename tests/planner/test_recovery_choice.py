@@ -124,3 +124,18 @@ def test_the_names_are_the_runtimes() -> None:
     assert [job_policy(n) for n in ("replica_group", "replan_memory", "replan_storage", "restart")] == [
         "replica_groups", "replan", "replan", "restart"]
     assert runtime_policy("replan", True) == "replan_memory" and runtime_policy("replica_groups", False) == "replica_group"
+
+
+def test_a_goodput_aware_plan_is_used_as_the_planner_chose_it() -> None:
+    """With ``duration_days`` the planner prices every recovery option (``planner.goodput``) and its best
+    plan carries the choice: ``auto`` takes it (policy, groups, cadences) instead of the memory rule."""
+    import planner
+
+    spec = {**_spec("llama3-8b", 16), "duration_days": 30}
+    best = planner.plan(spec, top_k=1).plans[0]
+    assert best.recovery is not None
+    c = choose(best, None, spec)
+    assert c.source == "plan" and c.reason == best.recovery["reason"]
+    assert c.runtime_policy == best.recovery["policy"] or (
+        c.policy == "replan" and best.recovery["policy"] in ("replan_memory", "replan_storage"))
+    assert choose(best.to_dict(), None, spec) == c  # the same from the plan's dict (the API's form)
