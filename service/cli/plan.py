@@ -77,23 +77,46 @@ def _print_table(result: Any) -> None:
             console.print(f"  e.g. ({escape(shape)}) {escape(rej.reason)}")
 
 
+def recovery_line(choice: dict[str, Any], asked: str) -> str:
+    """One line saying what a recovery block came to, and why (``orthoplex plan``, the CLI's job view)."""
+    what = choice["policy"]
+    if what == "replica_groups":
+        what += f": {choice['groups']} groups of {choice['group_gpus']} GPU(s)"
+    snaps = f"snapshots every {choice['snapshot_every']} step(s)" if choice["snapshots"] else "no snapshots"
+    return (f"recovery ({asked}): {what}; {snaps}; {choice['warm_ranks']} warm rank(s) per node; "
+            f"because {choice['reason']}")
+
+
 def plan_command(
     spec: Path = typer.Option(..., "--spec", help="JSON spec (model, cluster, parallel, precision, training)"),
     top: int = typer.Option(5, "--top", min=1, help="how many plans to show"),
+    recovery: str = typer.Option("auto", "--recovery", help="recovery policy to resolve on the best plan: "
+                                 "auto, replica_groups, replan or restart (a job spec's recovery.policy)"),
     as_json: bool = typer.Option(False, "--json", help="print the plans as JSON"),
 ) -> None:
-    """Search every TP/PP/CP/DP layout for a model on a cluster and show the best plans."""
+    """Search every TP/PP/CP/DP layout for a model on a cluster and show the best plans, and what
+    the recovery policy comes to on the best one (``auto``: replica groups when its data parallelism
+    holds two or more full replicas in memory, else re-plan from memory)."""
     from planner import LayoutError, SpecError, plan
+    from planner.recovery_choice import ChoiceError, choose
 
     raw = _load_spec(spec)
     try:
         result = plan(raw, top_k=top)
     except (SpecError, LayoutError) as exc:
         _fail(str(exc), 2)
+    choice = None
+    if result.plans:
+        try:
+            choice = choose(result.plans[0], {"policy": recovery}, raw).to_dict()
+        except ChoiceError as exc:
+            _fail(f"--recovery: {exc.msg}", 2)
     if as_json:
-        typer.echo(json.dumps(result.cli_dict(), indent=2))
+        typer.echo(json.dumps({**result.cli_dict(), "recovery": choice}, indent=2))
     else:
         _print_table(result)
+        if choice is not None:
+            typer.echo(recovery_line(choice, recovery))
     if not result.plans:
         if as_json:
             typer.echo("error: no layout fits; see 'rejected'", err=True)
