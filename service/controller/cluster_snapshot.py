@@ -11,7 +11,7 @@ leave); an allocation on a node that is gone is gone with it.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +96,7 @@ def build_snapshot(
     *,
     resizable: bool = False,
     curves: Mapping[int, Mapping[int, float] | None] | None = None,
+    draining: Collection[str] = (),
 ) -> ClusterSnapshot:
     """The snapshot for :func:`service.scheduler.policy.decide` (pure).
 
@@ -103,6 +104,7 @@ def build_snapshot(
     controller's ``runtime_resizes``). Without it jobs are presented as fixed-size once admitted (the
     scheduler sizes a ``min..max`` job once, at admission, and reclaims GPUs by preemption only).
     ``curves``: the planner's predicted tokens/s per GPU count of elastic jobs (``curves.py``).
+    ``draining``: nodes an operator drains (``drains``): no new work is placed there.
     """
     nodes = [n for n in view.alive_nodes if n.gpus_total > 0]
     alive = {n.node_id for n in nodes}
@@ -128,7 +130,8 @@ def build_snapshot(
             )
         )
     node_views = [
-        NodeView(id=n.node_id, gpus=n.gpus_total, free_gpus=n.gpus_free, healthy=n.alive) for n in nodes
+        NodeView(id=n.node_id, gpus=n.gpus_total, free_gpus=n.gpus_free, healthy=n.alive,
+                 draining=n.node_id in draining) for n in nodes
     ]
     return ClusterSnapshot(
         tenants=tuple(db.tenants), jobs=tuple(jobs), nodes=tuple(node_views), now=time.time()
