@@ -31,7 +31,7 @@ def _known(view: dict[str, Any], node_id: str) -> bool:
     """Whether the cluster knows ``node_id`` (503 when it could not be asked)."""
     if not view.get("available"):
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the cluster could not be asked: cannot check the "
-                            "node; retry shortly", headers={"Retry-After": "5"})
+                            "node; retry shortly", headers={"Retry-After": "2"})
     return any(n.get("node_id") == node_id for n in view.get("nodes") or [])
 
 
