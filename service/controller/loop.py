@@ -216,8 +216,6 @@ class Controller:
         with self.ctx.read() as s:
             found = load_drains(s)
             jobs = [j for j in load_db_state(s).jobs if j.attempt >= 1]
-        if not found:
-            self.ctx.drains_told.clear()
         result.drains_told = tell_supervisors(self.ctx, jobs, found)
         for job, preempt in overdue(jobs, found):
             result.applied.append(apply.Applied(preempt.kind, job.id, None, apply.preempt(self.ctx, job, preempt),
