@@ -29,8 +29,16 @@ from planner.search import search
 from planner.spec import PlanSpec, SpecError, parse_spec
 
 DEFAULT_CASES = Path(__file__).resolve().parent.parent / "tests" / "planner" / "data" / "published_cases.json"
-# gathered after the planner was built, from sources the original dataset does not use
+# gathered after the planner was built, from sources the original dataset does not use (part of the fit
+# since; scored leave-one-source-out)
 HELDOUT_CASES = DEFAULT_CASES.with_name("heldout_cases.json")
+# published runs kept out of every fit: predicted only with efficiencies fitted on the two files above
+UNSEEN_CASES = DEFAULT_CASES.with_name("unseen_cases.json")
+
+
+def fitted_cases() -> list[dict[str, Any]]:
+    """Every case the kernel efficiencies may be fitted on (never :data:`UNSEEN_CASES`)."""
+    return load_cases() + load_cases(HELDOUT_CASES)
 
 
 def load_cases(path: str | Path | None = None) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.calibration import markdown as calibration_markdown
@@ -92,51 +93,78 @@ def naive_search(spec: PlanSpec, budget_s: float = math.inf) -> dict[str, Any]:
             "estimated_full_s": elapsed / fraction if fraction else math.inf}
 
 
-def accuracy_report(quick: bool = False) -> dict[str, Any]:
-    """In-sample and left-out error on every published run (the original dataset and the held-out one).
+def _stats_cells(a: dict[str, Any]) -> str:
+    return (f"{a['cases']} | {100 * a['median']:.1f}% | {100 * a['mean']:.1f}% | {100 * a['max']:.0f}% | "
+            f"{a['over']} / {a['under']} | {100 * a['signed_median']:+.1f}%")
 
-    In-sample: the built-in profiles, whose kernel efficiencies were fitted on all sources. Left out:
-    each source's runs predicted with efficiencies fitted on the other sources only
-    (:func:`bench.fit.leave_one_source_out`). Errors are |predicted / measured - 1| in tokens/s/GPU.
+
+STATS_HEAD = "n | median | mean | max | over / under | signed median"
+
+
+def accuracy_report(quick: bool = False) -> dict[str, Any]:
+    """In-sample, left-out and never-fitted error on published runs.
+
+    In-sample: the built-in profiles, whose kernel efficiencies were fitted on every source of the
+    two fitted files (``published_cases.json``, ``heldout_cases.json``). Left out: each of those
+    sources predicted with efficiencies fitted on the others only (:func:`bench.fit.leave_one_source_out`).
+    Never fitted: ``unseen_cases.json``, sources kept out of every fit, predicted with the profiles.
+    Errors are predicted / measured - 1 in tokens/s/GPU, reported as |error| and with their sign.
     """
     from rich.progress import Progress
 
-    from bench.calibration import HELDOUT_CASES, load_cases, source_of
+    from bench.calibration import HELDOUT_CASES, UNSEEN_CASES, fitted_cases, load_cases, source_of
     from bench.fit import PARAMETERS, leave_one_source_out, profile_params, summary
 
-    cases = load_cases() + load_cases(HELDOUT_CASES)
+    cases = fitted_cases()
     heldout_sources = {source_of(c) for c in load_cases(HELDOUT_CASES)}
     inside = run_calibration(cases=cases, params=profile_params())["rows"]
-    n_sources = len({source_of(c) for c in cases})
+    unseen = run_calibration(cases=load_cases(UNSEEN_CASES), params=profile_params())["rows"]
+    sources = sorted({source_of(c) for c in cases})
+    n_orig = len(sources) - len(heldout_sources)
     with Progress(transient=True) as bar:
-        task = bar.add_task("leave-one-source-out fits", total=n_sources)
+        task = bar.add_task("leave-one-source-out fits", total=len(sources))
         left = leave_one_source_out(cases, rounds=1 if quick else 3, progress=lambda _src: bar.advance(task))
-    groups = (("all sources", lambda r: True),
-              ("original dataset (6 sources)", lambda r: r["source"] not in heldout_sources),
-              ("held-out dataset (5 sources)", lambda r: r["source"] in heldout_sources))
+    h100 = ("H100", "H800", "H200")
+    groups = (("all fitted sources", lambda r: True),
+              (f"original dataset ({n_orig} sources)", lambda r: r["source"] not in heldout_sources),
+              (f"held-out dataset ({len(heldout_sources)} sources)", lambda r: r["source"] in heldout_sources),
+              ("Hopper runs of the fitted sources", lambda r: r["gpu"].upper().startswith(h100)))
     out_rows: list[dict[str, Any]] = []
-    lines = ["| cases | n | in-sample median | mean | max | left-out median | mean | max |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| cases | in sample: {STATS_HEAD} | left out: {STATS_HEAD} |",
+             "|---|" + "---:|" * 12]
     for label, keep in groups:
         a, b = summary([r for r in inside if keep(r)]), summary([r for r in left["rows"] if keep(r)])
-        lines.append(f"| {label} | {a['cases']} | {100 * a['median']:.1f}% | {100 * a['mean']:.1f}% | "
-                     f"{100 * a['max']:.0f}% | {100 * b['median']:.1f}% | {100 * b['mean']:.1f}% | {100 * b['max']:.0f}% |")
-        out_rows.append({"case": f"accuracy: {label}", "cases": a["cases"],
-                         "in_sample": a, "left_out": b})
-    lines += ["", "| left-out source | n | median | mean | max | " + " | ".join(p[0] for p in PARAMETERS) + " |",
-              "|---|---:|---:|---:|---:|" + "---:|" * len(PARAMETERS)]
+        lines.append(f"| {label} | {_stats_cells(a)} | {_stats_cells(b)} |")
+        out_rows.append({"case": f"accuracy: {label}", "cases": a["cases"], "in_sample": a, "left_out": b})
+    lines += ["", f"| left-out source | {STATS_HEAD} | " + " | ".join(p[0] for p in PARAMETERS) + " |",
+              "|---|" + "---:|" * (6 + len(PARAMETERS))]
     for src in left["sources"]:
         b = summary([r for r in left["rows"] if r["source"] == src])
         if not b["cases"]:
             continue
         params = left["params"][src]
-        lines.append(f"| {src} | {b['cases']} | {100 * b['median']:.1f}% | {100 * b['mean']:.1f}% | "
-                     f"{100 * b['max']:.0f}% | " + " | ".join(f"{params[p[0]]:.2f}" for p in PARAMETERS) + " |")
-    text = ("Accuracy on published runs (tokens/s/GPU with the published layout fixed). In-sample: the built-in "
-            "profiles, fitted on all 11 sources. Left out: each source predicted with kernel efficiencies fitted "
-            "on the other 10, starting from bench/fit.py's PRIOR (only its six kernel efficiencies are fitted; every "
-            "other constant is fixed)."
-            "\n\n" + "\n".join(lines))
+        lines.append(f"| {src} | {_stats_cells(b)} | " + " | ".join(f"{params[p[0]]:.3f}" for p in PARAMETERS) + " |")
+    never = summary(unseen)
+    out_rows.append({"case": "accuracy: held-out, never fitted", "cases": never["cases"], "never_fitted": never,
+                     "sources": sorted({r["source"] for r in unseen})})
+    nf = [f"| held-out source, never fitted | {STATS_HEAD} |", "|---|" + "---:|" * 6]
+    for src in sorted({r["source"] for r in unseen}):
+        nf.append(f"| {src} | {_stats_cells(summary([r for r in unseen if r['source'] == src]))} |")
+    nf.append(f"| all never-fitted runs | {_stats_cells(never)} |")
+    nf += ["", "| never-fitted run | GPU | layout (b, recompute) | measured tok/s/GPU | predicted | error |",
+           "|---|---|---|---:|---:|---:|"]
+    for r in unseen:
+        nf.append(f"| {r['case']} | {r['gpu']} | {r['layout']} (b={r['micro_batch']}, {r['recompute']}) | "
+                  f"{r['measured_tokens_per_gpu']:.1f} | {r['predicted_tokens_per_gpu']:.1f} | "
+                  f"{100 * r['rel_error']:+.1f}% |")
+    text = ("Accuracy on published runs (tokens/s/GPU with the published layout fixed; error = predicted / measured "
+            f"- 1, over = predicted too fast). In sample: the built-in profiles, fitted on all {len(sources)} fitted "
+            f"sources. Left out: each source predicted with kernel efficiencies fitted on the other {len(sources) - 1}, "
+            "starting from bench/fit.py's PRIOR (only its kernel efficiencies are fitted; every other constant is "
+            "fixed; Hopper's fp8 GEMM fraction is tied to its bf16 one)."
+            "\n\n" + "\n".join(lines)
+            + "\n\n**Held-out, never fitted** (`tests/planner/data/unseen_cases.json`): published runs from sources "
+            "that take part in no fit, predicted with the built-in profiles.\n\n" + "\n".join(nf))
     return {"markdown": text, "rows": out_rows}
 
 
@@ -152,7 +180,11 @@ def _time_plan(raw: dict[str, Any], repeats: int) -> tuple[float, float, Any]:
     return wall, cpu, result
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+PARTS = ("search", "accuracy")
+ACCURACY_MARK = "Accuracy on published runs"
+
+
+def _search_part(quick: bool) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for label, raw, budget in (("70B on 512 H100", SMALL, math.inf if not quick else 30.0),
                                ("405B on 16,384 H100", BIG, 10.0 if quick else 30.0)):
@@ -177,8 +209,6 @@ def run(quick: bool = False) -> dict[str, Any]:
             "top_plan": f"{top.layout.short()} b={top.layout.micro_batch} zero={top.layout.zero} "
                         f"rc={top.layout.recompute} mfu={top.estimate.mfu:.3f}",
         })
-    cal = run_calibration()
-    accuracy = accuracy_report(quick)
     lines = ["| problem | planner wall (s) | planner CPU (s) | candidates | fully costed | naive CPU (s) | "
              "speed-up (CPU) | same best | top plan |",
              "|---|---:|---:|---:|---:|---:|---:|---|---|"]
@@ -200,14 +230,69 @@ def run(quick: bool = False) -> dict[str, Any]:
                  "space (every factorization, micro-batch up to 64, every vpp the model accepts, every knob); "
                  "on 16,384 GPUs it is time-boxed and its full cost extrapolated from the share of factorizations "
                  "it covered. It checks the pruning, not the cost model.")
-    md = "\n".join(lines) + "\n\n" + accuracy["markdown"] + "\n\n" + calibration_markdown(cal)
-    rows.append({"case": "calibration", "cases": cal["cases"],
-                 "median_abs_rel_error": cal["median_abs_rel_error"], "mean_abs_rel_error": cal["mean_abs_rel_error"],
-                 "max_abs_rel_error": cal["max_abs_rel_error"],
-                 "memory_median_abs_rel_error": cal["memory_median_abs_rel_error"],
-                 "memory_max_abs_rel_error": cal["memory_max_abs_rel_error"]})
-    rows.extend(accuracy["rows"])
-    return {"name": "planner", "rows": rows, "markdown": md}
+    return {"rows": rows, "markdown": "\n".join(lines)}
+
+
+def _accuracy_part(quick: bool) -> dict[str, Any]:
+    cal = run_calibration()
+    accuracy = accuracy_report(quick)
+    rows = [{"case": "calibration", "cases": cal["cases"],
+             "median_abs_rel_error": cal["median_abs_rel_error"], "mean_abs_rel_error": cal["mean_abs_rel_error"],
+             "max_abs_rel_error": cal["max_abs_rel_error"],
+             "memory_median_abs_rel_error": cal["memory_median_abs_rel_error"],
+             "memory_max_abs_rel_error": cal["memory_max_abs_rel_error"]}, *accuracy["rows"]]
+    return {"rows": rows, "markdown": accuracy["markdown"] + "\n\n" + calibration_markdown(cal)}
+
+
+def _previous(path: Path) -> dict[str, Any]:
+    """The parts of the last results file, as ``{part: {"rows", "markdown", "finished_at"}}`` (files
+    written before the parts existed are split at the accuracy section)."""
+    if not path.is_file():
+        return {}
+    import json
+
+    before = json.loads(path.read_text())
+    if "parts_data" in before:
+        return dict(before["parts_data"])
+    md, rows = before.get("markdown", ""), before.get("rows", [])
+    cut = md.find(ACCURACY_MARK)
+    n_search = sum(1 for r in rows if "planner_s" in r)
+    when = before.get("finished_at", "?")
+    return {"search": {"rows": rows[:n_search], "markdown": md[:cut].rstrip() if cut >= 0 else md,
+                       "finished_at": when},
+            "accuracy": {"rows": rows[n_search:], "markdown": md[cut:] if cut >= 0 else "", "finished_at": when}}
+
+
+def run(quick: bool = False, parts: list[str] | None = None) -> dict[str, Any]:
+    """The search benchmark and the accuracy report. ``parts`` (default: both, or ``PLANNER_PARTS``,
+    comma-separated: ``search``, ``accuracy``): the parts to run; the others are carried over from
+    the last ``bench/results/planner.json``, saying which run they come from."""
+    import os
+
+    from bench.common import RESULTS_DIR
+
+    parts = parts or [p.strip() for p in os.environ.get("PLANNER_PARTS", ",".join(PARTS)).split(",") if p.strip()]
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown or not parts:
+        raise ValueError(f"unknown planner part(s) {unknown}; choose from {', '.join(PARTS)}")
+    before = _previous(RESULTS_DIR / "planner.json") if set(parts) != set(PARTS) else {}
+    data: dict[str, Any] = {}
+    carried: dict[str, str] = {}
+    for part, fn in (("search", _search_part), ("accuracy", _accuracy_part)):
+        if part in parts:
+            data[part] = {**fn(quick), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        elif part in before:
+            data[part] = before[part]
+            carried[part] = str(before[part].get("finished_at", "?"))
+    md = []
+    for part in PARTS:
+        if part in data:
+            if part in carried:
+                md.append(f"_The {part} part was not rerun in this run: from the run finished {carried[part]}._")
+            md.append(data[part]["markdown"])
+    rows = [r for part in PARTS if part in data for r in data[part]["rows"]]
+    return {"name": "planner", "quick": quick, "parts": parts, "carried": carried, "parts_data": data,
+            "rows": rows, "markdown": "\n\n".join(md)}
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,7 +10,8 @@ size, causality and head-dim fall-offs to these.
 
 The Hopper (H100, H800, H200) and Ampere (A100, A800) values are fitted to 86 published runs from
 11 sources by ``bench/fit.py`` (``orthoplex bench planner`` refits them and reports the error on
-sources left out of the fit); the other GPUs keep data-sheet-class estimates.
+sources left out of the fit, and on sources kept out of every fit); Hopper's fp8 GEMM fraction is
+:data:`FP8_FRACTION` of its bf16 one, not fitted. The other GPUs keep data-sheet-class estimates.
 """
 
 from __future__ import annotations
@@ -35,15 +36,21 @@ class GpuProfile:
     fp8_gemm_efficiency: float = 0.0  # large fp8 GEMMs, fraction of the fp8 peak; 0 = 0.8 x gemm_efficiency
 
 
+# Hopper's sustained large-GEMM fraction of the dense bf16 peak (fitted, bench/fit.py), and the
+# fraction of that fraction its fp8 GEMMs reach of the (twice as high) fp8 peak: one physical ratio,
+# not fitted (see FP8_FRACTION's note in docs/planner.md, "Step time")
+HOPPER_GEMM = 0.674
+FP8_FRACTION = 0.8
+
 PROFILES: dict[str, GpuProfile] = {
     p.name: p
     for p in (
-        GpuProfile("A100", 80, 312.0, None, 2039, 300, 200, 8, 0.72, 0.42),
-        GpuProfile("A100-40GB", 40, 312.0, None, 1555, 300, 200, 8, 0.72, 0.42),
-        GpuProfile("A800", 80, 312.0, None, 2039, 200, 200, 8, 0.72, 0.42),
-        GpuProfile("H100", 80, 989.0, 1979.0, 3350, 450, 400, 8, 0.567, 0.284, 0.353, 0.726),
-        GpuProfile("H800", 80, 989.0, 1979.0, 3350, 200, 400, 8, 0.567, 0.284, 0.353, 0.726),
-        GpuProfile("H200", 141, 989.0, 1979.0, 4800, 450, 400, 8, 0.567, 0.284, 0.353, 0.726),
+        GpuProfile("A100", 80, 312.0, None, 2039, 300, 200, 8, 0.71, 0.42),
+        GpuProfile("A100-40GB", 40, 312.0, None, 1555, 300, 200, 8, 0.71, 0.42),
+        GpuProfile("A800", 80, 312.0, None, 2039, 200, 200, 8, 0.71, 0.42),
+        GpuProfile("H100", 80, 989.0, 1979.0, 3350, 450, 400, 8, HOPPER_GEMM, 0.284, 0.353, FP8_FRACTION * HOPPER_GEMM),
+        GpuProfile("H800", 80, 989.0, 1979.0, 3350, 200, 400, 8, HOPPER_GEMM, 0.284, 0.353, FP8_FRACTION * HOPPER_GEMM),
+        GpuProfile("H200", 141, 989.0, 1979.0, 4800, 450, 400, 8, HOPPER_GEMM, 0.284, 0.353, FP8_FRACTION * HOPPER_GEMM),
         GpuProfile("H20", 96, 148.0, 296.0, 4000, 450, 400, 8, 0.80, 0.60),
         GpuProfile("B200", 180, 2250.0, 4500.0, 8000, 900, 400, 8, 0.66, 0.40),
         GpuProfile("V100", 32, 125.0, None, 900, 150, 100, 8, 0.75, 0.50),

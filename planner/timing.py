@@ -6,8 +6,9 @@ Per micro-batch and pipeline stage (``tok = b·s/cp`` tokens on a rank, ``T`` = 
   efficiency: ``t = max(2MNK / (peak·eff·g(min(M,N,K))), bytes / (HBM·0.7)) + launch``,
   ``g(d) = d/(d+32)``, ``eff`` the GPU's sustained large-GEMM fraction. Backward = 2 x forward.
   **fp8** GEMMs run at the fp8 peak with the GPU's ``fp8_gemm_efficiency``, deeper tiles
-  (``g(d) = d/(d+64)``) and their casts: inputs read in bf16, amax taken, written in fp8, forward
-  and backward (see :func:`gemm_time`).
+  (``g(d) = d/(d+64)``) and their casts, priced by the stack (:func:`gemm_time`): unfused (torchao,
+  plain PyTorch) or Transformer Engine's (``model.attention: fused``: casts fused into the norms,
+  weights cached across micro-batches). The output layer stays in bf16 under fp8.
 - **Attention core**: a flash-type kernel (FlashAttention-2 class, or the vendor's fused kernel:
   cuDNN / Transformer Engine, FlashAttention-3 class on Hopper) with the causal half skipped, at an
   efficiency curve in block length, causality and head dim (:func:`attention_efficiency`;
@@ -19,7 +20,7 @@ Per micro-batch and pipeline stage (``tok = b·s/cp`` tokens on a rank, ``T`` = 
   recompute) of ``2·tok·h`` bytes, ring cost ``2(T-1)/T·S/BW``, on NVLink when the TP group fits in
   a node, on the NICs otherwise (a group with k members per node gets k NICs: NCCL runs a ring per
   NIC). Not overlapped, unless the software pipelines them with the GEMMs (``spec.tp_overlap``:
-  TE userbuffers, PyTorch AsyncTP; see :func:`tp_overlapped`).
+  TE userbuffers, PyTorch AsyncTP; see :func:`tp_overlapped`: the all-gather side hides whole).
 - **CP**: ring passes K/V chunks ``(cp-1)`` times (backward 2 x), each transfer overlapped with one
   step's attention (a ``cp``-th of it): what a step cannot hide is exposed, plus 20 µs of
   launch/synchronisation per ring step. Ulysses: two all-to-alls each way, exposed.
@@ -27,9 +28,10 @@ Per micro-batch and pipeline stage (``tok = b·s/cp`` tokens on a rank, ``T`` = 
   a plain pipeline, overlapped with the other chunks' compute when interleaved (:func:`p2p_exposed`);
   bubble ``(p-1)/v`` stage-times, i.e. ``(p-1)/(v·m+p-1)`` of the pipeline time.
 - **DP**: gradient all-reduce (ZeRO-0) or reduce-scatter + parameter all-gather (ZeRO-1) over
-  DP x CP, overlapped with the last micro-batch's backward; ZeRO-3 (FSDP2) gathers parameters
-  forward and backward and reduce-scatters gradients for every micro-batch, prefetched under the
-  previous layer's compute: the first gather of each pass and the last reduce-scatter (a layer's
+  DP x CP, bucketed and overlapped with the last micro-batch's backward and the first forward, over
+  the cool-down / warm-up of every model chunk when interleaved (:func:`dp_windows`); ZeRO-3
+  (FSDP2) gathers parameters forward and backward and reduce-scatters gradients for every
+  micro-batch, prefetched under the previous layer's compute: the first gather of each pass and the last reduce-scatter (a layer's
   share) are always exposed.
 - **Overlap is not free**: every second of communication hidden under compute slows that compute by
   0.15 s (NCCL kernels occupy SMs and HBM bandwidth), charged to that communication's component;
@@ -83,6 +85,8 @@ class Hardware:
     speed: float  # slowest used node's relative speed
     fp8: bool = False  # GEMMs in fp8: bigger tiles, casts and amax reductions
     tp_overlap: bool = False  # TP collectives pipelined with their GEMMs (TE userbuffers, PyTorch AsyncTP)
+    te: bool = False  # Transformer Engine's layers (Megatron-Core / NeMo): fp8 casts fused into the norms
+    eff_bf16: float = 0.0  # the bf16 GEMM fraction (GEMMs kept in bf16 under fp8: the output layer); 0 = eff
 
 
 def hardware_for(spec: PlanSpec, speed: float = 1.0) -> Hardware:
@@ -100,19 +104,28 @@ def hardware_for(spec: PlanSpec, speed: float = 1.0) -> Hardware:
         speed=speed,
         fp8=fp8,
         tp_overlap=spec.tp_overlap,
+        te=spec.model.attention == "fused",
+        eff_bf16=c.gemm_efficiency,
     )
 
 
 def gemm_time(hw: Hardware, m: float, n: float, k: float, peak: float | None = None,
-              eff: float | None = None) -> float:
+              eff: float | None = None, fused_input: bool = False) -> float:
     """One GEMM (M x K by K x N) at the roofline with a size-dependent efficiency.
 
     In fp8 (``hw.fp8`` and no explicit ``peak``) the tiles are twice as deep, so small dimensions
-    cost more (``g(d) = d/(d + 2·32)``), and every GEMM pays its casts: the activation and weight
-    inputs are read in bf16, their amax taken and written in fp8 (5 bytes per element), forward;
-    backward casts the output gradient the same way and transposes both inputs (3 bytes per
-    element), all memory-bound. Returned as one forward-equivalent (the caller counts backward as
-    two forwards), so a third of the casts is charged here.
+    cost more (``g(d) = d/(d + 2·32)``), and every GEMM pays its casts, all memory-bound, returned as
+    one forward-equivalent (the caller counts backward as two forwards, so a third of the casts is
+    charged here):
+
+    - unfused (torchao float8, plain PyTorch): the activation and weight inputs are read in bf16,
+      their amax taken and written in fp8 (5 bytes per element) forward; backward casts the output
+      gradient the same way and transposes both inputs (3 bytes per element).
+    - Transformer Engine (``hw.te``): the weight is cast once per step and cached for the other
+      micro-batches (``is_first_microbatch``); an input produced by a TE norm (``fused_input``:
+      ``LayerNormLinear`` before QKV and fc1) comes out of the norm kernel already in fp8 with its
+      transpose; other inputs pay one fused cast-transpose (read 2, write 1 + 1 bytes per element);
+      the output gradient pays the same fused cast-transpose backward.
     """
     flops = 2.0 * m * n * k
     d = min(m, n, k)
@@ -122,7 +135,10 @@ def gemm_time(hw: Hardware, m: float, n: float, k: float, peak: float | None = N
     traffic = (1.0 if fp8 else 2.0) * (m * k + k * n) / hw.mem_bw + 2.0 * m * n / hw.mem_bw
     t = max(compute, traffic) + GEMM_LAUNCH_S
     if fp8:
-        casts = 5.0 * (m * k + k * n) + 5.0 * m * n + 3.0 * (m * k + k * n)
+        if hw.te:
+            casts = (0.0 if fused_input else 4.0 * m * k) + 4.0 * m * n
+        else:
+            casts = 5.0 * (m * k + k * n) + 5.0 * m * n + 3.0 * (m * k + k * n)
         t += casts / hw.mem_bw / 3.0 + FP8_AMAX_S
     return t
 
@@ -205,9 +221,9 @@ def layer_times(m: ModelSpec, precision: str, hw: Hardware, b: int, tp: int, cp:
     tok = b * s / cp
     fc1 = (2 if m.gated_mlp else 1) * m.ffn
     gemm = (
-        gemm_time(hw, tok, q_local + 2 * kv_local, h)
+        gemm_time(hw, tok, q_local + 2 * kv_local, h, fused_input=True)
         + gemm_time(hw, tok, h, q_local)
-        + gemm_time(hw, tok, fc1 / tp, h)
+        + gemm_time(hw, tok, fc1 / tp, h, fused_input=True)
         + gemm_time(hw, tok, h, m.ffn / tp)
     )
     heads_local = m.heads / tp
@@ -276,11 +292,14 @@ def layer_times(m: ModelSpec, precision: str, hw: Hardware, b: int, tp: int, cp:
 
 def tp_overlapped(tp_comm: float, gemm: float, tp: int) -> tuple[float, float]:
     """(exposed, hidden) seconds of a pass's TP collectives when they are pipelined with the GEMMs
-    they feed (Transformer Engine's userbuffers, PyTorch's AsyncTP): each all-gather /
-    reduce-scatter is split into its ``tp`` ring steps, step ``i``'s transfer running under the
-    GEMM on chunk ``i - 1``. The first (or last) step has no GEMM to hide under, and traffic longer
-    than the GEMMs stays exposed; what is hidden costs :data:`OVERLAP_COST` of compute."""
-    exposed = max(tp_comm / tp, tp_comm - gemm)
+    they feed (Transformer Engine's userbuffers ``--tp-comm-overlap``, PyTorch's AsyncTP): each
+    all-gather / reduce-scatter is split into its ``tp`` ring steps, step ``i``'s transfer running
+    under the GEMM on chunk ``i - 1``. An all-gather starts on the rank's own shard, so its first
+    transfer hides under that chunk's GEMM and none of it is exposed; a reduce-scatter's last
+    transfer has no GEMM after it (one step exposed). Half the traffic is each kind, so ``1/(2·tp)``
+    of it is exposed, or more when the traffic is longer than the GEMMs; what is hidden costs
+    :data:`OVERLAP_COST` of compute."""
+    exposed = max(tp_comm / (2 * tp), tp_comm - gemm)
     hidden = tp_comm - exposed
     return exposed + OVERLAP_COST * hidden, hidden
 
@@ -312,9 +331,12 @@ class TimeEstimate:
 
 @lru_cache(maxsize=4096)
 def head_time(m: ModelSpec, hw: Hardware, b: int, tp: int, cp: int) -> float:
-    """Logits GEMM + cross-entropy (fp32) for one micro-batch, forward and backward."""
+    """Logits GEMM (bf16 in every precision) + cross-entropy (fp32) for one micro-batch, forward and
+    backward."""
     tok = b * m.seq_len / cp
-    g = gemm_time(hw, tok, m.vocab / tp, m.hidden)
+    # the output layer stays in bf16 under fp8 (Megatron's output layer is not a TE module; torchao's
+    # float8 conversion skips it by default)
+    g = gemm_time(hw, tok, m.vocab / tp, m.hidden, peak=hw.peak_bf16, eff=hw.eff_bf16 or hw.eff)
     ce = 16.0 * tok * m.vocab / tp / hw.mem_bw
     return (3 * g + ce) / hw.speed
 
@@ -349,6 +371,25 @@ def p2p_exposed(p2p: float, vpp: int, link: tuple[float, float], chunk_fwd: floa
 def p2p_floor(pp: int, vpp: int, link: tuple[float, float]) -> float:
     """A lower bound of :func:`p2p_exposed` for any compute: the latencies of interleaved transfers."""
     return 2 * vpp * link[1] if pp > 1 else 0.0
+
+
+def dp_windows(fwd_mb: float, bwd_mb: float, vpp: int, pp: int, nmb: int) -> tuple[float, float]:
+    """(gradient reduce-scatter, parameter all-gather) compute windows of ZeRO-0/1 data parallelism.
+
+    Bucketed, overlapped synchronisation (Megatron-Core's ``--overlap-grad-reduce`` /
+    ``--overlap-param-gather``, PyTorch DDP's buckets): a gradient bucket is reduced as soon as the
+    last micro-batch's backward has produced it, so the reduction hides under the rest of that
+    backward (one micro-batch's backward of the stage, ``bwd_mb``); the parameter all-gather of a
+    bucket is issued ahead of the next step's first forward through it (``fwd_mb``). Under the
+    interleaved schedule each of the ``vpp`` model chunks has its own buckets and finishes its last
+    backward ``min(nmb, pp)`` chunk-backwards before the next chunk does (the cool-down runs the
+    chunks in turn), so the chunks' reductions spread over the cool-down: the window grows to
+    ``bwd_mb/vpp · (1 + min(nmb, pp)·(vpp - 1))``; the gathers likewise over the warm-up forwards.
+    """
+    if vpp <= 1:
+        return bwd_mb, fwd_mb
+    spread = 1.0 + min(nmb, pp) * (vpp - 1)
+    return bwd_mb / vpp * spread, fwd_mb / vpp * spread
 
 
 def stage_param_count(m: ModelSpec, n_layers: float, tp: int) -> float:
@@ -435,8 +476,8 @@ def estimate_time(spec: PlanSpec, hw: Hardware, lay: Layout, links: Links, detai
         else:
             comm = half_collective_time(grad_bytes * stage_params, shard, dbw, dlat) + rep_ar
             ag = half_collective_time(2.0 * stage_params, shard, dbw, dlat)
-        window = bwd_mb
-        dp_exposed = max(0.0, comm - window) + max(0.0, ag - fwd_mb)
+        rs_window, ag_window = dp_windows(fwd_mb, bwd_mb, v, p, nmb)
+        dp_exposed = max(0.0, comm - rs_window) + max(0.0, ag - ag_window)
         dp_hidden = comm + ag - dp_exposed
         dp_exposed += OVERLAP_COST * dp_hidden
     local_params = stage_params / (shard if lay.zero >= 1 else 1)
