@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 
+from service.cli.client import cluster_group
 from service.cli.plan import recovery_line
 from workers.states import ATTEMPT_TERMINAL
 
@@ -280,8 +281,7 @@ def register(app: typer.Typer) -> None:
         if result["state"] != "SUCCEEDED":
             raise typer.Exit(1)
 
-    cluster_app = typer.Typer(help="Local multi-node Ray clusters with declared GPUs (CPU torch underneath).",
-                              no_args_is_help=True)
+    cluster_app = cluster_group(app)  # shared with `cluster drain|undrain` (service.cli.client)
 
     @cluster_app.command("up")
     def up(
@@ -354,4 +354,3 @@ def register(app: typer.Typer) -> None:
         else:
             typer.echo(f"stopped {n} processes" if n else "no local cluster is recorded")
 
-    app.add_typer(cluster_app, name="cluster")

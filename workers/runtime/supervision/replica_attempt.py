@@ -167,6 +167,8 @@ class ReplicaGroupPhases:
             self._save(reps.groups[target], run.step)  # a failed one ends the job (the policy's Fail)
             if self.preempt_requested:
                 return Switch("preempted")
+        if run.step < self.job.steps:
+            self._replica_moves(reps, run)  # drains and resizes by groups (planned_moves)
         reps.start_replacements(self.port, self.replanner.excluded, self.settings.replicas.retry_s, lambda g: None)
         return None
 
