@@ -168,6 +168,9 @@ class AttemptMachine(ReplicaGroupPhases, PlannedMoves):
                 cycle.plan, cycle.replan = self.replanner.first(), None
             elif switch.replan is not None:  # decided already (straggler, grow, resize)
                 cycle.plan, cycle.replan = switch.replan.plan, switch.replan
+            elif not self.replanner.plans:  # replica groups fell back (_fall_back): no gang plan to re-plan from
+                reason = switch.change.reason if switch.change else "replica groups ran out"
+                cycle.plan, cycle.replan = self.replanner.first(reason), None
             else:
                 cycle.replan = self.replanner.after_failure(switch.change or planner_bridge.ClusterChange())
                 cycle.plan = cycle.replan.plan
