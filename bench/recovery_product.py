@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-STEPS, KILL_AT, GLOBAL_BATCH, RESIZE_STEPS = 40, 15, 12, 120
+STEPS, KILL_AT, GLOBAL_BATCH, RESIZE_WAIT_S = 40, 15, 12, 120.0
 REPLICA = {"nodes": 4, "gpus": 2, "max_gpus": 6, "hint": {"tp": 2}}
 SINGLE = {"nodes": 3, "gpus": 4, "max_gpus": 8, "hint": {"tp": 4, "pp": 2}}
 DEADLINE_S = 60
@@ -115,7 +115,7 @@ class _Stack:
             got = cond()
             if got:
                 return got
-            if self.job(jid)["state"] in ("FAILED", "CANCELLED"):
+            if self.job(jid)["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
                 raise RuntimeError(f"job {jid} ended {self.job(jid)['state']} waiting for {what}")
             if self.demo.service is not None and self.demo.service.poll() is not None:
                 raise RuntimeError("the service died")
@@ -123,8 +123,12 @@ class _Stack:
         raise RuntimeError(f"job {jid}: timed out waiting for {what}")
 
     def finish(self, jid: int) -> str:
-        return str(self.wait(jid, lambda: self.job(jid)["state"] in ("SUCCEEDED", "FAILED", "CANCELLED")
-                             and self.job(jid)["state"], "the end"))
+        end = time.monotonic() + RUN_TIMEOUT_S
+        while (state := self.job(jid)["state"]) not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            if time.monotonic() > end:
+                raise RuntimeError(f"job {jid}: timed out waiting for the end")
+            time.sleep(0.5)
+        return str(state)
 
     def job_nodes(self, jid: int) -> list[str]:
         """The job's nodes (Ray ids), most ranks first, from its latest ``placed`` events."""
@@ -222,29 +226,47 @@ def _one(stack: _Stack, name: str, cfg: dict[str, Any], fault: str | None, ref: 
 def _resize(stack: _Stack, cfg: dict[str, Any]) -> dict[str, Any]:
     """The replica job of tenant ``elastic`` (quota 4: its third group borrowed) and, once it trains,
     a job of tenant ``urgent`` (quota 4, exactly 4 GPUs) that reclaims the borrowed group: the scheduler
-    shrinks the replica job by a group; cancelling the urgent job lets it grow back."""
-    jid = stack.submit("elastic", {**_spec("resize", cfg, RESIZE_STEPS), "min_gpus": 2})
+    shrinks the replica job by a group; cancelling the urgent job (once it trains, or after
+    ``RESIZE_WAIT_S``) lets it grow back. The replica job is cancelled once the grow is seen (or not,
+    after ``RESIZE_WAIT_S``): what happened is in the row (``urgent_started``, ``grown``)."""
+    jid = stack.submit("elastic", {**_spec("resize", cfg, 100_000), "min_gpus": 2})
     stack.wait(jid, lambda: stack.steps_done(jid) >= 5, "step 5")
-    held0 = stack.job(jid).get("gpus_allocated")
+    out: dict[str, Any] = {"run": "resize", "job_id": jid, "gpus_before": stack.job(jid).get("gpus_allocated")}
     urgent = stack.submit("urgent", {"name": "urgent", "model": "tiny", "steps": 100_000, "global_batch": 8,
                                      "min_gpus": 4, "max_gpus": 4, "seed": 1})
-    out: dict[str, Any] = {"run": "resize", "job_id": jid, "gpus_before": held0}
+    t_submit = time.time()
+
+    def seen(kind: str, since: float) -> list[dict[str, Any]]:
+        return [e for e in stack.events(jid) if e["type"] == kind and _ts(e["ts"]) >= since - 1]
+
     try:
-        shrunk = stack.wait(jid, lambda: [e for e in stack.events(jid) if e["type"] == "replica_dropped"], "a shrink",
-                            timeout_s=240)
+        shrunk = stack.wait(jid, lambda: seen("replica_dropped", t_submit), "a shrink", timeout_s=RESIZE_WAIT_S)
         out["shrink"] = {k: _p(shrunk[0]).get(k) for k in ("cause", "groups_left", "step")}
-        stack.wait(urgent, lambda: stack.steps_done(urgent) >= 1, "the urgent job training", timeout_s=240)
+        try:
+            stack.wait(urgent, lambda: stack.steps_done(urgent) >= 1, "the urgent job training",
+                       timeout_s=RESIZE_WAIT_S)
+            out["urgent_started"] = True
+        except RuntimeError:
+            out["urgent_started"] = False  # the shrunk group's GPUs never reached it while the job ran
+        out["urgent_waited_s"] = round(time.time() - t_submit, 1)
     finally:
         stack._call("POST", f"/v1/jobs/{urgent}/cancel", stack.tokens["urgent"])
-    t = time.time()
-    stack.wait(jid, lambda: [e for e in stack.events(jid) if e["type"] == "replica_joined"
-                             and _ts(e["ts"]) >= t - 1], "a grow", timeout_s=300)
+    t_cancel = time.time()
+    try:
+        stack.wait(jid, lambda: seen("replica_joined", t_cancel), "a grow", timeout_s=RESIZE_WAIT_S)
+        out["grown"] = True
+        stack.wait(jid, lambda: stack.steps_done(jid) >= 3 + max(int(_p(e).get("step") or 0)
+                                                                 for e in seen("replica_joined", t_cancel)),
+                   "steps after the grow", timeout_s=120)
+    except RuntimeError:
+        out["grown"] = False
+    stack._call("POST", f"/v1/jobs/{jid}/cancel", stack.tokens["elastic"])
     state = stack.finish(jid)
     row = measure(stack.job(jid), stack.events(jid), stack.metrics(jid), None)
     row.pop("losses")
     out.update(row)
     out["state"] = state
-    out["never_stopped"] = not row["resumed"] and row["attempts"] <= 1 and bool(row["replica_joined"])
+    out["never_stopped"] = (not row["resumed"] and row["attempts"] <= 1 and "shrink" in out and out["grown"])
     return out
 
 
@@ -342,8 +364,9 @@ def goal_rows(p: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     r = rep.get("resize")
     if r:
         rows.append(("replica job, scheduler shrink then grow", "surviving groups never stop (no resumed, no new gang)",
-                     f"shrink {r.get('shrink')}; joined {r['replica_joined']}; resumed {r['resumed']}; "
-                     f"attempts {r['attempts']}", r["never_stopped"]))
+                     f"shrink {r.get('shrink')}; the reclaiming job started while it ran: {r.get('urgent_started')} "
+                     f"(after {r.get('urgent_waited_s')} s); grown back: {r.get('grown')}; joined {r['replica_joined']}; "
+                     f"resumed {r['resumed']}; attempts {r['attempts']}", r["never_stopped"]))
     else:
         rows.append(("replica job, scheduler shrink then grow", "surviving groups never stop", why("replica-resize"),
                      None))
