@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-STEPS, KILL_AT, GLOBAL_BATCH, RESIZE_WAIT_S = 40, 15, 12, 120.0
+STEPS, KILL_AT, GLOBAL_BATCH, RESIZE_WAIT_S = 40, 15, 12, 90.0
 REPLICA = {"nodes": 4, "gpus": 2, "max_gpus": 6, "hint": {"tp": 2}}
 SINGLE = {"nodes": 3, "gpus": 4, "max_gpus": 8, "hint": {"tp": 4, "pp": 2}}
 DEADLINE_S = 60
