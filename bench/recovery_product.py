@@ -380,7 +380,8 @@ def product_markdown(p: dict[str, Any]) -> str:
              f"everything under it), or drained (deadline {p['drain_deadline_s']} s). Replica job: 4 nodes x 2 declared "
              "GPUs, `max_gpus` 6, hint `tp=2`. Single-group job: 3 x 4, `max_gpus` 8, hint `tp=4,pp=2`. Each against "
              "its no-fault run on the same cluster and service, same invocation; measured from the REST metrics and "
-             "events.", "", "| case | goal | measured | holds? |", "|---|---|---|---|"]
+             "events (losses as the step events carry them: 6 decimals, so 1e-6 is one rounding unit). Steps redone: "
+             "committed steps measured again, plus the in-flight step the survivors redo per group lost.", "", "| case | goal | measured | holds? |", "|---|---|---|---|"]
     for case, goal, measured, ok in goal_rows(p):
         lines.append(f"| {case} | {goal} | {measured} | {_yes(ok)} |")
     runs = [r for key in ("replica", "single") for r in (p.get(key) or {}).values()]
