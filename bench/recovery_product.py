@@ -189,6 +189,9 @@ def measure(job: dict[str, Any], events: list[dict[str, Any]], metrics: list[dic
     if joined:
         out["groups_at_end"] = _p(joined[-1]).get("groups")
         out["healed_from"] = sorted({_p(e).get("source") for e in joined})
+    rec = [e for e in events if e["type"] == "recovery"]
+    if rec:  # the last switch's phases (detect, plan, place, start, load, first_step)
+        out["recovery_phases"] = _p(rec[-1]).get("phases")
     if node_lost is not None and after is not None:
         out["node_lost_to_resumed_s"] = round(_ts(after["ts"]) - _ts(node_lost["ts"]), 3)
         out["resume_source"] = _p(after).get("source")
