@@ -304,8 +304,9 @@ class Demo:
                 "warmup_steps": 3,
                 "checkpoint": {"min_every_steps": 2, "max_every_steps": 5},
             }
-            if name == "research":  # show TP, PP and DP together on the big job
-                spec["layout_hint"] = {"tp": 2, "pp": 2}
+            if name == "research":  # show TP, PP and DP together on the big job, and the re-plan path:
+                spec["layout_hint"] = {"tp": 2, "pp": 2}  # (auto would pick replica groups for its dp=2;
+                spec["recovery"] = {"policy": "replan"}   # the demo's last part shows those)
             self.jobs.append(TenantJob(tenant=name, token=tok["token"], spec=spec))
             self.console.print(f"[green]✓[/] tenant [bold]{name}[/]: quota {quota} GPUs, weight {weight}, token "
                                f"{tok['token'][:10]}… (shown once)")
