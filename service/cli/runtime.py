@@ -239,9 +239,10 @@ def register(app: typer.Typer) -> None:
                                               "warm); default: the service's; 0 turns them off."),
         layout_hint: str | None = typer.Option(None, "--layout-hint", help="Fix fields of the first plan, e.g. tp=2,pp=2."),
         replica_groups: int = typer.Option(0, "--replica-groups", min=0,
-                                           help="Run this many replica groups (= --recovery replica_groups with this "
-                                           "many groups); a lost group is replaced from a live one while the others "
-                                           "keep stepping."),
+                                           help="Run this many replica groups of the hint's layout (= --recovery "
+                                           "replica_groups with this many groups; any of tp, pp, cp, dp, zero; a node "
+                                           "each, more when wider than a node); a lost group is replaced from a live "
+                                           "one while the others keep stepping; losing every group re-plans."),
         kill_node_at_step: int | None = typer.Option(None, "--kill-node-at-step", help="Test hook: crash a node."),
         slow_node_at_step: int | None = typer.Option(None, "--slow-node-at-step", help="Test hook: slow a node."),
         slow_factor: float = typer.Option(2.0, "--slow-factor", help="With --slow-node-at-step."),

@@ -308,7 +308,10 @@ class ReplicaStepper:
                     t = torch.zeros_like(p)  # a DTensor for a TP-sharded parameter
                     local(t).copy_(v)
                     new[k] = t
-            opt.state[p] = new
+            if new:
+                opt.state[p] = new
+            else:  # no state on the peer's rank (ZeRO-1: not this rank's to step): none here either
+                opt.state.pop(p, None)
         torch.set_rng_state(state["rng"])
         if state["consumed_samples"] != state["next_step"] * self.global_batch:
             raise ValueError("healed state: the data position does not match the step")
