@@ -45,6 +45,7 @@ from service.api.scrub import scrub_text
 from service.demo.report import JobReport, save_loss_png, terminal_loss_chart
 from workers.states import TERMINAL, JobState
 
+REPLICA_STEPS = 100  # the replica-groups part's job (a tp=1 step takes ~0.1-0.2 s here)
 SHOWN_EVENTS = {"plan", "placed", "ranks_mapped", "checkpoint", "node_lost", "rank_failed", "hang", "straggler", "peer_unreachable",
                 "replan", "resumed", "recovery", "finished", "failed", "cancelled", "preempted", "transition",
                 "attempt_started", "decision"}
@@ -488,7 +489,8 @@ class Demo:
         assert self.cluster is not None and self.jobs
         self.cluster.add_node()  # a free node for the replacement group (the first phase killed one)
         owner = self.jobs[0]
-        spec = {"name": f"{owner.tenant}-replica-groups", "model": cfg.model, "steps": 16,
+        # long enough for the kill (seen through REST metrics, a few steps late) and the heal to land mid-job
+        spec = {"name": f"{owner.tenant}-replica-groups", "model": cfg.model, "steps": REPLICA_STEPS,
                 "global_batch": cfg.global_batch, "min_gpus": 2, "max_gpus": 2, "seed": 1234, "lr": 3e-3,
                 "warmup_steps": 3, "layout_hint": {"tp": 1}, "recovery": {"policy": "replica_groups", "groups": 2},
                 "checkpoint": {"min_every_steps": 2, "max_every_steps": 5}}
@@ -500,7 +502,7 @@ class Demo:
         tj.job = r.json()
         self.jobs.append(tj)
         c.print(f"[green]✓[/] {tj.tenant} submitted job {tj.job['id']} over REST: 2 replica groups of tp=1 "
-                "(recovery.policy replica_groups), 16 steps; a group's node is killed after step 6")
+                f"(recovery.policy replica_groups), {REPLICA_STEPS} steps; a group's node is killed after step 6")
         t0, killed = time.monotonic(), False
         deadline = t0 + self.cfg.timeout_s
         while tj.job["state"] not in TERMINAL:
