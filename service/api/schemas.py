@@ -347,6 +347,24 @@ class ClusterJob(BaseModel):
     tenant_id: int | None = Field(default=None, description="admin view only")
 
 
+class NodeDrainIn(_In):
+    deadline_s: float = Field(gt=0, le=7 * 86_400, allow_inf_nan=False,
+                              description="seconds every job on the node has to move off it (at most 7 days)")
+
+
+DrainState = Literal["draining", "drained", "active"]
+
+
+class NodeDrainOut(BaseModel):
+    node_id: str
+    state: DrainState = Field(description="draining: jobs still hold GPUs there; drained: none do (it takes no "
+                                          "new work either way, until undrained); active: not drained")
+    gpus_held: int = Field(description="GPUs placement groups still hold on the node")
+    deadline_s: float | None = None
+    requested_at: dt.datetime | None = None
+    deadline_at: dt.datetime | None = None
+
+
 class ClusterOut(BaseModel):
     available: bool = Field(description="False when Ray could not be asked (see reason)")
     reason: str | None = None
@@ -356,6 +374,9 @@ class ClusterOut(BaseModel):
     alive_nodes: int
     nodes: list[dict[str, Any]] = Field(description="per node GPUs and allocations (admin view only)")
     jobs: list[ClusterJob] = Field(description="jobs holding GPUs (a tenant sees only its own)")
+    draining_nodes: int = Field(default=0, description="nodes drained by an operator (no new work goes there)")
+    drains: list[NodeDrainOut] = Field(default_factory=list, description="the drained nodes and their state "
+                                                                       "(admin view only)")
     ray_address: str | None = Field(default=None, description="the Ray cluster's address (admin view only; "
                                                               "its token is never shown)")
     ray_insecure: bool | None = Field(default=None, description="ORTHOPLEX_ALLOW_INSECURE_RAY is set (admin view only)")

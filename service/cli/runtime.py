@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 
+from service.cli.client import cluster_group
 from service.cli.plan import recovery_line
 from workers.states import ATTEMPT_TERMINAL
 
@@ -238,9 +239,10 @@ def register(app: typer.Typer) -> None:
                                               "warm); default: the service's; 0 turns them off."),
         layout_hint: str | None = typer.Option(None, "--layout-hint", help="Fix fields of the first plan, e.g. tp=2,pp=2."),
         replica_groups: int = typer.Option(0, "--replica-groups", min=0,
-                                           help="Run this many replica groups (= --recovery replica_groups with this "
-                                           "many groups); a lost group is replaced from a live one while the others "
-                                           "keep stepping."),
+                                           help="Run this many replica groups of the hint's layout (= --recovery "
+                                           "replica_groups with this many groups; any of tp, pp, cp, dp, zero; a node "
+                                           "each, more when wider than a node); a lost group is replaced from a live "
+                                           "one while the others keep stepping; losing every group re-plans."),
         kill_node_at_step: int | None = typer.Option(None, "--kill-node-at-step", help="Test hook: crash a node."),
         slow_node_at_step: int | None = typer.Option(None, "--slow-node-at-step", help="Test hook: slow a node."),
         slow_factor: float = typer.Option(2.0, "--slow-factor", help="With --slow-node-at-step."),
@@ -280,8 +282,7 @@ def register(app: typer.Typer) -> None:
         if result["state"] != "SUCCEEDED":
             raise typer.Exit(1)
 
-    cluster_app = typer.Typer(help="Local multi-node Ray clusters with declared GPUs (CPU torch underneath).",
-                              no_args_is_help=True)
+    cluster_app = cluster_group(app)  # shared with `cluster drain|undrain` (service.cli.client)
 
     @cluster_app.command("up")
     def up(
@@ -354,4 +355,3 @@ def register(app: typer.Typer) -> None:
         else:
             typer.echo(f"stopped {n} processes" if n else "no local cluster is recorded")
 
-    app.add_typer(cluster_app, name="cluster")

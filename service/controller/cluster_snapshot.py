@@ -11,7 +11,7 @@ leave); an allocation on a node that is gone is gone with it.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +99,7 @@ def build_snapshot(
     resizable: bool = False,
     curves: Mapping[int, Mapping[int, float] | None] | None = None,
     recoveries: Mapping[int, Mapping[str, Any]] | None = None,
+    draining: Collection[str] = (),
 ) -> ClusterSnapshot:
     """The snapshot for :func:`service.scheduler.policy.decide` (pure).
 
@@ -109,6 +110,7 @@ def build_snapshot(
     ``recoveries``: each job's recovery choice (``service.recovery.job_recovery``): a replica job is
     sized in whole groups, every group's GPUs counted (``service.recovery.whole_groups``: its range in
     group multiples, and a curve with only those sizes).
+    ``draining``: nodes an operator drains (``drains``): no new work is placed there.
     """
     nodes = [n for n in view.alive_nodes if n.gpus_total > 0]
     alive = {n.node_id for n in nodes}
@@ -139,7 +141,8 @@ def build_snapshot(
             )
         )
     node_views = [
-        NodeView(id=n.node_id, gpus=n.gpus_total, free_gpus=n.gpus_free, healthy=n.alive) for n in nodes
+        NodeView(id=n.node_id, gpus=n.gpus_total, free_gpus=n.gpus_free, healthy=n.alive,
+                 draining=n.node_id in draining) for n in nodes
     ]
     return ClusterSnapshot(
         tenants=tuple(db.tenants), jobs=tuple(jobs), nodes=tuple(node_views), now=time.time()

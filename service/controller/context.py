@@ -60,6 +60,8 @@ class Ctx:
     #: attempts this controller already asked to preempt / cancel (asked again after a restart)
     preempting: set[AttemptKey] = field(default_factory=set)
     cancelling: dict[AttemptKey, float] = field(default_factory=dict)
+    #: the draining nodes each attempt's supervisor was told (``drains``): told again when they change
+    drains_told: dict[AttemptKey, frozenset[str]] = field(default_factory=dict)
     #: the last decision recorded per job (kind, gpus, reason): a decision is stored when it changes
     decided: dict[int, tuple[str, int | None, str]] = field(default_factory=dict)
     #: the GPU profile the runtime and the goodput curves plan on (``ORTHOPLEX_GPU_TYPE``, ``_GPUS_PER_NODE``)

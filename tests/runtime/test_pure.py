@@ -432,21 +432,24 @@ def test_snapshot_holder_keeps_the_newest_snapshots_by_step() -> None:
     assert choose({"n": inv}).key.step == 3  # step 2 has no metadata on this holder
 
 
-def test_replica_groups_refuse_layouts_a_replica_group_cannot_run() -> None:
-    """``runtime.replica_groups``: TP (and the micro-batch) inside a group only; PP, CP, DP/ZeRO and
-    snapshots are refused when the spec is parsed, naming the option."""
+def test_replica_groups_take_any_layout_and_refuse_a_batch_no_group_can_carry() -> None:
+    """``runtime.replica_groups``: any layout inside a group (the hint is one group's layout); refused
+    when the spec is parsed, naming the option: a global batch that is not whole blocks of the rows a
+    group runs together (``replica_rows.share_unit``), and ``dp_replicate`` inside a group."""
     from workers.runtime.contract.job_spec import parse_job
 
     base = {"model": "tiny", "steps": 2, "global_batch": 12, "checkpoint_dir": "/nonexistent/ckpt",
             "runtime": {"replica_groups": 3}}
-    assert parse_job({**base, "layout_hint": "tp=2,micro_batch=2"}).runtime.replicas.groups == 3
-    for hint in ("pp=2", "tp=2,cp=2", "dp=2,zero=1"):
-        with pytest.raises(ValueError, match="replica_groups"):
-            parse_job({**base, "layout_hint": hint})
-    with pytest.raises(ValueError, match="snapshots"):
-        parse_job({**base, "runtime": {"replica_groups": 3, "snapshots": True}})
+    for hint in ("tp=2,micro_batch=2", "pp=2", "tp=2,cp=2", "dp=2,zero=1", "tp=2,pp=2,dp=2,zero=3"):
+        assert parse_job({**base, "layout_hint": hint}).runtime.replicas.groups == 3
+    # one group snapshots (the fallback re-plan restores from memory)
+    assert parse_job({**base, "runtime": {"replica_groups": 3, "snapshots": True}}).runtime.snapshots.enabled
+    with pytest.raises(ValueError, match="replica_groups: global_batch 12 is not a multiple of the 8 rows"):
+        parse_job({**base, "layout_hint": "pp=2,dp=2,micro_batch=2"})
     with pytest.raises(ValueError, match="micro_batch"):
         parse_job({**base, "layout_hint": "micro_batch=5"})
+    with pytest.raises(ValueError, match="dp_replicate"):
+        parse_job({**base, "layout_hint": "dp=2,dp_replicate=2,zero=1"})
     assert parse_job({**base, "layout_hint": "pp=2", "runtime": {}}).runtime.replicas.groups == 0
 
 
@@ -461,6 +464,7 @@ def test_a_ranks_torch_work_runs_in_a_one_thread_concurrency_group_and_its_heart
     assert ACTOR_CONCURRENCY["concurrency_groups"] == {TORCH_GROUP: 1} and ACTOR_CONCURRENCY["max_concurrency"] > 1
     group = {name: getattr(getattr(RankWorker, name), "__ray_concurrency_group__", None)
              for name in dir(RankWorker) if not name.startswith("_") and callable(getattr(RankWorker, name))}
-    torch_work = {"setup", "setup_replica", "step", "replica_step", "save", "restore", "restore_snapshot"}
+    torch_work = {"setup", "setup_replica", "step", "replica_step", "save", "restore", "restore_snapshot",
+                  "flush_snapshot"}
     assert {n for n, g in group.items() if g == TORCH_GROUP} == torch_work
     assert all(group[n] is None for n in ("heartbeat", "replica_peers_lost", "inject", "close", "info"))

@@ -250,10 +250,12 @@ def test_a_replica_group_whose_rank_died_or_stopped_answering_is_dropped() -> No
     assert isinstance(d, DropGroups) and d.groups == (1,)
 
 
-def test_a_replica_step_that_hung_with_every_group_alive_fails_the_job() -> None:
+def test_a_replica_step_that_hung_with_every_group_alive_falls_back_to_a_replan() -> None:
     reps, owners = replicas()
-    d = RecoveryPolicy(REPLICA_GROUP).decide(hang(), group_view(reps, owners))
-    assert isinstance(d, Fail) and d.reason.startswith("replica groups: a step hung with every group alive")
+    p = RecoveryPolicy(REPLICA_GROUP)
+    d = p.decide(hang(), group_view(reps, owners))
+    assert d == Replan(source="storage", drop=(0, 1, 2), failure=hang())
+    assert not p.keeps_groups and p.name == REPLAN_STORAGE  # one gang from here on
 
 
 def test_a_group_that_raised_is_retried_once_then_dropped() -> None:
@@ -264,20 +266,31 @@ def test_a_group_that_raised_is_retried_once_then_dropped() -> None:
     assert isinstance(d, DropGroups) and d.groups == (0,)
 
 
-def test_the_last_replica_group_lost_fails_the_job_with_the_groups_to_drop() -> None:
+def test_the_last_replica_group_lost_falls_back_to_a_replan_from_memory_when_snapshots_are_on() -> None:
     reps, owners = replicas(2)
-    d = RecoveryPolicy(REPLICA_GROUP).decide(lost("node0", "node1"), group_view(reps, owners))
-    assert isinstance(d, Fail) and d.drop == (0, 1) and "every group was lost" in d.reason
+    p = RecoveryPolicy.for_settings(RuntimeSettings.from_dict({"replica_groups": 2, "snapshots": True}))
+    assert p.keeps_groups and p.restore_choice({}, not_before=0, not_after=3) is None  # groups heal from peers
+    d = p.decide(lost("node0", "node1"), group_view(reps, owners))
+    assert d == Replan(source="memory", drop=(0, 1), failure=lost("node0", "node1"), exclude=("node0", "node1"))
+    assert p.name == REPLAN_MEMORY and p.source == "memory"  # the re-planned gang restores from memory
+    # without snapshots: from storage (the periodic checkpoints one group wrote)
+    reps, owners = replicas(2)
+    p = RecoveryPolicy.for_settings(RuntimeSettings.from_dict({"replica_groups": 2}))
+    d = p.decide(lost("node1"), group_view(reps, owners))
+    assert isinstance(d, DropGroups) and d.groups == (1,)  # one group left: it carries the whole batch
+    del reps.groups[1]
+    d = p.decide(lost("node0"), group_view(reps, owners))
+    assert isinstance(d, Replan) and d.source == "storage" and d.drop == (0,) and p.name == REPLAN_STORAGE
 
 
-def test_replica_groups_spend_the_budget_and_fail_on_a_failed_final_checkpoint() -> None:
+def test_replica_groups_spend_the_budget_and_fall_back_on_a_failed_checkpoint() -> None:
     reps, owners = replicas()
     p = RecoveryPolicy(REPLICA_GROUP, max_recoveries=1)
     assert isinstance(p.decide(lost("node2"), group_view(reps, owners)), DropGroups)
     d = p.decide(died(0), group_view(reps, owners, raised=[0]))
     assert isinstance(d, Fail) and d.reason == "more than 1 failures" and d.drop == ()
     save = RecoveryPolicy(REPLICA_GROUP).decide(died(0), FailureView(during="save"))
-    assert isinstance(save, Fail) and save.reason == "replica groups: the final checkpoint failed: rank_failed"
+    assert save == Replan(source="storage", failure=died(0))
     with pytest.raises(ValueError, match="groups' view"):
         RecoveryPolicy(REPLICA_GROUP).decide(died(0), FailureView())
 

@@ -1,4 +1,5 @@
-"""Which replica groups a raise gets dropped (issue #14): "my peer died" is not "I am broken"."""
+"""Which replica groups a raise gets dropped (issue #14): "my peer died" is not "I am broken"; and where
+new groups go (issue #38: a node each, several for a layout wider than a node)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,20 @@ def test_an_excused_group_is_blamed_when_no_step_commits_for_long() -> None:
     assert out[:FRUITLESS_LIMIT - 1] == [[]] * (FRUITLESS_LIMIT - 1)
     assert out[-1] == [0]
 
+
+
+def test_a_group_gets_a_node_of_its_own_and_spans_nodes_only_when_no_node_could_hold_it() -> None:
+    from .memory_cluster import MemoryCluster
+
+    c = MemoryCluster.of(4, 4, 4)
+    four = ReplicaSet(Layout(tp=2, pp=2), 3, "t")  # 4 GPUs a group: one node each
+    assert four.pick_spots(c, 3, set()) == [{"node0": 4}, {"node1": 4}, {"node2": 4}]
+    assert four.pick_spots(c, 3, {"node1"}) == [{"node0": 4}, {"node2": 4}]  # fewer groups, the rest later
+    two = ReplicaSet(Layout(pp=2), 2, "t")
+    c.hold(4, ["node0"])
+    assert two.pick_spots(c, 2, set()) == [{"node1": 2}, {"node2": 2}]
+    # tp2 x pp2 x dp2 = 8 GPUs: more than a node has, so each group spans two nodes (the freest first)
+    eight = ReplicaSet(Layout(tp=2, pp=2, dp=2), 2, "t")
+    c = MemoryCluster.of(4, 4, 4, 4)
+    assert eight.pick_spots(c, 2, set()) == [{"node0": 4, "node1": 4}, {"node2": 4, "node3": 4}]
+    assert eight.pick_spots(c, 2, {"node3"}) == [{"node0": 4, "node1": 4}]

@@ -31,7 +31,8 @@ Sharing rows rather than micro-batches lets a group run its whole share in one p
 groups do) and still hand a lost group's rows evenly to the survivors. Clipping, the lr schedule and
 AdamW are the engine's (``RankTrainer.optimizer_step``), after the reduction.
 
-Run a rank with ``python -m workers.engine.replica_ft '<json ReplicaRankSpec>'``; the test
+Run a rank with ``python -m workers.engine.replica_ft '<json ReplicaRankSpec>'`` (or a JSON list of
+them: run one after the other, e.g. one group layout each); the test
 (``tests/engine/test_replica_ft.py``) drives it. Each rank appends one JSON line per
 event to ``spec.log`` (``up``, ``step``, ``abort``, ``fault``, ``healed``, ``done``).
 """
@@ -53,7 +54,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workers.engine.parallel.data import fix_partial_grads, flatten, local, unflatten_into
+from workers.engine.parallel.data import flatten, local, unflatten_into
+from workers.engine.replica_rows import (  # noqa: F401  (row_share, redo_extra: the tests' names here too)
+    redo_extra,
+    redo_guess,
+    row_share,
+    share_unit,
+    steady_guess,
+    torchft_order,
+)
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,7 @@ class ReplicaRankSpec:
 
     group: int  # replica group index (the torchft replica id is ``rg{group}``)
     rank: int  # rank inside the group (= TP rank)
-    tp: int  # ranks per group (tensor parallel inside the group)
+    tp: int  # tensor parallel inside the group
     store_port: int  # the group's TCPStore (hosted by group rank 0)
     lighthouse: str  # torchft lighthouse address
     log: str  # JSON-lines event log shared by all ranks of the run
@@ -80,54 +89,15 @@ class ReplicaRankSpec:
     gate_group: int = -1
     min_step_s: float = 0.0  # pad each step (a stand-in for a real step time)
     redo_expect: list[int] | None = None  # the step set a redo is asked with (ReplicaStepper.step_once)
+    pp: int = 1  # the rest of the group's layout: pipeline, context and data parallel, ZeRO stage
+    cp: int = 1
+    dp: int = 1
+    zero: int = 0
 
-
-def row_share(n_rows: int, participants: int, index: int) -> list[int]:
-    """The rows (0-based) of a step's batch that participant ``index`` of ``participants`` runs:
-    contiguous, as even as possible, the first ``n_rows % participants`` participants take one more."""
-    if participants < 1 or not 0 <= index < participants:
-        raise ValueError(f"participant {index} of {participants}")
-    base, extra = divmod(n_rows, participants)
-    start = index * base + min(index, extra)
-    return list(range(start, start + base + (1 if index < extra else 0)))
-
-
-def torchft_order(groups: list[int]) -> list[int]:
-    """``groups`` in the order torchft ranks them: by replica id as a string, ``rg{group}:{uuid}``
-    (so ``rg10:`` sorts before ``rg1:``)."""
-    return [g for _, g in sorted((f"rg{g}:", g) for g in set(groups))]
-
-
-def redo_guess(group: int, expect: list[int] | None) -> tuple[int, int] | None:
-    """The redo's quorum as the step set predicts it: ``(participants, this group's index)`` in
-    :func:`torchft_order`; ``None`` when ``group`` is not in ``expect`` (nothing to guess)."""
-    if not expect or group not in expect:
-        return None
-    order = torchft_order(expect)
-    return len(order), order.index(group)
-
-
-def steady_guess(group: int, members: list[int] | None, dead: set[int]) -> tuple[int, int] | None:
-    """The step's quorum as the last committed one predicts it: ``(participants, this group's index)``
-    in :func:`torchft_order` of that quorum's groups (a group that healed in it takes part now) less
-    the ones the supervisor found dead; ``None`` without a last quorum (nothing to guess)."""
-    if not members:
-        return None
-    order = torchft_order([g for g in members if g not in dead])
-    return (len(order), order.index(group)) if group in order else None
-
-
-def redo_extra(n_rows: int, group: int, prev: list[int], expect: list[int]) -> list[int] | None:
-    """The rows ``group`` adds in the redo of a voted-down step: the shares (of ``prev``'s attempt,
-    :func:`row_share` in :func:`torchft_order`) of the groups missing from ``expect``, divided among
-    ``expect``'s groups; each keeps the gradient of its own share from that attempt. Every row is
-    counted once. ``None`` when ``expect`` is not a subset of ``prev``."""
-    if group not in expect or not set(expect) <= set(prev):
-        return None
-    before, now = torchft_order(prev), torchft_order(expect)
-    lost = sorted(m for i, g in enumerate(before) if g not in now
-                  for m in row_share(n_rows, len(before), i))
-    return [lost[k] for k in row_share(len(lost), len(now), now.index(group))]
+    @property
+    def size(self) -> int:
+        """Ranks per group."""
+        return self.tp * self.pp * self.cp * self.dp
 
 
 class _Log:
@@ -156,7 +126,7 @@ def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
-def make_manager(*, group: int, rank: int, tp: int, store_addr: str, store_port: int, lighthouse: str,
+def make_manager(*, group: int, rank: int, size: int, store_addr: str, store_port: int, lighthouse: str,
                  min_replicas: int, timeout_s: float, state_dict: Any, load_state_dict: Any) -> Any:
     """The torchft ``Manager`` of one rank of replica group ``group`` (replica id ``rg{group}``) over a
     fault-tolerant ``ProcessGroupGloo`` across the groups, healing over that group (``PGTransport``).
@@ -171,38 +141,68 @@ def make_manager(*, group: int, rank: int, tp: int, store_addr: str, store_port:
         pg=pg, min_replica_size=min_replicas, load_state_dict=load_state_dict,
         state_dict=state_dict, use_async_quorum=True, init_sync=False,
         timeout=timeout, quorum_timeout=timeout * 3, connect_timeout=timeout,
-        rank=rank, world_size=tp, store_addr=store_addr, store_port=store_port,
+        rank=rank, world_size=size, store_addr=store_addr, store_port=store_port,
         lighthouse_addr=lighthouse, replica_id=f"rg{group}",
         checkpoint_transport=PGTransport(pg, timeout=timeout, device=torch.device("cpu")),
         quorum_retries=3,  # a group dropped by a late heartbeat asks again instead of exiting
     )
 
 
-def forward_backward(trainer: Any, sampler: Any, step: int, rows: list[int], micro_batch: int,
-                     global_batch: int) -> float:
+def forward_backward(trainer: Any, sampler: Any, step: int, rows: list[int], global_batch: int) -> float:
     """Gradients of ``sum_p loss_p * rows_p / global_batch`` over rows ``rows`` of step ``step``'s
-    global batch, run in passes ``p`` of at most ``micro_batch`` rows, in ``.grad`` (zeros if none);
-    returns that partial loss."""
+    global batch, run in passes ``p`` of the group's layout (``replica_rows.pass_rows``: one
+    ``RankTrainer.forward_backward`` each, with the group's own TP/PP/CP/DP collectives and its ZeRO
+    or FSDP reduction), in ``.grad`` (:func:`fill_grads`: zeros where nothing was computed); returns
+    that partial loss."""
+    from workers.engine.replica_rows import pass_rows
+
     for p in trainer.params:
         p.grad = None
-    batch = sampler.batch(step)
-    model = trainer.parts.modules[0]
+    size = pass_rows(trainer.layout)
+    batch = sampler.batch(step) if rows else None
+    kept: list[torch.Tensor | None] | None = None
     part = 0.0
-    for i in range(0, len(rows), micro_batch):
-        rows_p = batch[rows[i:i + micro_batch]]
-        x, y = trainer.local_inputs(rows_p, already_dp_local=True)
-        loss = trainer._loss_fn(model(x), y)
-        (loss * (rows_p.shape[0] / global_batch)).backward()
-        part += float(loss.detach()) * rows_p.shape[0] / global_batch
-    fix_partial_grads(trainer.params)
-    for p in trainer.params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
+    for i in range(0, len(rows), size):
+        assert batch is not None
+        rows_p = batch[rows[i:i + size]]
+        w = rows_p.shape[0] / global_batch
+        part += trainer.forward_backward(rows_p) * w  # the pass's mean loss and gradient (the group's)
+        with torch.no_grad():
+            for j, p in enumerate(trainer.params):
+                if p.grad is None:
+                    continue
+                g = local(p.grad)
+                g.mul_(w)
+                if kept is not None and kept[j] is not None:
+                    g.add_(kept[j])
+        kept = [local(p.grad) if p.grad is not None else None for p in trainer.params]
+    fill_grads(trainer)
     return part
 
 
-def warm_up(trainer: Any, sampler: Any, micro_batch: int, global_batch: int) -> float:
-    """One forward and backward pass over step 0's first ``micro_batch`` rows, thrown away (parameters, RNG and the
+def holds_grad(trainer: Any) -> list[bool]:
+    """Which of this rank's parameters hold a gradient after a pass: all, but with ZeRO-1 only the
+    ones whose optimizer state this rank owns. The same for the same rank of every group (the same
+    layout), so the cross-group reduction's flat buffers line up."""
+    zero1 = getattr(trainer, "zero1", None)
+    if zero1 is None or zero1.size == 1:
+        return [True] * len(trainer.params)
+    owned = set(zero1.owned())
+    return [i in owned for i in range(len(trainer.params))]
+
+
+def fill_grads(trainer: Any) -> None:
+    """Zeros for the gradients this rank holds (:func:`holds_grad`) that no pass computed (a group
+    with no rows in the step: healing, or a share of none), ``None`` for the others."""
+    for p, held in zip(trainer.params, holds_grad(trainer), strict=True):
+        if not held:
+            p.grad = None
+        elif p.grad is None:
+            p.grad = torch.zeros_like(p)
+
+
+def warm_up(trainer: Any, sampler: Any, global_batch: int) -> float:
+    """One forward and backward pass over step 0's first pass of rows, thrown away (parameters, RNG and the
     optimizer untouched, gradients cleared), on every rank of a group together (the pass runs the
     group's TP collectives), before the group's torchft manager exists. A new rank's first pass
     (allocator, autograd, the first TP collectives) took about twice a steady one here, and a
@@ -215,12 +215,15 @@ def warm_up(trainer: Any, sampler: Any, micro_batch: int, global_batch: int) -> 
     state): a rank's first optimizer step computed DTensor's sharding decisions for every ``_foreach``
     op (0.3 s of CPU for tp=2 tiny here), in the step a replacement heals in. Seconds spent."""
     t0, rng = time.perf_counter(), torch.get_rng_state()
-    forward_backward(trainer, sampler, 0, list(range(micro_batch)), micro_batch, global_batch)
+    from workers.engine.replica_rows import pass_rows
+
+    forward_backward(trainer, sampler, 0, list(range(pass_rows(trainer.layout))), global_batch)
     opt = trainer.optimizer
     lrs = [g["lr"] for g in opt.param_groups]
     with torch.no_grad():
         for p in trainer.params:
-            p.grad.zero_()
+            if p.grad is not None:
+                p.grad.zero_()
         for g in opt.param_groups:
             g["lr"] = 0.0
         opt.step()
@@ -241,18 +244,20 @@ class ReplicaStepper:
     ``sampler.batch(step)`` is the step's whole global batch (``GlobalBatchSampler``); ``log`` gets
     ``("healed", step=, from_group=)`` when this rank healed from a peer."""
 
-    def __init__(self, trainer: Any, sampler: Any, *, group: int, rank: int, tp: int, global_batch: int,
-                 micro_batch: int, store_addr: str, store_port: int, lighthouse: str, min_replicas: int,
+    def __init__(self, trainer: Any, sampler: Any, *, group: int, rank: int, global_batch: int,
+                 store_addr: str, store_port: int, lighthouse: str, min_replicas: int,
                  timeout_s: float, log: Any = None) -> None:
         self.trainer = trainer
         self.model = trainer.parts.modules[0]
         self.sampler = sampler
-        self.group, self.rank, self.tp = group, rank, tp
-        self.global_batch, self.micro_batch = global_batch, micro_batch
-        if global_batch % micro_batch:
-            raise ValueError(f"global batch {global_batch} is not a multiple of the micro-batch {micro_batch}")
+        self.group, self.rank, self.size = group, rank, int(trainer.world_size)  # size: the group's ranks
+        self.global_batch = global_batch
+        self.unit = share_unit(trainer.layout)  # a share of the rows comes in blocks of this many
+        if global_batch % self.unit:
+            raise ValueError(f"global batch {global_batch} is not a multiple of the {self.unit} rows a group of "
+                             f"{trainer.layout.short()} runs together")
         self.log = log or (lambda *a, **k: None)
-        self.manager = make_manager(group=group, rank=rank, tp=tp, store_addr=store_addr, store_port=store_port,
+        self.manager = make_manager(group=group, rank=rank, size=self.size, store_addr=store_addr, store_port=store_port,
                                     lighthouse=lighthouse, min_replicas=min_replicas, timeout_s=timeout_s,
                                     state_dict=self.state_dict, load_state_dict=self.load_state_dict)
         self.healed_from: int | None = None
@@ -273,7 +278,7 @@ class ReplicaStepper:
         process group with the quorum's global ranks (a replica id's trailing digits times the group
         size plus the group rank, in replica-id order: ``Manager._async_quorum``) and keeps them on it."""
         ranks = getattr(self.manager._pg, "_global_ranks", None) or []
-        return [(int(r) - self.rank) // self.tp for r in ranks]
+        return [(int(r) - self.rank) // self.size for r in ranks]
 
     # ------------------------------------------------------------------ state over the network
     def state_dict(self) -> dict[str, Any]:
@@ -303,7 +308,10 @@ class ReplicaStepper:
                     t = torch.zeros_like(p)  # a DTensor for a TP-sharded parameter
                     local(t).copy_(v)
                     new[k] = t
-            opt.state[p] = new
+            if new:
+                opt.state[p] = new
+            else:  # no state on the peer's rank (ZeRO-1: not this rank's to step): none here either
+                opt.state.pop(p, None)
         torch.set_rng_state(state["rng"])
         if state["consumed_samples"] != state["next_step"] * self.global_batch:
             raise ValueError("healed state: the data position does not match the step")
@@ -315,7 +323,7 @@ class ReplicaStepper:
     def _forward_backward(self, step: int, rows: list[int]) -> float:
         t0 = time.time()
         try:
-            return forward_backward(self.trainer, self.sampler, step, rows, self.micro_batch, self.global_batch)
+            return forward_backward(self.trainer, self.sampler, step, rows, self.global_batch)
         finally:
             self._work.append([t0, time.time()])
 
@@ -370,7 +378,7 @@ class ReplicaStepper:
         extra = None
         if guess is not None and kept is not None and kept["step"] == step and kept["standard"] \
                 and prev and (kept["n"], kept["idx"]) == redo_guess(self.group, prev):
-            extra = redo_extra(self.global_batch, self.group, prev, expect or [])
+            extra = redo_extra(self.global_batch, self.group, prev, expect or [], self.unit)
         elif guess is None and self._redo and kept is not None and kept["step"] == step and kept["standard"] \
                 and idx is not None and redo_guess(self.group, kept["groups"]) == (kept["n"], kept["idx"]):
             # a redo without the supervisor's step set (the rank redoes at once, RankWorker.replica_step):
@@ -379,13 +387,13 @@ class ReplicaStepper:
             # participants were fewer than the quorum's groups, and which ones torchft does not say)
             now = self.quorum_groups()
             if len(now) == n and self.group in now and now.index(self.group) == idx:
-                extra = redo_extra(self.global_batch, self.group, kept["groups"], now)
+                extra = redo_extra(self.global_batch, self.group, kept["groups"], now, self.unit)
         if extra is not None:  # own rows kept: only the lost groups' share is computed
             assert kept is not None
             rows = kept["rows"] + extra
             part = self._forward_backward(step, extra) + kept["part"]
         else:
-            rows = row_share(self.global_batch, n, idx) if idx is not None else []
+            rows = row_share(self.global_batch, n, idx, self.unit) if idx is not None else []
             part = self._forward_backward(step, rows)
         standard = extra is None
         if guess is not None:
@@ -395,12 +403,14 @@ class ReplicaStepper:
             if not t["guess_ok"]:  # another quorum than guessed: this group's share again, for that one
                 step, (n, idx) = mgr.current_step(), got
                 torch.set_rng_state(self._rng)
-                rows = row_share(self.global_batch, n, idx) if idx is not None else []
+                rows = row_share(self.global_batch, n, idx, self.unit) if idx is not None else []
                 part, extra, standard = self._forward_backward(step, rows), None, True
         t["backward"] = time.time()
         if fault is not None:
             fault(step)
-        grads = [local(p.grad) for p in self.trainer.params]
+        # this rank's gradients (with ZeRO-1 the ones it owns): the same-coordinate rank of every
+        # other group holds the same ones (HSDP across groups)
+        grads = [local(p.grad) for p in self.trainer.params if p.grad is not None]
         flat = flatten(grads)
         if extra is not None:
             assert kept is not None
@@ -551,27 +561,28 @@ class ReplicaGroupTrainer:
         from planner.layout import Layout
         from workers.engine.config import ModelConfig, TrainConfig
         from workers.engine.data import GlobalBatchSampler, builtin_dataset
+        from workers.engine.replica_rows import group_layout
         from workers.engine.trainer import RankTrainer
 
         self.spec = spec
         self.log = _Log(spec.log, spec.group, spec.rank)
         # the group's store: hosts the group's default process group and torchft's manager address
-        self.store = dist.TCPStore("127.0.0.1", spec.store_port, spec.tp, is_master=spec.rank == 0,
+        self.store = dist.TCPStore("127.0.0.1", spec.store_port, spec.size, is_master=spec.rank == 0,
                                    timeout=timedelta(seconds=spec.timeout_s * 3), wait_for_workers=False)
         dist.init_process_group("gloo", store=dist.PrefixStore("engine", self.store), rank=spec.rank,
-                                world_size=spec.tp)
+                                world_size=spec.size)
         model = ModelConfig.preset("tiny")
         self.cfg = TrainConfig(model=model, steps=spec.steps, global_batch=spec.global_batch,
                                seed=spec.init_seed if spec.init_seed is not None else spec.seed,
                                lr=3e-3, min_lr=3e-4, warmup_steps=2, weight_decay=0.1, grad_clip=1.0)
-        layout = Layout(tp=spec.tp, micro_batch=spec.micro_batch).with_global_batch(spec.global_batch)
-        self.trainer = RankTrainer(self.cfg, layout, spec.rank, spec.tp, collective_timeout_s=spec.timeout_s)
+        layout = group_layout(Layout(tp=spec.tp, pp=spec.pp, cp=spec.cp, dp=spec.dp, zero=spec.zero,
+                                     micro_batch=spec.micro_batch))
+        self.trainer = RankTrainer(self.cfg, layout, spec.rank, spec.size, collective_timeout_s=spec.timeout_s)
         # the data position is the step; the sampler is keyed by the run's seed, not the init seed
         sampler = GlobalBatchSampler(builtin_dataset(model.seq_len, max_bytes=256 * 1024),
                                      spec.global_batch, spec.seed)
-        self.stepper = ReplicaStepper(self.trainer, sampler, group=spec.group, rank=spec.rank, tp=spec.tp,
-                                      global_batch=spec.global_batch, micro_batch=spec.micro_batch,
-                                      store_addr="127.0.0.1", store_port=spec.store_port,
+        self.stepper = ReplicaStepper(self.trainer, sampler, group=spec.group, rank=spec.rank,
+                                      global_batch=spec.global_batch, store_addr="127.0.0.1", store_port=spec.store_port,
                                       lighthouse=spec.lighthouse, min_replicas=spec.min_replicas,
                                       timeout_s=spec.timeout_s, log=self.log)
         self.manager = self.stepper.manager
@@ -634,11 +645,13 @@ def main(argv: list[str]) -> None:
 
     faulthandler.register(signal.SIGUSR1)  # stacks of a stuck rank: kill -USR1 <pid>
     torch.set_num_threads(1)
-    spec = ReplicaRankSpec(**json.loads(argv[0]))
-    t = ReplicaGroupTrainer(spec)
+    raw = json.loads(argv[0])
     try:
-        t.run()
-        t.close()
+        # a list: runs one after the other in this process (the layouts test: one spawn, several layouts)
+        for one in raw if isinstance(raw, list) else [raw]:
+            t = ReplicaGroupTrainer(ReplicaRankSpec(**one))
+            t.run()
+            t.close()
     except BaseException:
         import traceback
 

@@ -513,9 +513,13 @@ function clusterView() {
         for (let k = 0; k < a.gpus; k++) gpus.push({ job: a.job_id, name: job?.name, tenant });
       }
       while (gpus.length < n.gpus_total) gpus.push(null);
-      return h("div", { class: `cnode ${n.alive ? "" : "dead"}`, "data-testid": "cluster-node", "data-node": n.node_id, "data-alive": String(n.alive) },
+      const drain = (c.drains || []).find((d) => d.node_id === n.node_id);
+      return h("div", { class: `cnode ${n.alive ? "" : "dead"} ${drain ? "draining" : ""}`, "data-testid": "cluster-node", "data-node": n.node_id,
+        "data-alive": String(n.alive), "data-drain": drain ? drain.state : "" },
         h("div", { class: "node-head" }, h("strong", {}, `${n.is_head ? "head" : `node ${i}`}`), h("span", { class: "mono muted" }, ` ${n.node_id.slice(0, 8)} ${n.address}`),
-          n.alive ? null : h("span", { class: "lost" }, " dead")),
+          n.alive ? null : h("span", { class: "lost" }, " dead"),
+          drain ? h("span", { class: "drain", "data-testid": "node-drain", title: `drained by the admin: no new work; jobs move off by ${fmtTime(drain.deadline_at)}` },
+            ` ${drain.state}${drain.state === "draining" ? ` (${drain.gpus_held} GPUs to move, deadline ${fmtTime(drain.deadline_at)})` : ""}`) : null),
         h("div", { class: "gpus" }, gpus.map((g, k) => h("span", { class: `gpu ${g ? "used" : "free"}`, "data-testid": "gpu", "data-job-id": g?.job, "data-tenant": g?.tenant,
           style: g ? `background:${colour(g.tenant ?? g.job)};border-color:${colour(`job${g.job}`)}` : null,
           title: g ? `GPU ${k}: job ${g.job}${g.name ? ` ${g.name}` : ""}${g.tenant ? `, tenant ${g.tenant}` : ""}` : `GPU ${k}: free` }, g ? `j${g.job}` : ""))),

@@ -191,28 +191,30 @@ class RankWorker:
 
         assert self._trainer is not None and self._rdzv is not None, "setup first"
         cfg = self._trainer.cfg
-        sampler, micro_batch = self._trainer._data(), self._trainer.layout.micro_batch
-        warm_s = warm_up(self._trainer, sampler, micro_batch, cfg.global_batch)  # not in its first steps
+        sampler = self._trainer._data()
+        warm_s = warm_up(self._trainer, sampler, cfg.global_batch)  # not in its first steps
         freeze_heap()
         if self._lighthouse_proxy is not None:
             self._lighthouse_proxy.close()
         self._lighthouse_proxy = ProxyProcess(lighthouse, secret)
         lighthouse = self._lighthouse_proxy.address()
         self._replica = ReplicaStepper(
-            self._trainer, sampler, group=group, rank=self._rank, tp=self._trainer.layout.tp,
-            global_batch=cfg.global_batch, micro_batch=micro_batch,
+            self._trainer, sampler, group=group, rank=self._rank, global_batch=cfg.global_batch,
             store_addr=str(self._rdzv["host"]), store_port=int(self._rdzv["port"]), lighthouse=lighthouse,
             min_replicas=min_replicas, timeout_s=timeout_s)
         return {"group": group, "step": self._replica.current_step(), "warm_up_s": round(warm_s, 3)}
 
     @_on_torch_thread
-    def replica_step(self, expect: list[int] | None = None, prev: list[int] | None = None) -> dict[str, Any]:
+    def replica_step(self, expect: list[int] | None = None, prev: list[int] | None = None,
+                     snapshot_group: int | None = None) -> dict[str, Any]:
         """One step of this rank's replica group (``ReplicaStepper.step_once``; ``expect``: the groups
         the supervisor runs it on, ``prev``: those of the attempt before): committed (``event: step``),
         after one redo at once if the first attempt was voted down, or voted down (``abort``: the next
         call redoes it). Calls queue behind an attempt still running (one the supervisor stopped
         waiting for when a peer group died): the ``torch`` group's one thread runs one at a time;
-        every reply lists the rank's aborted steps."""
+        every reply lists the rank's aborted steps. ``snapshot_group``: the group that takes the job's
+        in-memory snapshot after a commit (every ``snapshot_every``-th step; one group, since every
+        group holds the same state)."""
         self._phase("step", self._replica.current_step())
         w0, c0 = time.perf_counter(), time.thread_time()
         row = self._replica_attempt(w0, c0, expect, prev)
@@ -222,6 +224,10 @@ class RankWorker:
             # the last quorum), and the reply is the redo's. A redo voted down too is the
             # supervisor's to relaunch (with its step set)
             row = self._replica_attempt(time.perf_counter(), time.thread_time(), None, None)  # ReplicaStepper._redo_hint
+        row["snapshot_s"] = None
+        if row["event"] == "step" and self._snap is not None and snapshot_group == self._replica.group \
+                and (int(row["step"]) + 1) % self._snap_every == 0:
+            row["snapshot_s"] = self._snap.start()  # every rank of the group together (a collective at the first)
         # the last commits (a supervisor that stopped waiting for one sees it here) and every abort
         row.update(recent=list(self._replica_commits), aborted_steps=list(self._replica_aborts),
                    recent_aborts=list(self._replica_abort_rows))
@@ -277,17 +283,32 @@ class RankWorker:
         self._phase("idle", start - 1)
         return start
 
+    @_on_torch_thread
+    def flush_snapshot(self) -> int | None:
+        """This rank's in-memory snapshot of the step just done, pushed to its holders before this
+        returns (a drain or a resize moves the gang next: nothing may be left in flight); its step, or
+        ``None`` without snapshots. Every rank of the gang calls it at the same step boundary (a
+        snapshot after ``snapshot_every`` skipped this step is taken now)."""
+        if self._snap is None or self._trainer is None:
+            return None
+        step = self._snap.wait()
+        if step != self._trainer.next_step:
+            self._snap.start()
+            step = self._snap.wait()
+        return step
+
     def snapshot_stats(self) -> dict[str, float]:
         stats = dict(self._snap.stats) if self._snap is not None else {}
         stats["push_errors"] = self.snapshot_push_errors
         return stats
 
     @_on_torch_thread
-    def step(self, expect: list[int] | None = None, prev: list[int] | None = None) -> dict[str, Any]:
+    def step(self, expect: list[int] | None = None, prev: list[int] | None = None,
+             snapshot_group: int | None = None) -> dict[str, Any]:
         """One optimizer step; the slow/jitter hooks add busy time after the step's collectives.
-        ``expect``, ``prev``: a replica group rank's step sets (:meth:`replica_step`)."""
+        ``expect``, ``prev``, ``snapshot_group``: a replica group rank's (:meth:`replica_step`)."""
         if self._replica is not None:  # a rank of a replica group: one torchft step attempt
-            return self.replica_step(expect, prev)
+            return self.replica_step(expect, prev, snapshot_group)
         self._check_fence("run a step")
         self._phase("step", self._trainer.next_step)
         w0, c0 = time.perf_counter(), time.thread_time()

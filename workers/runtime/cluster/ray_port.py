@@ -67,6 +67,8 @@ class RayCluster:
                           alive_nodes=placement.alive_node_ids, on_created=on_created, snapshot_targets=targets,
                           snapshot_every=s.snapshots.every,
                           take_warm=self.pool.take if self.pool is not None else None)
+        if self.holders is not None:  # where its snapshots are kept (a replica job picks the group that snapshots by it)
+            gang.timings["snapshot_nodes"] = sorted({n for node in set(gang.rank_nodes) for n in self.holders.copy_nodes(node)})
         replica = getattr(plan, "replica_group", None) is not None
         if replica:  # a replica group's node needs no warm ranks: a replacement goes to a free node
             with self._pool_lock:

@@ -251,26 +251,22 @@ def _placement(raw: Any) -> dict[str, int]:
     return {str(n): int(g) for n, g in raw.items()}
 
 
-#: layout fields a replica group supports (TP inside a group); the others are refused
-SUPPORTED_HINT = frozenset({"tp", "micro_batch", "sp"})
-
-
 def check_replica_spec(hint: dict[str, Any], runtime: Any, global_batch: int) -> None:
-    """Refuse what replica groups do not support (``ValueError`` naming it)."""
-    r = int(runtime.replicas.groups)
-    if r < 2:
+    """Refuse what replica groups cannot run (``ValueError`` naming it): any layout runs inside a
+    group (TP x PP x CP x DP with ZeRO/FSDP: the hint is one group's layout), but the global batch
+    must come in whole blocks a group runs together (``replica_rows.replica_problems``), and
+    ``dp_replicate`` (replicas inside one process group) is what the groups already are."""
+    from planner.layout import Layout
+    from workers.engine.replica_rows import replica_problems
+
+    if int(runtime.replicas.groups) < 2:
         return
-    bad = sorted(k for k, v in hint.items() if k not in SUPPORTED_HINT and v not in (None, 1, 0, False, "none"))
-    if bad:
-        raise ValueError(f"replica_groups: a replica group runs tensor parallelism only (tp, micro_batch); "
-                         f"{', '.join(bad)} inside a replica group is not wired (use replica_groups 0 to re-plan "
-                         "all four dimensions instead)")
-    if runtime.snapshots.enabled:
-        raise ValueError("replica_groups: in-memory snapshots are not wired for replica groups (the live groups "
-                         "are each other's copy); set snapshots false")
-    mb = int(hint.get("micro_batch", 1))
-    if global_batch % mb:
-        raise ValueError(f"replica_groups: global_batch {global_batch} is not a multiple of micro_batch {mb}")
+    if int(hint.get("dp_replicate", 1) or 1) > 1:
+        raise ValueError("replica_groups: layout_hint.dp_replicate > 1 inside a replica group; the replica groups "
+                         "are the replicas (use dp and zero for one group's layout)")
+    problems = replica_problems(Layout.from_dict(dict(hint)), global_batch)
+    if problems:
+        raise ValueError("replica_groups: " + "; ".join(problems))
 
 
 def _duration(raw: Any) -> float | None:

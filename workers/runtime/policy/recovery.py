@@ -4,7 +4,9 @@
 and a :class:`FailureView` of the attempt and returns one :class:`FailureDecision`:
 
 - :class:`Replan` -- tear the gang down and re-plan over the nodes left, without ``exclude`` (a lost
-  node, a node cut off by a partition, a suspect node); restore from ``source``;
+  node, a node cut off by a partition, a suspect node); restore from ``source``. For replica groups
+  this is the fallback when the replica path runs out (``drop``: every group left; the job goes on
+  as one gang, :meth:`RecoveryPolicy.fall_back`);
 - :class:`Restart` -- start the gang again on the same nodes (a rank died or raised, or hung, on a
   live node: nothing is kept out); restore from ``source``;
 - :class:`DropGroups` -- replica groups: drop ``groups`` (replacements start) while the others step on;
@@ -114,6 +116,7 @@ class Replan(FailureDecision):
     """Tear the gang down, re-plan over the nodes left (``exclude`` told to the planner as lost)."""
 
     source: RestoreSource
+    drop: tuple[int, ...] = ()  # replica groups: the groups torn down first (the fallback: all of them)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,6 +164,8 @@ class RecoveryPolicy:
     name: str = REPLAN_STORAGE
     max_recoveries: int = 10
     node_death_limit: int = 2
+    # what a replica job becomes when the replica path runs out (a re-plan; from memory with snapshots)
+    fallback: str = REPLAN_STORAGE
     failures: int = 0  # failures decided so far
     deaths: NodeDeaths = field(init=False)
     cut_off: set[str] = field(default_factory=set)  # nodes left out for a peer partition
@@ -174,7 +179,8 @@ class RecoveryPolicy:
     @classmethod
     def for_settings(cls, settings: Any) -> RecoveryPolicy:
         """The policy of a job's ``RuntimeSettings``."""
-        return cls(policy_name(settings), int(settings.max_recoveries), int(settings.node_death_limit))
+        return cls(policy_name(settings), int(settings.max_recoveries), int(settings.node_death_limit),
+                   fallback=REPLAN_MEMORY if settings.snapshots.enabled else REPLAN_STORAGE)
 
     @property
     def source(self) -> RestoreSource:
@@ -220,11 +226,23 @@ class RecoveryPolicy:
             return Replan(source=self.source, **how)
         return Restart(source=self.source, **how)
 
+    def _fall_back(self, drop: tuple[int, ...], how: dict[str, Any]) -> Replan:
+        """The replica path ran out: drop every group and re-plan; from now on the job is one gang,
+        re-planned on failures (from memory when the job takes snapshots, else storage)."""
+        self.name = self.fallback
+        return Replan(source=self.source, drop=drop, **how)
+
     def _for_groups(self, read: Failure, view: FailureView, how: dict[str, Any]) -> Decision:
         """Replica groups: the groups ``read`` took (on a lost node, whose processes died, or that stopped
-        answering), else the groups whose ranks raised twice in a row (``raised_to_drop``)."""
-        if view.during == "save":  # the final checkpoint: no re-plan path for replica groups
-            return Fail(reason=f"replica groups: the final checkpoint failed: {read.kind}", **how)
+        answering), else the groups whose ranks raised twice in a row (``raised_to_drop``). When the
+        loss cannot be absorbed -- every group lost, a step that hung with every group alive, a failed
+        checkpoint of the group that writes it -- the job falls back to a re-plan over the GPUs left
+        (:class:`Replan` with ``drop``: every group), never fails for it (the budget still counts)."""
+        if view.during == "save":  # the group writing the checkpoint failed: re-plan (it may be half-written)
+            if self.failures > self.max_recoveries:
+                return Fail(reason=f"more than {self.max_recoveries} failures", **how)
+            groups = tuple(sorted(view.groups.replicas.groups)) if view.groups is not None else ()
+            return self._fall_back(groups, how)
         gs = view.groups
         if gs is None:
             raise ValueError("replica groups: a failure during a step needs the groups' view")
@@ -237,11 +255,10 @@ class RecoveryPolicy:
         groups = tuple(lost or blamed)
         if self.failures > self.max_recoveries:
             return Fail(reason=f"more than {self.max_recoveries} failures", **how)
-        if not groups and read.kind == "hang":
-            return Fail(reason=f"replica groups: a step hung with every group alive ({read.reason})", **how)
-        if groups and set(groups) >= set(reps.groups):
-            return Fail(reason="replica groups: every group was lost (no re-plan path for replica groups yet)",
-                        drop=groups, **how)
+        if not groups and read.kind == "hang":  # nothing to drop, nothing to redo with: one gang again
+            return self._fall_back(tuple(sorted(reps.groups)), how)
+        if groups and set(groups) >= set(reps.groups):  # the last group lost: re-plan onto the GPUs left
+            return self._fall_back(tuple(sorted(set(groups) | set(reps.groups))), how)
         if not groups:
             return Retry(**how)
         return DropGroups(groups=groups, **how)

@@ -285,10 +285,14 @@ class Holders:
 
     def targets(self, node: str) -> list[Any]:
         """Where a rank on ``node`` pushes: its own node's holder and its buddy's."""
-        out = [self.actors[node]] if node in self.actors else []
+        return [self.actors[n] for n in self.copy_nodes(node)]
+
+    def copy_nodes(self, node: str) -> list[str]:
+        """The nodes whose holders keep the copies of a rank on ``node`` (:meth:`targets`)."""
+        out = [node] if node in self.actors else []
         buddy = buddy_of(node, self.actors)
         if buddy is not None and buddy != node:
-            out.append(self.actors[buddy])
+            out.append(buddy)
         return out
 
     def kill(self) -> None:

@@ -1,7 +1,9 @@
 """Replica groups in the Ray runtime (runtime option ``replica_groups``, issue #14).
 
-A job with ``replica_groups: R >= 2`` runs R *replica groups*, each a gang of ``tp`` rank actors on
-one node holding a full copy of the model (``Layout(tp=tp)`` inside the group), with torchft between
+A job with ``replica_groups: R >= 2`` runs R *replica groups*, each a gang of rank actors holding a
+full copy of the model in any layout (the layout hint: TP x PP x CP x DP with ZeRO/FSDP inside the
+group), on one node, or on several when the layout needs more GPUs than a node has (one placement
+group per group either way), with torchft between
 the groups (``workers.engine.replica_ft.ReplicaStepper``: a per-step quorum on a lighthouse the
 cluster port hosts, a fault-tolerant gloo process group across the groups, the step's micro-batches
 split among the groups of the quorum so the global batch is kept, healing from a live peer).
@@ -29,12 +31,17 @@ from workers.runtime.cluster.watchdog import Failure
 
 @dataclass(frozen=True)
 class ReplicaGroupPlan:
-    """What ``ClusterPort.start_gang`` starts for one replica group (a plan of ``tp`` ranks)."""
+    """What ``ClusterPort.start_gang`` starts for one replica group (a plan of the group's ranks on
+    ``spot``: node -> GPUs)."""
 
     layout: Layout
     replica_group: int
-    node: str
+    spot: tuple[tuple[str, int], ...]
     min_replicas: int = 1
+
+    @property
+    def node(self) -> str:
+        return self.spot[0][0]
 
     @property
     def num_gpus(self) -> int:
@@ -47,7 +54,7 @@ class ReplicaGroupPlan:
 
     @property
     def nodes_used(self) -> tuple[str, ...]:
-        return (self.node,)
+        return tuple(n for n, _ in self.spot)
 
 
 class _AnyDown:
@@ -66,7 +73,7 @@ class _AnyDown:
 @dataclass
 class _Joining:
     group: int
-    node: str
+    spot: dict[str, int]
     t0: float
     gang: Gang | None = None
     error: str = ""
@@ -74,6 +81,10 @@ class _Joining:
     stepping: bool = False  # started, in its first step (waiting for the live groups' quorum)
     first: dict[int, Any] = field(default_factory=dict)  # rank -> its first (healed) step's row
     lost_nodes: list[str] = field(default_factory=list)  # its node heartbeat found these down (kept out after)
+
+    @property
+    def node(self) -> str:
+        return next(iter(self.spot))
 
 
 @dataclass
@@ -98,22 +109,42 @@ class ReplicaSet:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     # ------------------------------------------------------------------ placement
-    def plan(self, group: int, node: str) -> ReplicaGroupPlan:
-        return ReplicaGroupPlan(self.layout, group, node)
+    def plan(self, group: int, spot: dict[str, int]) -> ReplicaGroupPlan:
+        return ReplicaGroupPlan(self.layout, group, tuple(spot.items()))
 
-    def pick_nodes(self, port: Any, n: int, exclude: set[str]) -> list[str]:
-        """Up to ``n`` nodes for new groups: nodes holding no group first (a node death then takes
-        one group at most), then any node with ``tp`` free GPUs."""
-        tp = self.layout.world_size
+    def pick_spots(self, port: Any, n: int, exclude: set[str]) -> list[dict[str, int]]:
+        """Where up to ``n`` new groups go (node -> GPUs each): a node of its own per group, nodes
+        holding no group first (a node death then takes one group at most), then any node with the
+        group's GPUs free; a group whose layout needs more GPUs than any node has spans nodes (the
+        fewest: the freest first, nodes holding no group first)."""
+        world = self.layout.world_size
         with self.lock:
-            busy = {g.rank_nodes[0] for g in self.groups.values()} | {j.node for j in self.joining.values()}
+            busy = {n for g in self.groups.values() for n in g.rank_nodes} | \
+                {n for j in self.joining.values() for n in j.spot}
         views = sorted(port.nodes(exclude=exclude), key=lambda v: (v.id in busy, -v.free_gpus, v.id))
-        out: list[str] = []
         free = {v.id: v.free_gpus for v in views}
-        for v in views:
-            if len(out) < n and free[v.id] >= tp and v.id not in out:
-                out.append(v.id)
-                free[v.id] -= tp
+        spans = views and all(v.gpus < world for v in views)
+        out: list[dict[str, int]] = []
+        taken: set[str] = set()
+        while len(out) < n:
+            spot: dict[str, int] = {}
+            if not spans:
+                one = next((v.id for v in views if free[v.id] >= world and v.id not in taken), None)
+                if one is None:
+                    break
+                spot = {one: world}
+            else:
+                need = world
+                for v in sorted(views, key=lambda v: (v.id in busy or v.id in taken, -free[v.id], v.id)):
+                    if need and free[v.id] > 0:
+                        spot[v.id] = min(free[v.id], need)
+                        need -= spot[v.id]
+                if need:
+                    break
+            for node, k in spot.items():
+                free[node] -= k
+            taken |= set(spot)
+            out.append(spot)
         return out
 
     # ------------------------------------------------------------------ the step set
@@ -159,6 +190,22 @@ class ReplicaSet:
         with self.lock:
             return sorted(g for g, gang in self.groups.items() if set(gang.rank_nodes) & set(nodes))
 
+    def snapshot_group(self) -> int | None:
+        """The group that takes the job's in-memory snapshots (one: every group holds the same state
+        after a commit, so more would only multiply the pushes and the holders' memory): the lowest live
+        group with a copy on a node no live group runs on (``snapshot_nodes``: where its ranks' holders
+        are), so the snapshot outlives the loss of every group, which is when a re-plan needs it;
+        else the lowest live group."""
+        with self.lock:
+            live = sorted(self.groups.items())
+        if not live:
+            return None
+        busy = {n for _, gang in live for n in gang.rank_nodes}
+        for g, gang in live:
+            if set(gang.timings.get("snapshot_nodes") or ()) - busy:
+                return g
+        return live[0][0]
+
     def drop(self, group: int) -> Gang | None:
         with self.lock:
             return self.groups.pop(group, None)
@@ -180,11 +227,11 @@ class ReplicaSet:
             return []
         self.last_try = time.monotonic()
         started = []
-        for node in self.pick_nodes(port, missing, exclude):
+        for spot in self.pick_spots(port, missing, exclude):
             with self.lock:
                 gid = self.next_id
                 self.next_id += 1
-                job = self.joining[gid] = _Joining(gid, node, time.time())
+                job = self.joining[gid] = _Joining(gid, spot, time.time())
             threading.Thread(target=self._start_one, args=(port, job, on_created), daemon=True,
                              name=f"orthoplex-replica-{gid}").start()
             started.append(gid)
@@ -194,15 +241,15 @@ class ReplicaSet:
         tp = self.layout.world_size
         res = None
         try:
-            res = port.reserve(tp, nodes=[job.node], name=f"{self.name}-rg{job.group}", per_node={job.node: tp})
+            res = port.reserve(tp, nodes=list(job.spot), name=f"{self.name}-rg{job.group}", per_node=dict(job.spot))
             if res is None:
-                job.error = f"{tp} GPUs on node {job.node[:8]} not ready"
+                job.error = f"{tp} GPUs on node(s) {', '.join(n[:8] for n in job.spot)} not ready"
             else:
                 def created(gang: Gang) -> None:
                     job.gang = gang
                     on_created(gang)
 
-                job.gang = port.start_gang(self.plan(job.group, job.node), res, on_created=created)
+                job.gang = port.start_gang(self.plan(job.group, job.spot), res, on_created=created)
                 # its first step at once: it waits in the quorum, the live groups' next step takes it
                 # in, it heals from one of them and steps with them (so it never holds their quorum up)
                 job.stepping = True

@@ -3,10 +3,13 @@
 
 PLAN makes one group's layout (the hint's TP; no planner search: the groups are the unit of
 failure), PLACE a node and a placement group per group, START every group's gang, TRAIN one step
-attempt of every live group per call. A failed gather goes to the
+attempt of every live group per call, with the job's periodic checkpoint (written by one group) and
+in-memory snapshot (taken by one group). A failed gather goes to the
 :class:`~workers.runtime.policy.recovery.RecoveryPolicy`; its decision -- drop the groups it took
 (replacements start in the background and join at a step boundary, healing from a peer), let the
-live groups redo the step, or end the job -- is carried out here. :class:`ReplicaGroupPhases` is a
+live groups redo the step, fall back to a re-plan when the replica path ran out (every group torn
+down; the job goes on as one gang from the newest snapshot or checkpoint), or end the job -- is
+carried out here. :class:`ReplicaGroupPhases` is a
 part of :class:`~workers.runtime.supervision.attempt_machine.AttemptMachine` (a base class of it):
 it reads and writes the machine's state.
 """
@@ -18,11 +21,14 @@ from collections import Counter
 from typing import Any
 
 from planner.layout import Layout
+from workers.engine.replica_rows import group_layout
 from workers.runtime.cluster.gang import Gang, StartFailed
 from workers.runtime.cluster.placement_groups import Reservation
 from workers.runtime.cluster.watchdog import GatherResult
 from workers.runtime.contract import events as ev
-from workers.runtime.policy.recovery import DropGroups, Fail, GroupStep
+from workers.runtime.policy import planning as planner_bridge
+from workers.runtime.policy.recovery import DropGroups, Fail, GroupStep, Replan
+from workers.runtime.policy.replanner import held_gpus
 from workers.runtime.policy.stragglers import StragglerScorer
 from workers.runtime.recovery.replica_groups import ReplicaSet
 from workers.runtime.supervision.attempt_state import Cycle, JobFailed, Phase, Run, Switch
@@ -34,52 +40,53 @@ class ReplicaGroupPhases:
     replicas: ReplicaSet | None
 
     def _plan_replicas(self) -> tuple[Phase, str]:
-        """One group's layout (the hint's TP, nothing else: ``job_spec.check_replica_spec``) times
-        ``replica_groups``; no planner search (the groups are the unit of failure)."""
+        """One group's layout (the layout hint: any of TP, PP, CP, DP, ZeRO/FSDP; its trainers built for
+        one pass, ``replica_rows.group_layout``) times ``replica_groups``; no planner search (the
+        groups are the unit of failure)."""
         if self.cancel_requested or self.preempt_requested:
             return self._end_switch(Switch("cancelled" if self.cancel_requested else "preempted"))
-        if self.replicas is not None:
-            raise JobFailed("replica groups: every group was lost (no re-plan path for replica groups yet)")
-        hint = self.job.layout_hint
-        layout = Layout(tp=int(hint.get("tp", 1)), micro_batch=int(hint.get("micro_batch", 1)),
-                        sp=bool(hint.get("sp", False))).with_global_batch(self.job.global_batch)
+        if self.replicas is not None:  # the fallback hands PLAN to the single-gang phases (_fall_back)
+            raise JobFailed("replica groups: planned twice")
+        layout = group_layout(Layout.from_dict(dict(self.job.layout_hint)))
         self.replicas = ReplicaSet(layout, int(self.settings.replicas.groups), self.name)
         now = time.monotonic()
         self._cycle = Cycle(t_down=now, t_plan=now, t_place=now, give_up=now + self.settings.placement.give_up_s)
         return Phase.PLACE, f"{self.replicas.want} replica groups of {layout.short()}"
 
     def _place_replicas(self) -> tuple[Phase, str]:
-        """A node per group (nodes holding no group first), each group its own placement group; fewer
-        groups when fewer nodes have room (the others are started later, as replacements)."""
+        """A node per group (nodes holding no group first; several when the group's layout needs more
+        GPUs than a node has), each group its own placement group; fewer groups when fewer nodes have
+        room (the others are started later, as replacements)."""
         cycle, reps = self._cycle, self.replicas
         assert cycle is not None and reps is not None
-        tp = reps.layout.world_size
-        nodes = reps.pick_nodes(self.port, reps.want, self.replanner.excluded)
-        got: list[tuple[str, Reservation]] = []
-        for g, node in enumerate(nodes):
-            res = self.port.reserve(tp, nodes=[node], name=f"{self.name}-rg{g}", per_node={node: tp})
+        world = reps.layout.world_size
+        spots = reps.pick_spots(self.port, reps.want, self.replanner.excluded)
+        got: list[tuple[dict[str, int], Reservation]] = []
+        for g, spot in enumerate(spots):
+            res = self.port.reserve(world, nodes=list(spot), name=f"{self.name}-rg{g}", per_node=dict(spot))
             if res is None:
                 break
-            got.append((node, res))
-            self.log.emit(ev.Placed(reason=f"replica group {g}: {tp} GPU bundles on node {node[:8]}",
+            got.append((spot, res))
+            where = ", ".join(f"{k} on node {n[:8]}" for n, k in spot.items())
+            self.log.emit(ev.Placed(reason=f"replica group {g} ({reps.layout.short()}): {where}",
                                     gpus=res.size, placement_group=res.name, gpus_per_node=res.gpus_per_node,
                                     bundle_nodes=list(res.bundle_nodes), seconds=round(res.seconds, 4),
                                     strategy=res.strategy, group=g))
         if not got:
             if time.monotonic() > cycle.give_up:
-                raise JobFailed(f"no node with {tp} free GPUs for a replica group")
+                raise JobFailed(f"no room for a replica group of {world} GPUs")
             time.sleep(self.settings.placement.retry_s)
             return Phase.PLACE, "no room for a replica group yet"
-        cycle.plan = got  # (node, reservation) per group, in group order
+        cycle.plan = got  # (spot, reservation) per group, in group order
         return Phase.START, f"{len(got)} of {reps.want} replica groups reserved"
 
     def _start_replicas(self) -> tuple[Phase, str]:
         cycle, reps = self._cycle, self.replicas
         assert cycle is not None and reps is not None
         t0 = time.monotonic()
-        for g, (node, res) in enumerate(cycle.plan):
+        for g, (spot, res) in enumerate(cycle.plan):
             try:
-                gang = self.port.start_gang(reps.plan(g, node), res, on_created=lambda gang, g=g: reps.add(g, gang))
+                gang = self.port.start_gang(reps.plan(g, spot), res, on_created=lambda gang, g=g: reps.add(g, gang))
             except StartFailed as exc:
                 if reps.groups.get(g) is None:
                     self.port.release(res)
@@ -117,13 +124,15 @@ class ReplicaGroupPhases:
         expect = sorted({g for g, _ in owners} & run.last_groups) if run.last_groups else None
         prev, run.last_groups = sorted(run.last_groups), {g for g, _ in owners}
         res = self.port.gather(view, "step", deadline_s=self._deadline_s(run.walls, first=not run.walls),
-                               step=step, kwargs={"expect": expect, "prev": prev})
+                               step=step, kwargs={"expect": expect, "prev": prev, "snapshot_group": reps.snapshot_group()})
         if res.lost_nodes:
             self._tell_survivors(reps, res.lost_nodes)
         rows = {owners[r]: row for r, row in res.results.items()}
         done = {g for (g, _), row in rows.items() if row["event"] == "step"}
         if not res.ok:
-            self._drop_replicas(reps, view, owners, res, t_launch, step, done)
+            fallback = self._drop_replicas(reps, view, owners, res, t_launch, step, done)
+            if fallback is not None:
+                return fallback
         else:
             self.policy.clean_gather(reps, done)
         live = set(reps.groups)
@@ -162,11 +171,18 @@ class ReplicaGroupPhases:
             self.step_attempts[st] = 1 + self._failed_tries[st]
             self._replica_step_done(run, recent[st], committed, reps)
         run.step = max(recent) + 1
-        if run.step >= self.job.steps or self.preempt_requested:
-            target = max(reps.groups, key=lambda g: int(reps.groups[g].timings.get("fence_epoch") or 0))
-            self._save(reps.groups[target], run.step)  # a failed one ends the job (the policy's Fail)
+        if run.step >= self.job.steps or self.preempt_requested or self.cadence.due(run.since_save):
+            # the lowest live group of the newest fence epoch writes it (the groups hold the same state)
+            epoch = max(int(gang.timings.get("fence_epoch") or 0) for gang in reps.groups.values())
+            target = min(g for g, gang in reps.groups.items() if int(gang.timings.get("fence_epoch") or 0) == epoch)
+            failed = self._save(reps.groups[target], run.step)
+            if failed is not None:  # the policy's fallback: a re-plan from what was saved before
+                return self._fall_back(failed, run.step)
+            run.since_save = 0
             if self.preempt_requested:
                 return Switch("preempted")
+        if run.step < self.job.steps:
+            self._replica_moves(reps, run)  # drains and resizes by groups (planned_moves)
         reps.start_replacements(self.port, self.replanner.excluded, self.settings.replicas.retry_s, lambda g: None)
         return None
 
@@ -175,6 +191,7 @@ class ReplicaGroupPhases:
         done = int(row["step"]) + 1
         wall = max(float(r["wall_s"]) for r in committed.values())
         run.walls.append(wall)
+        run.since_save += 1
         loss = float(row["loss"])
         with self.lock:
             self.last_loss = loss
@@ -184,21 +201,25 @@ class ReplicaGroupPhases:
         self.cadence.observe_step(wall)
         world = int(row["participants"]) * reps.layout.world_size
         busy = [float(r["busy_s"]) for r in committed.values()]
+        snaps = [float(r["snapshot_s"]) for r in committed.values() if r.get("snapshot_s") is not None]
         self.log.emit(ev.StepDone(step=done, loss=round(loss, 6), wall_s=round(wall, 4), busy_max_s=round(max(busy), 4),
                                   world_size=world, tokens_per_s=round(float(row["tokens"]) / max(wall, 1e-9), 1),
-                                  val_loss=None))
+                                  val_loss=None, snapshot_s=round(max(snaps), 4) if snaps else None))
         out = {i: {**r, "loss": loss} for i, r in enumerate(committed.values())}
         view, _ = reps.view()
         self._metrics(done, out, view)
         self.tracking.on_step(done, out[0], world, wall)
 
     def _drop_replicas(self, reps: ReplicaSet, view: Gang, owners: list[tuple[int, int]], res: GatherResult,
-                       since: float, step: int, done: set[int]) -> None:
+                       since: float, step: int, done: set[int]) -> Switch | None:
         """Carry out the policy's decision on a failed gather: drop the groups it took (and start
-        replacements), or let the live groups redo the step, or end the job."""
+        replacements), or let the live groups redo the step, or fall back to a re-plan (the switch),
+        or end the job."""
         failure = self.port.classify(res, view, "step")
         groups = GroupStep(reps, owners, res.unresponsive, list(res.errors), frozenset(done))
         decision = self._decide(failure, since, groups=groups)
+        if isinstance(decision, Replan):
+            return self._fall_back(self._switch_for(decision, since), step)
         lost = list(decision.groups if isinstance(decision, DropGroups) else
                     decision.drop if isinstance(decision, Fail) else ())
         self.port.forget_replicas(lost)
@@ -218,6 +239,46 @@ class ReplicaGroupPhases:
         if isinstance(decision, Fail):
             raise JobFailed(decision.reason)
         reps.start_replacements(self.port, self.replanner.excluded, 0.0, lambda g: None)
+        return None
+
+    def _fall_back(self, switch: Switch, step: int) -> Switch:
+        """The replica path ran out (the policy's :class:`Replan`; the policy is a re-plan policy from
+        now on): every group and every replacement starting is torn down (``replica_dropped``), and the
+        job goes on as one gang: the next PLAN is the single-gang one (a plan over the GPUs left, the
+        layout hint honoured), START restores the newest complete in-memory snapshot (one group took
+        them), else the newest checkpoint (one group wrote them), and the steps run as any job's."""
+        reps = self.replicas
+        assert reps is not None
+        t0 = time.monotonic()
+        reps.want = 0  # no replacement starts from here on
+        held: dict[str, int] = {}
+        teardown_s = 0.0
+        read = switch.failure
+        for g in sorted(reps.groups):
+            gang = reps.drop(g)
+            if gang is None:
+                continue
+            self.port.forget_replicas([g])
+            for node, n in held_gpus(gang.rank_nodes).items():
+                held[node] = held.get(node, 0) + n
+            nodes = gang.nodes
+            teardown_s += self.port.teardown(gang)
+            reps.dropped.append({"group": g, "nodes": nodes, "step": step + 1, "ts": time.time()})
+            why = f"{read.kind}: {read.reason}" if read is not None else switch.kind
+            self.log.emit(ev.ReplicaDropped(reason=f"replica group {g} torn down ({why}); the replica path ran out: "
+                                            "re-planning the job as one gang over the GPUs left", group=g,
+                                            nodes=list(nodes), step=step + 1, groups_left=reps.size))
+        self._teardown_replicas()
+        # the single-gang phases from here on; PLAN finds no gang to tear down (this was it)
+        self._phases.update({Phase.PLAN: self._plan, Phase.PLACE: self._place, Phase.START: self._start})
+        self._train_step = self._train_one
+        self.replanner.released = {n: g for n, g in held.items() if n not in self.replanner.excluded}
+        now = time.monotonic()
+        self._cycle = Cycle(t_down=t0, t_plan=now, teardown_s=teardown_s,
+                            give_up=now + self.settings.placement.give_up_s)
+        change = switch.change or planner_bridge.ClusterChange()
+        change.reason = f"replica groups ran out ({change.reason or switch.cause}): one gang over the GPUs left"
+        return Switch(switch.kind, failure=switch.failure, change=change, detect_s=switch.detect_s)
 
     def _tell_survivors(self, reps: ReplicaSet, nodes: list[str]) -> None:
         """The node heartbeat found ``nodes`` down: the other groups' ranks stop waiting for a
@@ -251,14 +312,15 @@ class ReplicaGroupPhases:
                                          pids=sorted({int(r["pid"]) for r in j.first.values()}),
                                          warm_ranks=int(gang.timings.get("warm_ranks", 0)))
             keep_phases(reps.history[j.group], row)  # the replacement's first (healing) attempt
-            self._emit_started(gang, f"replacement replica group {j.group} on node {j.node[:8]}")
+            self._emit_started(gang, f"replacement replica group {j.group} on node(s) "
+                                     f"{', '.join(n[:8] for n in j.spot)}")
             healed = row["healed_from"]
             self.log.emit(ev.ReplicaJoined(reason=f"replica group {j.group} took the state of group {healed} over "
                                            f"the network in its first step (no share of that step's batch; its share from the "
                                            f"next step on): {reps.size} groups",
                                            group=j.group, seconds=round(float(row["ts"]) - j.t0, 3),
                                            step=int(row["step"]) + 1, from_group=int(-1 if healed is None else healed),
-                                           nodes=[j.node], groups=reps.size))
+                                           nodes=list(j.spot), groups=reps.size))
 
     def _teardown_replicas(self) -> None:
         reps = self.replicas
