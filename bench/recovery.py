@@ -455,12 +455,12 @@ def _goals_markdown(samples: list[dict[str, Any]]) -> str:
         f"{blocked} | {overhead_verdict(ov)} |", *injob_row])
 
 
-PARTS = ("baseline", "compare", "replan")
+PARTS = ("baseline", "compare", "replan", "product")
 
 
 def _carried(parts: list[str], path: Path | None = None) -> dict[str, Any]:
     """The parts not rerun, from the last results file (``carried``: part -> the run it comes from).
-    The goodput simulator is calibrated on the baseline rows (service/failure_sim/recovery.py ``MEASURED``),
+    The planner and the goodput simulator take their prior recovery phases from the baseline rows (planner/recovery_cost.py ``PRIOR_PHASES``),
     so a partial run keeps them, and the other parts, saying which run they come from."""
     from bench.common import RESULTS_DIR
 
@@ -470,7 +470,8 @@ def _carried(parts: list[str], path: Path | None = None) -> dict[str, Any]:
     before = json.loads(path.read_text())
     out: dict[str, Any] = {}
     carried = dict(before.get("carried") or {})
-    keys = {"baseline": ("rows", "ratio_raytrain_over_ours"), "compare": ("compare",), "replan": ("replan",)}
+    keys = {"baseline": ("rows", "ratio_raytrain_over_ours"), "compare": ("compare",), "replan": ("replan",),
+            "product": ("product",)}
     for part in PARTS:
         if part in parts or keys[part][0] not in before:
             continue
@@ -495,6 +496,10 @@ def render_markdown(result: dict[str, Any]) -> str:
         md += [compare_markdown(result["compare"]), *since("compare")]
     if result.get("replan"):
         md += [_replan_markdown(result["replan"]), _goals_markdown([result["replan"]]), *since("replan")]
+    if result.get("product"):
+        from bench.recovery_product import product_markdown
+
+        md += [product_markdown(result["product"]), *since("product")]
     return "\n\n".join(md)
 
 
@@ -514,6 +519,10 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
         out["replan memory s"] = r["runs"]["memory"]["node_lost_to_resumed_s"]
         out["replan storage s"] = r["runs"]["storage"]["node_lost_to_resumed_s"]
         out["snapshot overhead"] = r.get("snapshot_overhead_median", r.get("snapshot_overhead"))
+    if result.get("product") and "product" not in carried:
+        from bench.recovery_product import product_summary
+
+        out.update(product_summary(result["product"]))
     return out
 
 
@@ -521,7 +530,8 @@ def run(quick: bool = False, parts: list[str] | None = None, repeat: int = 1) ->
     """Both systems, same workload and failure, one invocation; ``quick`` skips the tuned Ray Train run.
     Then replica groups (``compare``: Orthoplex tp=2 and tp=1 replica groups, Ray Train + torchft and Ray
     Train restart, same cluster and failure, ``repeat`` times, see ``bench.recovery_replicas``) and the
-    re-plan path (memory vs storage) on the issue's 3 x 4 cluster. ``parts`` (default: all, or
+    re-plan path (memory vs storage) on the issue's 3 x 4 cluster; ``product``: issue 38's goals through
+    the service with default options. ``parts`` (default: all, or
     ``RECOVERY_PARTS``): the parts to run; the others are carried from the last results file."""
     from workers.testbed.local_cluster import InProcessCluster
 
@@ -554,6 +564,10 @@ def run(quick: bool = False, parts: list[str] | None = None, repeat: int = 1) ->
         out["compare"] = compare(quick, repeat=repeat)
     if "replan" in parts:
         out["replan"] = _replan(quick)
+    if "product" in parts:  # issue 38's goals through the service (bench.recovery_product)
+        from bench.recovery_product import product
+
+        out["product"] = product(quick)
     return out
 
 

@@ -26,6 +26,8 @@ from orthoplex.models import (
     JobPublic,
     JobSpec,
     MetricPublic,
+    NodeDrainIn,
+    NodeDrainOut,
     PlanOut,
     TenantCreate,
     TenantList,
@@ -225,3 +227,14 @@ def create_token(tenant_id: int, name: str, expires_in_days: int | None) -> Call
 
 def revoke_token(token_id: int) -> Call[None]:
     return Call("DELETE", f"/v1/tokens/{int(token_id)}", _none, idempotent=True)
+
+
+def drain_node(node_id: str, deadline_s: float) -> Call[NodeDrainOut]:
+    return Call("POST", f"/v1/cluster/nodes/{quote(node_id, safe='')}/drain",
+                lambda r: NodeDrainOut.model_validate(r.json()), idempotent=True,
+                json=_model(NodeDrainIn, deadline_s=deadline_s))
+
+
+def undrain_node(node_id: str) -> Call[NodeDrainOut]:
+    return Call("POST", f"/v1/cluster/nodes/{quote(node_id, safe='')}/undrain",
+                lambda r: NodeDrainOut.model_validate(r.json()), idempotent=True)

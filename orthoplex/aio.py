@@ -29,6 +29,7 @@ from orthoplex.models import (
     JobList,
     JobState,
     MetricPublic,
+    NodeDrainOut,
     PlanOut,
     TenantList,
     TenantPublic,
@@ -361,3 +362,9 @@ class AsyncAdminApi:
 
     async def revoke_token(self, token_id: int) -> None:
         await self._c._do(calls.revoke_token(token_id))
+
+    async def drain_node(self, node_id: str, deadline_s: float) -> NodeDrainOut:
+        return await self._c._do(calls.drain_node(node_id, deadline_s))
+
+    async def undrain_node(self, node_id: str) -> NodeDrainOut:
+        return await self._c._do(calls.undrain_node(node_id))

@@ -28,6 +28,7 @@ from orthoplex.models import (
     JobList,
     JobState,
     MetricPublic,
+    NodeDrainOut,
     PlanOut,
     TenantList,
     TenantPublic,
@@ -401,3 +402,11 @@ class AdminApi:
 
     def revoke_token(self, token_id: int) -> None:
         self._c._do(calls.revoke_token(token_id))
+
+    def drain_node(self, node_id: str, deadline_s: float) -> NodeDrainOut:
+        """Drain a node: it takes no new work and every job on it moves off within ``deadline_s``."""
+        return self._c._do(calls.drain_node(node_id, deadline_s))
+
+    def undrain_node(self, node_id: str) -> NodeDrainOut:
+        """The node takes new work again."""
+        return self._c._do(calls.undrain_node(node_id))

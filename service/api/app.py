@@ -22,7 +22,7 @@ from service.api.errors import AllowHeader, BodyLimit, install_handlers
 from service.api.headers import SecurityHeaders
 from service.api.metrics import LatencyMiddleware, make_registry
 from service.api.repo import RATE_WINDOW_S
-from service.api.routes import admin, artifacts, dashboard, data, jobs, system
+from service.api.routes import admin, artifacts, dashboard, data, jobs, nodes, system
 from service.api.sse import StreamSlots
 from service.db.session import make_engine, make_sessionmaker
 from service.settings import Settings, get_settings
@@ -53,7 +53,7 @@ def create_app(settings: Settings | None = None, api_settings: ApiSettings | Non
     app = FastAPI(title="Orthoplex", version="1.0.0", description=DESCRIPTION, lifespan=lifespan,
                   docs_url=None, redoc_url=None, swagger_ui_oauth2_redirect_url=None,
                   openapi_tags=[{"name": "jobs", "description": "a tenant's jobs"},
-                                {"name": "admin", "description": "tenants and tokens (admin token)"},
+                                {"name": "admin", "description": "tenants, tokens and node drains (admin token)"},
                                 {"name": "system", "description": "health, metrics, planning, cluster"},
                                 {"name": "dashboard", "description": "views of the web dashboard (/ui/)"}])
     app.state.settings = settings
@@ -73,6 +73,7 @@ def create_app(settings: Settings | None = None, api_settings: ApiSettings | Non
     app.include_router(admin.router)
     app.include_router(data.router)
     app.include_router(system.router)
+    app.include_router(nodes.router)
     app.include_router(dashboard.router)
     mount_ui(app)
     mount_docs(app)

@@ -1,5 +1,7 @@
 """The submission path's fit check and the dry run of ``POST /v1/plans`` (the planner spec itself
-comes from the one builder, ``workers.planner_spec.to_planner_spec``).
+comes from the one builder, ``workers.planner_spec.to_planner_spec``). Both also say what the job's
+``recovery`` block comes to on the best plan (``planner.recovery_choice``, the one rule; computed
+after the cache, which holds the plans only).
 
 The planner (``planner.plan``) is imported lazily. Its ``SpecError.field`` (``model.heads``,
 ``parallel.tp``, ``cluster.num_gpus``, ...) is mapped to the job-spec field the user wrote, so a
@@ -98,13 +100,41 @@ class FitResult:
     ok: bool
     loc: tuple[str, ...] = ()
     msg: str = ""
+    plan: dict[str, Any] | None = None  # the best plan found (``Plan.to_dict()``), for the recovery choice
+
+
+def recovery_choice(spec: JobSpec, api: ApiSettings, plan: dict[str, Any],
+                    model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What ``spec``'s recovery block comes to on ``plan`` (the one rule, ``planner.recovery_choice``),
+    priced on the plan's GPU count; :class:`PlannerRefused` naming the field when it cannot hold."""
+    from planner.recovery_choice import ChoiceError, choose
+    from service.recovery import runnable
+
+    block = spec.recovery.model_dump(mode="json", exclude_none=True) if spec.recovery is not None else None
+    groups = int((block or {}).get("groups") or 0)
+    try:
+        if groups and int(plan["layout"]["dp"]) % groups:  # named groups: the plan whose dp they divide
+            from service.recovery import plan_recovery
+
+            profile = get_settings()
+            choice = plan_recovery(spec.stored(), spec.max_gpus, gpu_type=profile.gpu_type,
+                                   gpus_per_node=profile.gpus_per_node, model=model)
+        else:
+            choice = choose(plan, block, planner_spec(spec, api, int(plan["num_gpus"]), model))
+        # as the runtime will run it: auto re-plans where the runtime has no replica path for the plan
+        return runnable(spec.stored(), choice, strict=True).to_dict()
+    except ChoiceError as exc:
+        raise PlannerRefused(tuple(exc.field.split(".")), exc.msg) from None
 
 
 def planner_spec(spec: JobSpec, api: ApiSettings, gpus: int | None = None,
-                 model: dict[str, Any] | None = None) -> dict[str, Any]:
+                 model: dict[str, Any] | None = None, goodput: dict[str, Any] | None = None) -> dict[str, Any]:
     """The planner's input for ``spec`` on the configured cluster profile: ``gpus`` exactly, or any
     count in ``min_gpus..max_gpus`` when ``gpus`` is None. ``model``: the engine shape to plan
-    (``workers.job_inputs.check_inputs``: an HF model's shape comes from its ``config.json``)."""
+    (``workers.job_inputs.check_inputs``: an HF model's shape comes from its ``config.json``).
+    ``goodput``: ``failure_rates`` and ``recovery_phases`` resolved from the event store
+    (``service.cluster_history.planner_inputs``): with the spec's ``duration_days`` the plans are ranked
+    by effective tokens/s; without it (the submission's fit check) by healthy speed."""
     from workers.planner_spec import PlanCluster, to_planner_spec
 
     top = gpus or spec.max_gpus
@@ -115,7 +145,11 @@ def planner_spec(spec: JobSpec, api: ApiSettings, gpus: int | None = None,
     if model is None:
         model = spec.model if isinstance(spec.model, str) else spec.model.model_dump()
     hint = spec.layout_hint.model_dump(exclude_none=True) if spec.layout_hint is not None else None
-    return to_planner_spec({"model": model, "global_batch": spec.global_batch, "layout_hint": hint}, cluster)
+    job: dict[str, Any] = {"model": model, "global_batch": spec.global_batch, "layout_hint": hint}
+    if spec.duration_days is not None and goodput is not None:  # the fit check plans healthy speed only
+        job["duration_days"] = spec.duration_days
+        job.update(goodput)
+    return to_planner_spec(job, cluster)
 
 
 def _loc(field: str) -> tuple[str, ...]:
@@ -184,7 +218,9 @@ def _search_fit(spec: JobSpec, api: ApiSettings, pspec: dict[str, Any],
         result = _plan(planner_spec(spec, api, spec.max_gpus, model), 1, api.plan_timeout_s, api.plan_timeout_s)
         if not result.plans and spec.min_gpus < spec.max_gpus:
             result = _plan(pspec, 1, api.plan_timeout_s, api.plan_timeout_s)
-        return FitResult(True) if result.plans else FitResult(False, ("max_gpus",), _summary(result, spec, api))
+        if not result.plans:
+            return FitResult(False, ("max_gpus",), _summary(result, spec, api))
+        return FitResult(True, plan=result.plans[0].to_dict())
     except PlannerRefused as exc:
         return FitResult(False, exc.loc, exc.msg)
     except PlannerUnavailable as exc:
@@ -196,10 +232,12 @@ def _search_fit(spec: JobSpec, api: ApiSettings, pspec: dict[str, Any],
 
 
 def check_fit(spec: JobSpec, api: ApiSettings, before_planning: Callable[[], None] | None = None,
-              model: dict[str, Any] | None = None) -> None:
-    """Raise :class:`PlannerRefused` when no GPU count in ``min..max`` has a plan for ``spec``.
-    ``before_planning`` runs only when the answer is not cached, right before the search (a caller's
-    cheap refusal, e.g. a tenant over its limits, that should not wait for planning)."""
+              model: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Raise :class:`PlannerRefused` when no GPU count in ``min..max`` has a plan for ``spec``, or its
+    recovery block cannot hold on the best one (a named ``replica_groups`` with no room); else the
+    recovery choice on that plan. ``before_planning`` runs only when the answer is not cached, right
+    before the search (a caller's cheap refusal, e.g. a tenant over its limits, that should not wait
+    for planning)."""
     pspec = planner_spec(spec, api, model=model)
     key = "fit " + json.dumps(pspec, sort_keys=True)
     hit = _cached(key)
@@ -209,6 +247,7 @@ def check_fit(spec: JobSpec, api: ApiSettings, before_planning: Callable[[], Non
         hit = _once(key, lambda: _search_fit(spec, api, pspec, model), 4 * api.plan_timeout_s + 1)
     if not hit.ok:
         raise PlannerRefused(hit.loc, hit.msg)
+    return recovery_choice(spec, api, hit.plan, model) if hit.plan is not None else None
 
 
 def _cached(key: str) -> Any:
@@ -252,17 +291,21 @@ def _once(key: str, search: Callable[[], Any], wait_s: float) -> Any:
     return hit
 
 
-def dry_run(spec: JobSpec, api: ApiSettings, top_k: int, model: dict[str, Any] | None = None) -> PlanOut:
+def dry_run(spec: JobSpec, api: ApiSettings, top_k: int, model: dict[str, Any] | None = None,
+            goodput: dict[str, Any] | None = None, note: str = "") -> PlanOut:
     """``POST /v1/plans`` and the dashboard's explain: the ranked plans for ``spec`` (any GPU count
-    in min..max), cached by the planner's input and ``top_k``."""
-    pspec = planner_spec(spec, api, model=model)
+    in min..max), cached by the planner's input and ``top_k``. ``goodput``/``note``: the event store's
+    failure rates and recovery phases (:func:`planner_spec`) and what to say about them."""
+    pspec = planner_spec(spec, api, model=model, goodput=goodput)
     key = f"dry {top_k} " + json.dumps(pspec, sort_keys=True)
     hit = _cached(key)
     if hit is None:
         hit = _once(key, lambda: _search_dry(spec, api, pspec, top_k), api.dryrun_timeout_s + _DRYRUN_SLOT_WAIT_S + 1)
     if isinstance(hit, FitResult):
         raise PlannerRefused(hit.loc, hit.msg)
-    return hit
+    if note and hit.goodput is not None:
+        hit = hit.model_copy(update={"goodput": {**hit.goodput, "note": note}})
+    return hit.model_copy(update={"recovery": recovery_choice(spec, api, hit.plans[0], model)})
 
 
 def _search_dry(spec: JobSpec, api: ApiSettings, pspec: dict[str, Any], top_k: int) -> PlanOut | FitResult:
@@ -279,4 +322,4 @@ def _search_dry(spec: JobSpec, api: ApiSettings, pspec: dict[str, Any], top_k: i
     if not d["plans"]:
         return FitResult(False, ("max_gpus",), _summary(result, spec, api))
     return PlanOut(gpus=gpus, plans=d["plans"][:top_k], rejected=d["rejected"][:50],
-                   searched=int(d["searched"]), search_time_s=float(d["search_time_s"]))
+                   searched=int(d["searched"]), search_time_s=float(d["search_time_s"]), goodput=d.get("goodput"))

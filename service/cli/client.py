@@ -1,4 +1,4 @@
-"""``orthoplex submit|status|events|cancel|artifacts|data``: the REST API from the command line.
+"""``orthoplex submit|status|events|cancel|artifacts|data|cluster drain``: the REST API from the command line.
 
 Every call goes through the Python SDK (``orthoplex.Client``): one place for auth, retries, the
 event stream's cursor and error mapping; this module only reads arguments and prints. They talk
@@ -180,6 +180,10 @@ def _job_detail(job: dict[str, Any], prog: Any) -> None:
     t.add_row("ETA", format_eta(prog.eta_s))
     t.add_row("plan", f"{prog.layout or '-'} on {prog.gpus or 0} GPU(s)")
     t.add_row("GPUs", f"{job['gpus_allocated']} allocated ({job['min_gpus']}..{job['max_gpus']})")
+    if job.get("recovery"):
+        from service.cli.plan import recovery_line
+
+        t.add_row("recovery", recovery_line(job["recovery"], str(job["spec"].get("recovery", {}).get("policy", "auto"))))
     if prog.last_event:
         ev = prog.last_event
         t.add_row("last event", f"{str(ev['ts'])[:19].replace('T', ' ')}  {ev['type']}  {ev['summary']}"[:200])
@@ -308,14 +312,65 @@ def artifacts(
     _run(url, token, go)
 
 
+def _drain_line(d: Any) -> str:
+    when = f", deadline {d.deadline_at:%H:%M:%S} UTC ({d.deadline_s:g} s)" if d.deadline_at is not None else ""
+    return f"node {d.node_id}: {d.state} ({d.gpus_held} GPU(s) still held){when}"
+
+
+def cluster_drain(
+    node: str = typer.Argument(..., help="Ray node id (`orthoplex` GET /v1/cluster lists them; admin token)."),
+    deadline: float = typer.Option(60.0, "--deadline", help="Seconds every job on the node has to move off it."),
+    as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt,
+) -> None:
+    """Drain a node (admin): no new work goes there, every job on it moves off before the deadline with
+    no step redone (a replica job's group is replaced from a peer, a one-gang job re-plans from memory)."""
+    if not deadline > 0 or deadline > 7 * 86_400:
+        _fail(f"--deadline: must be > 0 and at most 7 days of seconds, got {deadline:g}", 2)
+
+    def go(c: Client) -> None:
+        d = c.admin.drain_node(node, deadline)
+        _say(as_json, d.model_dump(mode="json"), _drain_line(d))
+
+    _run(url, token, go)
+
+
+def cluster_undrain(
+    node: str = typer.Argument(..., help="Ray node id."),
+    as_json: bool = JsonOpt, url: str | None = UrlOpt, token: str | None = TokenOpt,
+) -> None:
+    """Undrain a node (admin): it takes new work again."""
+
+    def go(c: Client) -> None:
+        d = c.admin.undrain_node(node)
+        _say(as_json, d.model_dump(mode="json"), _drain_line(d))
+
+    _run(url, token, go)
+
+
+def cluster_group(app: typer.Typer) -> typer.Typer:
+    """The one ``orthoplex cluster`` group of ``app`` (``cluster up|down``: ``service.cli.runtime``;
+    ``drain|undrain``: here), added once."""
+    for g in app.registered_groups:
+        if g.name == "cluster" and g.typer_instance is not None:
+            return g.typer_instance
+    group = typer.Typer(help="The Ray cluster: local multi-node clusters with declared GPUs (up, down), and "
+                             "draining nodes of the service's cluster (drain, undrain).", no_args_is_help=True)
+    app.add_typer(group, name="cluster")
+    return group
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``submit``, ``status``, ``events`` and ``cancel`` to ``app``."""
+    """Add ``submit``, ``status``, ``events``, ``cancel``, ``artifacts``, ``data ...`` and ``cluster
+    drain|undrain`` to ``app``."""
     app.command("submit")(submit)
     app.command("status")(status)
     app.command("events")(events)
     app.command("cancel")(cancel)
     app.command("artifacts")(artifacts)
     data_group(app)
+    group = cluster_group(app)
+    group.command("drain")(cluster_drain)
+    group.command("undrain")(cluster_undrain)
 
 
 data_app = typer.Typer(help="Data: your data area on the service (upload files for jobs' data.paths, list, "

@@ -95,6 +95,19 @@ class ClusterView:
         }
 
 
+def gpus_held(node: dict[str, Any] | None) -> int:
+    """GPUs placement groups hold on a node of the cluster view's ``to_dict()`` (``None``: not in it)."""
+    return sum(int(a.get("gpus", 0)) for a in (node or {}).get("allocations") or [])
+
+
+def drain_state(drained: bool, held: int) -> str:
+    """A node's drain state: ``draining`` while jobs hold GPUs on it, ``drained`` once none do,
+    ``active`` when it is not drained."""
+    if not drained:
+        return "active"
+    return "draining" if held > 0 else "drained"
+
+
 def unavailable(reason: str) -> ClusterView:
     """A view that says Ray could not be asked, and why."""
     return ClusterView(available=False, reason=reason)

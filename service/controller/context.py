@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
@@ -59,6 +60,8 @@ class Ctx:
     #: attempts this controller already asked to preempt / cancel (asked again after a restart)
     preempting: set[AttemptKey] = field(default_factory=set)
     cancelling: dict[AttemptKey, float] = field(default_factory=dict)
+    #: the draining nodes each attempt's supervisor was told (``drains``): told again when they change
+    drains_told: dict[AttemptKey, frozenset[str]] = field(default_factory=dict)
     #: the last decision recorded per job (kind, gpus, reason): a decision is stored when it changes
     decided: dict[int, tuple[str, int | None, str]] = field(default_factory=dict)
     #: the GPU profile the runtime and the goodput curves plan on (``ORTHOPLEX_GPU_TYPE``, ``_GPUS_PER_NODE``)
@@ -66,6 +69,9 @@ class Ctx:
     gpus_per_node: int = 4
     #: the planner's goodput curve per elastic job (``None``: none, linear), computed once per job
     curves: dict[int, dict[int, float] | None] = field(default_factory=dict)
+    #: each live job's recovery on its best plan at max_gpus (``service.recovery.job_recovery``, a
+    #: ``RecoveryChoice.to_dict()``), computed once per job: the scheduler's whole groups, the attempts' choice
+    recoveries: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sessions = make_sessionmaker(self.engine)

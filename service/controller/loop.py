@@ -8,6 +8,7 @@ renewing) starts with :func:`~service.controller.reconcile.reconcile`. One round
    (``events_pull``); a supervisor that is gone without a final event gets a new attempt, or the
    job FAILS after ``max_attempts`` (``apply.retry_attempt``); a finished one is reaped;
 2. **cancel**: jobs with ``cancel_requested`` → ``supervisor.cancel()`` → CANCELLED (fenced);
+   **drain**: supervisors learn the draining nodes, jobs past a drain deadline are preempted (``drains``);
 3. **schedule**: snapshot (job store + :func:`~service.controller.cluster.cluster_view`) →
    :func:`service.scheduler.policy.decide` → apply (``apply.apply_decisions``). No decisions while
    Ray is unavailable.
@@ -31,6 +32,7 @@ from service.controller.cluster import ClusterView, cluster_view
 from service.controller.cluster_snapshot import DbState, JobRow, build_snapshot, load_db_state
 from service.controller.context import ControllerConfig, Ctx
 from service.controller.crashpoints import crash_point
+from service.controller.drains import load_drains, overdue, tell_supervisors
 from service.controller.events_pull import pull
 from service.controller.lease import LeaderLease, LeaseLost
 from service.controller.reconcile import ACTIVE, ReconcileReport, reconcile
@@ -52,6 +54,7 @@ class TickResult:
     finished: list[tuple[int, str]] = field(default_factory=list)
     retried: list[tuple[int, str]] = field(default_factory=list)
     cancelled: list[int] = field(default_factory=list)
+    drains_told: list[int] = field(default_factory=list)  # jobs whose supervisor learnt the draining nodes
     applied: list[apply.Applied] = field(default_factory=list)
     cluster: ClusterView | None = None
 
@@ -119,10 +122,12 @@ class Controller:
                 # a new term (first, or the lease was lost and won back): trust no cached state
                 self.ctx.sups = Supervisors(self.config.call_timeout_s)
                 self.ctx.decided.clear()
+                self.ctx.drains_told.clear()
                 result.reconciled = reconcile(self.ctx)
                 self._leading, self._leading_epoch = True, epoch
             self._pull_all(result)
             self._cancel_requested(result)
+            self._drain(result)
             self._schedule(result)
         except LeaseLost as exc:
             log.warning("round aborted: lease lost", extra={"error": str(exc)})
@@ -207,6 +212,15 @@ class Controller:
                 result.cancelled.append(job.id)
             self._reap(key)
 
+    def _drain(self, result: TickResult) -> None:
+        with self.ctx.read() as s:
+            found = load_drains(s)
+            jobs = [j for j in load_db_state(s).jobs if j.attempt >= 1]
+        result.drains_told = tell_supervisors(self.ctx, jobs, found)
+        for job, preempt in overdue(jobs, found):
+            result.applied.append(apply.Applied(preempt.kind, job.id, None, apply.preempt(self.ctx, job, preempt),
+                                                preempt.reason))
+
     def _schedule(self, result: TickResult) -> None:
         from service.scheduler.policy import decide
 
@@ -216,17 +230,32 @@ class Controller:
             return
         with self.ctx.read() as s:
             db = load_db_state(s)
+            draining = set(load_drains(s))
         self._update_curves(db)
-        snapshot = build_snapshot(db, view, resizable=self.config.runtime_resizes, curves=self.ctx.curves)
+        self._update_recoveries(db)
+        snapshot = build_snapshot(db, view, resizable=self.config.runtime_resizes, curves=self.ctx.curves,
+                                  recoveries=self.ctx.recoveries, draining=draining)
         decisions = decide(snapshot)
         jobs = {j.id: j for j in db.jobs}
-        result.applied = apply.apply_decisions(self.ctx, jobs, decisions)
+        result.applied += apply.apply_decisions(self.ctx, jobs, decisions)
         self.decisions.extend(result.applied)
 
     def _update_curves(self, db: DbState) -> None:
         """Goodput curves for elastic jobs not seen before (computed off the loop: a round waits
         for them at most ``CurveBook.wait_s``); forget those of jobs that ended."""
         self._curve_book.update(db.jobs, self.ctx.curves)
+
+    def _update_recoveries(self, db: DbState) -> None:
+        """Each live job's recovery choice (planned once per job: specs never change); forget ended jobs."""
+        from service.recovery import job_recovery
+
+        live = {j.id for j in db.jobs}
+        for job_id in [k for k in self.ctx.recoveries if k not in live]:
+            del self.ctx.recoveries[job_id]
+        for j in db.jobs:
+            if j.id not in self.ctx.recoveries:
+                self.ctx.recoveries[j.id] = job_recovery(j.spec, j.max_gpus, gpu_type=self.ctx.gpu_type,
+                                                         gpus_per_node=self.ctx.gpus_per_node).to_dict()
 
     def _curve(self, job: JobRow) -> dict[int, float] | None:
         from service.controller.curves import goodput_curve

@@ -223,3 +223,16 @@ class Lease(Base):
     holder: Mapped[str] = mapped_column(sa.String(255))
     epoch: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     expires_at: Mapped[dt.datetime]
+
+
+class NodeDrain(Base):
+    """A drained Ray node: it takes no new work, and every job on it moves off before ``deadline_at``
+    (``POST /v1/cluster/nodes/{node}/drain``); undrain deletes the row."""
+
+    __tablename__ = "node_drains"
+    __table_args__ = (sa.CheckConstraint("deadline_s > 0", name="deadline_pos"),)
+
+    node_id: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    deadline_s: Mapped[float] = mapped_column(sa.Float, doc="seconds the jobs on it were given to move off")
+    requested_at: Mapped[dt.datetime] = mapped_column(default=utcnow, server_default=sa.func.now())
+    deadline_at: Mapped[dt.datetime]

@@ -10,7 +10,7 @@
    the recovery time by phase appear as they happen;
 6. a summary: loss curve as a PNG and in the terminal, plans used, GPU time lost.
 7. the path that does not stop the world: the same model as two replica groups under torchft on
-   this cluster (`orthoplex run --replica-groups 2`), one group's node killed in the middle of a step;
+   this cluster, submitted over REST (`recovery.policy: replica_groups`), one group's node killed;
    the timeline shows the other group stepping on, the replacement healing from it over the network
    and joining, and no ``resumed``.
 
@@ -45,6 +45,7 @@ from service.api.scrub import scrub_text
 from service.demo.report import JobReport, save_loss_png, terminal_loss_chart
 from workers.states import TERMINAL, JobState
 
+REPLICA_STEPS = 100  # the replica-groups part's job (a tp=1 step takes ~0.1-0.2 s here)
 SHOWN_EVENTS = {"plan", "placed", "ranks_mapped", "checkpoint", "node_lost", "rank_failed", "hang", "straggler", "peer_unreachable",
                 "replan", "resumed", "recovery", "finished", "failed", "cancelled", "preempted", "transition",
                 "attempt_started", "decision"}
@@ -304,8 +305,9 @@ class Demo:
                 "warmup_steps": 3,
                 "checkpoint": {"min_every_steps": 2, "max_every_steps": 5},
             }
-            if name == "research":  # show TP, PP and DP together on the big job
-                spec["layout_hint"] = {"tp": 2, "pp": 2}
+            if name == "research":  # show TP, PP and DP together on the big job, and the re-plan path:
+                spec["layout_hint"] = {"tp": 2, "pp": 2}  # (auto would pick replica groups for its dp=2;
+                spec["recovery"] = {"policy": "replan"}   # the demo's last part shows those)
             self.jobs.append(TenantJob(tenant=name, token=tok["token"], spec=spec))
             self.console.print(f"[green]✓[/] tenant [bold]{name}[/]: quota {quota} GPUs, weight {weight}, token "
                                f"{tok['token'][:10]}… (shown once)")
@@ -476,42 +478,81 @@ class Demo:
 
 
     def _replica_groups_phase(self) -> int:
-        """The path that does not stop the world: the same model as 2 replica groups of one GPU each
-        under torchft (``orthoplex run --replica-groups 2`` on this cluster, a node added back for the
-        replacement), the node of one group killed in the middle of a step. The timeline shows the
-        surviving group stepping on (world 1) with the lost group's micro-batches, the replacement
-        joining from the survivor's state over the network, and no ``resumed``."""
+        """The path that does not stop the world, submitted over REST like the first jobs (so ``--keep``
+        shows it on the dashboard with its groups): the same model as 2 replica groups of one GPU each
+        under torchft (``recovery.policy: replica_groups``, a node added back for the replacement), the
+        node of one group killed. The timeline shows the surviving group stepping on with the lost
+        group's micro-batches, the replacement joining from the survivor's state over the network, and
+        no ``resumed``."""
         c, cfg = self.console, self.cfg
         c.rule("[bold]replica groups: the survivors keep training through a node kill")
-        assert self.cluster is not None
-        self.cluster.add_node()  # a free node for the replacement group (the REST phase killed one)
-        cli = Path(sys.executable).with_name("orthoplex")
-        cmd = [str(cli), "run", "--address", self.cluster.address, "--replica-groups", "2", "--layout-hint", "tp=1",
-               "--steps", "16", "--global-batch", str(cfg.global_batch), "--kill-node-at-step", "6",
-               "--warm-ranks", "1", "--job-id", "demo-replica-groups",
-               "--checkpoint-dir", str(self.workdir / "replica-groups")]
-        c.print("[dim]$ orthoplex run --replica-groups 2 --layout-hint tp=1 --steps 16 --kill-node-at-step 6 "
-                "--warm-ranks 1 --address <this cluster>[/]")
-        t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "RAY_ADDRESS": self.cluster.address})
-        assert proc.stdout is not None
-        seen: list[str] = []
-        for line in proc.stdout:  # the job's own timeline; Ray's log lines stay out
-            line = line.rstrip()
-            if line.startswith(("[", "state:", "plans:", "failure", "replica groups:")):
-                seen.append(line)
-                style = "bold red" if "replica_dropped" in line else "bold green" if "replica_joined" in line else ""
-                c.print(f"[{style}]{line}[/]" if style else line, markup=bool(style), highlight=False)
-        code = proc.wait(timeout=600)
-        text = "\n".join(seen)
-        kept = "replica_dropped" in text and "replica_joined" in text and "resumed" not in text
-        if code != 0 or not kept:
-            c.print(f"[bold red]replica groups: exit {code}; dropped and joined without a restart: {kept}")
+        assert self.cluster is not None and self.jobs
+        self.cluster.add_node()  # a free node for the replacement group (the first phase killed one)
+        owner = self.jobs[0]
+        # long enough for the kill (seen through REST metrics, a few steps late) and the heal to land mid-job
+        spec = {"name": f"{owner.tenant}-replica-groups", "model": cfg.model, "steps": REPLICA_STEPS,
+                "global_batch": cfg.global_batch, "min_gpus": 2, "max_gpus": 2, "seed": 1234, "lr": 3e-3,
+                "warmup_steps": 3, "layout_hint": {"tp": 1}, "recovery": {"policy": "replica_groups", "groups": 2},
+                "checkpoint": {"min_every_steps": 2, "max_every_steps": 5}}
+        tj = TenantJob(tenant=owner.tenant, token=owner.token, spec=spec)
+        r = httpx.post(f"{self.base}/v1/jobs", json=spec, timeout=60,
+                       headers={"Authorization": f"Bearer {tj.token}", "Idempotency-Key": "demo-replica-groups"})
+        if r.status_code != 201:
+            raise DemoError(f"replica-groups submit -> {r.status_code}: {r.text}")
+        tj.job = r.json()
+        self.jobs.append(tj)
+        c.print(f"[green]✓[/] {tj.tenant} submitted job {tj.job['id']} over REST: 2 replica groups of tp=1 "
+                f"(recovery.policy replica_groups), {REPLICA_STEPS} steps; a group's node is killed after step 6")
+        t0, killed = time.monotonic(), False
+        deadline = t0 + self.cfg.timeout_s
+        while tj.job["state"] not in TERMINAL:
+            for ev in self._poll(tj):
+                self._print_replica_event(tj, ev)
+            done = max((int(m["step"]) for m in tj.metrics), default=0)
+            if not killed and done >= 6:
+                killed = self._kill_a_group_node(tj)
+            if time.monotonic() > deadline:
+                raise DemoError(f"the replica-groups job did not finish within {self.cfg.timeout_s:.0f}s")
+            time.sleep(0.5)
+        for ev in self._poll(tj):
+            self._print_replica_event(tj, ev)
+        types = {e["type"] for e in tj.events}
+        kept = {"replica_dropped", "replica_joined"} <= types and "resumed" not in types
+        if tj.job["state"] != JobState.SUCCEEDED or not kept:
+            c.print(f"[bold red]replica groups: job {tj.job['state']}; dropped and joined without a restart: {kept}")
             return 1
         c.print(f"[bold green]replica groups: one group lost, the other kept stepping (world 1) and a replacement "
                 f"healed from it over the network: no restart, no storage read ({time.monotonic() - t0:.0f}s)")
         return 0
+
+    def _kill_a_group_node(self, tj: TenantJob) -> bool:
+        """Kill the node of the replica job's last-placed group (a crash, no drain); False if none yet."""
+        placed = [e for e in tj.events if e["type"] == "placed" and _payload(e).get("group") is not None]
+        if not placed:
+            return False
+        alive = set(self.cluster.worker_node_ids())
+        real = {scrub_text(n): n for n in alive} | {n: n for n in alive}
+        nodes = [real[n] for n in _payload(placed[-1]).get("bundle_nodes") or [] if n in real]
+        if not nodes:
+            return False
+        self.console.print(f"{time.strftime('%H:%M:%S')} [bold red]✗ killing node {nodes[0][:12]}[/] (replica group "
+                           f"{_payload(placed[-1]).get('group')} of job {tj.job['id']}) — a crash, no graceful drain")
+        self.cluster.kill_node(nodes[0])
+        return True
+
+    def _print_replica_event(self, tj: TenantJob, ev: dict[str, Any]) -> None:
+        p, etype = _payload(ev), ev.get("type")
+        if etype == "replica_dropped":
+            msg = (f"[bold red]replica_dropped[/]: group {p.get('group')} ({p.get('cause')}) in step {p.get('step')}, "
+                   f"{p.get('groups_left')} group(s) keep stepping")
+        elif etype == "replica_joined":
+            msg = (f"[bold green]replica_joined[/]: group {p.get('group')} healed from group {p.get('from_group')} "
+                   f"({p.get('source')}) in {p.get('seconds')}s, step {p.get('step')}: {p.get('groups')} groups")
+        elif etype in ("resumed", "node_lost", "failed", "plan", "finished"):
+            msg = f"{etype}: {ev.get('reason') or p.get('reason') or p.get('short') or ''}"
+        else:
+            return
+        self.console.print(f"{time.strftime('%H:%M:%S')} [cyan]job {tj.job['id']} ({tj.tenant})[/] {msg}")
 
 
 def _payload(ev: dict[str, Any]) -> dict[str, Any]:

@@ -133,7 +133,7 @@ def build_round(snapshot: ClusterSnapshot) -> Round:
         free = node.gpus - used.get(node_id, 0)
         if node.free_gpus is not None:
             free = min(free, node.free_gpus)
-        node_free[node_id] = max(0, free)
+        node_free[node_id] = 0 if node.draining else max(0, free)  # a draining node takes no new work
     pending.sort(key=queue_key)
     rnd = Round(
         now=snapshot.now,

@@ -110,12 +110,15 @@ class JobView:
 @dataclass(frozen=True)
 class NodeView:
     """A node with ``gpus`` GPUs. ``free_gpus=None`` derives it from the jobs' allocations; a given
-    value can only lower it (GPUs held by something the scheduler does not know about)."""
+    value can only lower it (GPUs held by something the scheduler does not know about).
+    ``draining``: an operator drains it (``POST /v1/cluster/nodes/{node}/drain``): no new work is
+    placed on it (no GPU of it is free); the jobs still on it keep what they hold while they move off."""
 
     id: NodeId
     gpus: int
     free_gpus: int | None = None
     healthy: bool = True
+    draining: bool = False
 
     def __post_init__(self) -> None:
         if self.gpus < 0:

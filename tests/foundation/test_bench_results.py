@@ -65,7 +65,7 @@ def test_a_run_appends_its_history_with_its_commentary_and_the_history_table_is_
 @pytest.mark.unit
 def test_recovery_json_holds_only_keys_the_recovery_bench_writes() -> None:
     payload = json.loads((RESULTS / "recovery.json").read_text())
-    written = {"name", "quick", "parts", "rows", "ratio_raytrain_over_ours", "compare", "replan", "carried",
+    written = {"name", "quick", "parts", "rows", "ratio_raytrain_over_ours", "compare", "replan", "product", "carried",
                "machine", "run", "finished_at"}
     assert set(payload) <= written, set(payload) - written
     # the tool that reads the history of the compare runs runs (it failed with a KeyError before)

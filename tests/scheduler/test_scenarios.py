@@ -61,6 +61,22 @@ def test_unhealthy_nodes_are_ignored():
     assert k["admit"][4].placement == {"n1": 4}
 
 
+def test_a_draining_node_takes_no_new_work_until_undrained():
+    drain = [NodeView("n0", 8, draining=True), NodeView("n1", 4)]
+    # the job on the draining node keeps what it holds there (it moves off itself); nothing new goes there
+    s = snap([tenant("a")], [running(1, "a", {"n0": 2}), pending(2, "a", 4), pending(3, "a", 2, submitted_at=1)], drain)
+    _, k = run(s)
+    assert k["admit"][2].placement == {"n1": 4} and 3 in k["wait"] and not k["preempt"] and not k["shrink"]
+    # an elastic job is not grown onto it either
+    s = snap([tenant("a")], [running(4, "a", {"n1": 2}, max_gpus=12)], drain)
+    _, k = run(s)
+    assert all("n0" not in g.added for g in k["grow"].values())
+    # undrained: the same pending job fits on it
+    s = snap([tenant("a")], [running(1, "a", {"n0": 2}), pending(2, "a", 6)], [NodeView("n0", 8), NodeView("n1", 4)])
+    _, k = run(s)
+    assert k["admit"][2].placement == {"n0": 6}
+
+
 def test_given_free_gpus_can_only_lower_capacity():
     ns = [NodeView("n0", 8, free_gpus=2)]
     _, k = run(snap([tenant("a")], [pending(1, "a", 4), pending(2, "a", 2, submitted_at=1)], ns))

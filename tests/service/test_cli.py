@@ -160,3 +160,18 @@ def test_admin_and_cluster_commands_speak_json(cli: typer.Typer, pg_url: str, tm
     runtime_cli.register(app)
     r = runner.invoke(app, ["cluster", "down", "--data-dir", str(tmp_path), "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout) == {"stopped": 0}
+
+
+def test_cluster_drain_and_undrain(cli: typer.Typer, live, tenant_token: str) -> None:
+    from tests.service.conftest import ADMIN_TOKEN
+
+    node = "b" * 56
+    r = CliRunner().invoke(cli, ["cluster", "drain", node, "--deadline", "0", "--token", ADMIN_TOKEN])
+    assert r.exit_code == 2 and "--deadline" in r.output  # bad input: no request sent
+    r = _run(cli, live, tenant_token, "cluster", "drain", node, "--deadline", "60")
+    assert r.exit_code == 1 and "admin" in r.output.lower(), r.output  # the API's 403
+    # this server runs without a controller (no Ray): it cannot check the node, and says so
+    r = _run(cli, live, ADMIN_TOKEN, "cluster", "drain", node, "--deadline", "60")
+    assert r.exit_code == 3 and "could not be asked" in r.output, r.output
+    r = _run(cli, live, ADMIN_TOKEN, "cluster", "undrain", node, "--json")
+    assert r.exit_code == 3 and "could not be asked" in r.output, r.output

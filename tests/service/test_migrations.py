@@ -18,8 +18,9 @@ from service.db.models import Base
 from service.db.session import make_engine
 from tests.conftest import make_empty_database
 
-HEAD = "0004_metric_val_loss"
-EXPECTED_TABLES = {"tenants", "api_tokens", "jobs", "attempts", "events", "checkpoints", "metrics", "leases"}
+HEAD = "0005_node_drains"
+EXPECTED_TABLES = {"tenants", "api_tokens", "jobs", "attempts", "events", "checkpoints", "metrics", "leases",
+                   "node_drains"}
 
 
 def _diff(url: str) -> list[object]:

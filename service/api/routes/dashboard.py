@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import sqlalchemy as sa
 from fastapi import APIRouter, HTTPException, Path, Query, Request, status
 
-from service.api import job_story
+from service.api import job_story, repo
 from service.api.attempts import charge_planning
 from service.api.deps import Admin, AnyPrincipal, Db, Principal
 from service.api.errors import responses
@@ -120,7 +120,7 @@ def dashboard_job(job_id: JobId, principal: AnyPrincipal, db: Db) -> dict[str, A
     latest = db.execute(sa.select(Metric.step, Metric.tokens_per_s).where(Metric.job_id == job.id)
                         .order_by(Metric.step.desc(), Metric.epoch.desc()).limit(1)).one_or_none()
     return {
-        "job": JobPublic.model_validate(job).model_dump(mode="json"),
+        "job": {**JobPublic.model_validate(job).model_dump(mode="json"), "recovery": repo.attempt_recovery(db, job.id)},
         "step": job.final_step if job.final_step is not None else (latest[0] if latest else 0),
         "tokens_per_s": latest[1] if latest else None,
         "events": events,
@@ -197,6 +197,12 @@ def dashboard_explain(request: Request, job_id: JobId, principal: AnyPrincipal, 
         gpus = last.payload.get("num_gpus") or last.payload.get("world_size")
     in_force = last.payload.get("short") if last is not None else None
     spec, owner = dict(job.spec), job.tenant_id
+    goodput, note = None, ""
+    if spec.get("duration_days") is not None:  # the event store's failure rates and recovery phases
+        from service.cluster_history import planner_inputs
+
+        goodput, note = planner_inputs(db, spec.get("failure_rates") or "llama3",
+                                       request.app.state.settings.gpus_per_node)
     db.rollback()  # no transaction (on SQLite: the write lock) stays open while the planner searches
     if principal.tenant is not None:
         charge_planning(request.app.state.sessions, request.app.state.attempts, principal.tenant)
@@ -207,11 +213,12 @@ def dashboard_explain(request: Request, job_id: JobId, principal: AnyPrincipal, 
         shape = None
         if isinstance(parsed.model, HFModel):  # the shape its config.json gives, read in the owner's area
             shape = model_shape(parsed.stored()["model"], data_area(request.app.state.settings, owner))
-        out = dry_run(parsed, request.app.state.api, 4, model=shape)
+        out = dry_run(parsed, request.app.state.api, 4, model=shape, goodput=goodput, note=note)
     except (PlannerRefused, PlannerUnavailable, ValueError) as exc:
         return {"available": False, "reason": str(exc)[:300] or type(exc).__name__, "gpus": gpus}
     return {"available": True, "gpus": out.gpus, "plans": out.plans, "rejected": out.rejected[:10],
-            "searched": out.searched, "search_time_s": out.search_time_s, "in_force": in_force}
+            "searched": out.searched, "search_time_s": out.search_time_s, "in_force": in_force,
+            "goodput": out.goodput, "recovery": out.recovery}
 
 
 @router.get("/tenants", operation_id="dashboard_tenants", summary="Tenants with quota, use and borrowed GPUs",

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 
+from planner.recovery_choice import ChoiceError, check_block
 from service.api import repo
 from service.api.deps import AnyPrincipal, CurrentTenant, Db
 from service.api.errors import field_error, responses
@@ -66,6 +67,8 @@ def validate_spec(spec: JobSpec) -> None:
             errors.append((["model", "kv_heads"], f"heads {m.heads} is not a multiple of kv_heads {m.kv_heads}"))
     if spec.checkpoint is not None and spec.checkpoint.max_every_steps < spec.checkpoint.min_every_steps:
         errors.append((["checkpoint", "max_every_steps"], "must be >= min_every_steps"))
+    if spec.failure_rates is not None and spec.duration_days is None:
+        errors.append((["duration_days"], "is required with failure_rates (the job's expected days of training)"))
     if spec.lr is not None and spec.min_lr is not None and spec.min_lr > spec.lr:
         errors.append((["min_lr"], "must be <= lr"))
     if spec.data is not None:
@@ -105,6 +108,11 @@ def validate_spec(spec: JobSpec) -> None:
         used = (hint.tp or 1) * (hint.pp or 1) * (hint.cp or 1) * (hint.dp or 1)
         if used > spec.max_gpus:
             errors.append((["layout_hint"], f"tp*pp*cp*dp = {used} is more than max_gpus ({spec.max_gpus})"))
+    if spec.recovery is not None:
+        try:  # the one rule (planner.recovery_choice): groups only with replica_groups, restart without snapshots
+            check_block(spec.recovery.model_dump(mode="json", exclude_none=True))
+        except ChoiceError as exc:
+            errors.append((exc.field.split("."), exc.msg))
     if errors:
         raise RequestValidationError(
             [{"loc": ("body", *loc), "msg": msg, "type": "value_error"} for loc, msg in errors]
@@ -220,7 +228,7 @@ def get_job(job_id: JobId, tenant: CurrentTenant, db: Db) -> JobPublic:
     job = repo.get_job(db, tenant.id, job_id)
     if job is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "job not found")
-    return _public(job)
+    return _public(job).model_copy(update={"recovery": repo.attempt_recovery(db, job.id)})
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, operation_id="cancel_job", summary="Cancel a job",

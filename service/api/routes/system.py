@@ -17,10 +17,11 @@ from service.api.deps import AnyPrincipal
 from service.api.errors import field_error, responses
 from service.api.fit_check import PlannerRefused, PlannerUnavailable, dry_run
 from service.api.routes.jobs import check_inputs, validate_spec
-from service.api.schemas import ClusterJob, ClusterOut, Health, HFModel, JobSpec, PlanOut, Ready
+from service.api.schemas import ClusterJob, ClusterOut, Health, HFModel, JobSpec, NodeDrainOut, PlanOut, Ready
 from service.api.security import is_admin_token
+from service.controller.cluster import drain_state, gpus_held
 from service.controller.ray_access import INSECURE_WARNING
-from service.db.models import Attempt, Job
+from service.db.models import Attempt, Job, NodeDrain
 from service.settings import data_area
 from workers.states import HOLDING
 
@@ -112,8 +113,14 @@ def plan_job(
             raise field_error(["body", "model", "hf"], "an HF model lies in a tenant's data area: plan it with "
                                                        "a tenant's token", "value_error")
         shape = check_inputs(spec, data_area(request.app.state.settings, tenant.id))
+    goodput, note = None, ""
+    if spec.duration_days is not None:  # the event store's failure rates and recovery phases, read before planning
+        from service.cluster_history import planner_inputs
+
+        with request.app.state.sessions() as db:
+            goodput, note = planner_inputs(db, spec.failure_rates or "llama3", request.app.state.settings.gpus_per_node)
     try:
-        return dry_run(spec, request.app.state.api, top_k, model=shape)
+        return dry_run(spec, request.app.state.api, top_k, model=shape, goodput=goodput, note=note)
     except PlannerRefused as exc:
         raise field_error(["body", *exc.loc], exc.msg, "plan_infeasible") from None
     except PlannerUnavailable as exc:
@@ -133,25 +140,54 @@ def _view() -> ClusterViewLike:
 async def cluster(request: Request, principal: AnyPrincipal) -> ClusterOut:
     """The admin sees every node, allocation and job holding GPUs; a tenant sees the totals and
     its own jobs only."""
-    timeout = request.app.state.api.cluster_timeout_s
-    try:
-        view = await run_in_threadpool(lambda: _RAY_POOL.submit(_view).result(timeout=timeout))
-        d = view.to_dict()
-    except Exception as exc:  # Ray slow or broken: the API still answers
-        d = {"available": False, "reason": f"{type(exc).__name__}: {exc}"[:200]}
+    d = await cluster_dict(request)
     if not principal.is_admin and d.get("reason"):
         d["reason"] = "the cluster could not be asked"  # Ray's errors name its addresses: admin only
     jobs = await run_in_threadpool(_jobs, request, principal.tenant.id if principal.tenant else None)
     if principal.is_admin and d.get("nodes"):
         await run_in_threadpool(_label_allocations, request, d["nodes"])
+    drains = await run_in_threadpool(node_drains, request, d)
     return ClusterOut(
         available=bool(d.get("available")), reason=d.get("reason"), total_gpus=int(d.get("total_gpus", 0)),
         used_gpus=int(d.get("used_gpus", 0)), free_gpus=int(d.get("free_gpus", 0)),
         alive_nodes=int(d.get("alive_nodes", 0)), nodes=list(d.get("nodes", [])) if principal.is_admin else [],
-        jobs=jobs,
+        jobs=jobs, draining_nodes=len(drains), drains=drains if principal.is_admin else [],
         ray_address=(request.app.state.settings.ray_address or "local") if principal.is_admin else None,
         ray_insecure=request.app.state.settings.allow_insecure_ray if principal.is_admin else None,
     )
+
+
+async def cluster_dict(request: Request) -> dict[str, Any]:
+    """The cluster view's ``to_dict()``, asked within ``cluster_timeout_s`` (an unavailable view when
+    Ray is slow or broken: the API still answers)."""
+    timeout = request.app.state.api.cluster_timeout_s
+    try:
+        view = await run_in_threadpool(lambda: _RAY_POOL.submit(_view).result(timeout=timeout))
+        return view.to_dict()
+    except Exception as exc:
+        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"[:200]}
+
+
+def drain_out(row: NodeDrain | None, node_id: str, view: dict[str, Any]) -> NodeDrainOut:
+    """A node's drain state (``drains.drain_state``) from its row (``None``: not drained) and the view."""
+    node = next((n for n in view.get("nodes") or [] if n.get("node_id") == node_id), None)
+    held = gpus_held(node) if view.get("available") else 0
+    state = drain_state(row is not None, held if view.get("available") else 1)  # unknown: still draining
+    if row is None:
+        return NodeDrainOut(node_id=node_id, state=state, gpus_held=held)  # type: ignore[arg-type]
+    return NodeDrainOut(node_id=node_id, state=state, gpus_held=held, deadline_s=row.deadline_s,  # type: ignore[arg-type]
+                        requested_at=row.requested_at, deadline_at=row.deadline_at)
+
+
+def node_drains(request: Request, view: dict[str, Any]) -> list[NodeDrainOut]:
+    """Every drained node's state; the view's nodes get theirs as ``drain`` (``None``: not drained)."""
+    with request.app.state.sessions() as db:
+        rows = list(db.scalars(sa.select(NodeDrain).order_by(NodeDrain.node_id)))
+    out = [drain_out(r, r.node_id, view) for r in rows]
+    states = {o.node_id: o.state for o in out}
+    for n in view.get("nodes") or []:
+        n["drain"] = states.get(n.get("node_id"))
+    return out
 
 
 def _label_allocations(request: Request, nodes: list[dict[str, Any]]) -> None:

@@ -301,6 +301,8 @@ function fillJobPage(b, d, curve) {
     h("dt", {}, "MFU (planner)"), h("dd", { "data-testid": "mfu" }, b.mfu || "—"),
     h("dt", {}, "GPUs"), h("dd", {}, `${j.gpus_allocated} (${j.min_gpus}–${j.max_gpus})`),
     h("dt", {}, "Attempt"), h("dd", {}, j.attempt),
+    h("dt", {}, "Recovery"), h("dd", { "data-testid": "recovery-choice", "data-policy": j.recovery?.policy || "" },
+      j.recovery ? recoveryText(j.recovery) : "chosen when the job starts"),
     h("dt", {}, "Reason"), h("dd", {}, j.reason));
   // events, newest first
   b.eventsNote.textContent = d.events_truncated ? "Showing the newest 500 events (step events are on the curve)." : "Step events are on the curve.";
@@ -328,6 +330,13 @@ function fillJobPage(b, d, curve) {
       h("b", {}, `r${c.rank}`), h("span", {}, `tp${c.tp} pp${c.pp}`), h("span", {}, `cp${c.cp} dp${c.dp}`)))));
   });
   b.grid.replaceChildren(h("p", { class: "mono" }, `${g.short} on ${g.world_size} GPUs`), ...nodes);
+}
+
+function recoveryText(r) {
+  const what = r.policy === "replica_groups" ? `replica groups: ${r.groups} of ${r.group_gpus} GPU${r.group_gpus === 1 ? "" : "s"}`
+    : r.policy === "replan" ? "re-plan" : "restart from storage";
+  const snaps = r.snapshots ? `snapshots every ${r.snapshot_every} step${r.snapshot_every === 1 ? "" : "s"}` : "no snapshots";
+  return `${what}; ${snaps}; ${r.warm_ranks} warm rank${r.warm_ranks === 1 ? "" : "s"} per node. Why: ${r.reason}`;
 }
 
 async function loadExplain(id, b, signal) {
@@ -361,7 +370,21 @@ async function loadExplain(id, b, signal) {
         h("td", {}, fmtNum(p.estimate.memory_gb_per_gpu)), h("td", {}, `${(p.estimate.bubble_fraction * 100).toFixed(1)} %`),
         h("td", {}, i === 0 ? "chosen" : `${((p.estimate.step_time_s / est.step_time_s - 1) * 100).toFixed(1)} % slower`))),
       e.rejected.slice(0, 5).map((r) => h("tr", { class: "muted" }, h("td", { class: "mono" }, short(r.layout)), h("td", { colspan: 5 }, `rejected: ${r.reason}`)))))),
-    e.in_force ? h("p", { class: "muted" }, `Layout in force: ${e.in_force}.`) : null);
+    goodputNote(e, best),
+    e.in_force ? h("p", { class: "muted" }, `Layout in force: ${e.in_force}.`) : null,
+    e.recovery ? h("p", { "data-testid": "explain-recovery" }, `Recovery on this plan: ${recoveryText(e.recovery)}`) : null);
+}
+
+// the plan's expected goodput and recovery choice (jobs with duration_days; docs/goodput.md)
+function goodputNote(e, best) {
+  const r = best.recovery;
+  if (!e.goodput || !r) return null;
+  const groups = r.policy === "replica_group" ? ` × ${r.groups} groups` : "";
+  const every = r.snapshot_every ? `snapshot every ${r.snapshot_every} steps` : `checkpoint every ${r.checkpoint_every_steps} steps`;
+  return h("p", { "data-testid": "goodput" },
+    `Expected ETTR ${(best.ettr * 100).toFixed(2)} % over ${e.goodput.duration_days} days (${e.goodput.failure_rates.name} failure rates): `,
+    `${fmtNum(best.effective_tokens_per_s)} effective tokens/s. Recovery: `, h("span", { class: "mono" }, `${r.policy}${groups}`),
+    `, ${every}, ${r.warm_spares} warm spares. ${r.reason}.`);
 }
 
 // ------------------------------------------------------------------ submit
@@ -375,16 +398,25 @@ const FIELDS = [
   ["priority", "Priority", "number", "0", "-100..100, within the tenant"],
   ["layout_hint.tp", "TP hint", "number", "", "optional"],
   ["layout_hint.pp", "PP hint", "number", "", "optional"],
+  ["recovery.policy", "Recovery", "select", "auto", "auto: replica groups when the plan holds two or more full replicas in memory, else re-plan from memory"],
+  ["recovery.groups", "Replica groups", "number", "", "optional, with replica_groups"],
+  ["recovery.snapshots.enabled", "Memory snapshots", "select", "default", "default: on (off with restart)"],
+  ["recovery.snapshots.every", "Snapshot cadence", "number", "", "a snapshot after every N-th step; optional, default 1"],
+  ["recovery.warm_ranks", "Warm ranks per node", "number", "", "optional; default 1, 0 turns them off"],
 ];
-const PRESETS = ["tiny", "small", "llama-1b", "llama3-1b", "llama2-7b", "llama3-8b", "llama2-13b", "llama2-70b", "llama3-70b", "llama3-405b"];
+const CHOICES = {
+  model: ["tiny", "small", "llama-1b", "llama3-1b", "llama2-7b", "llama3-8b", "llama2-13b", "llama2-70b", "llama3-70b", "llama3-405b"],
+  "recovery.policy": ["auto", "replica_groups", "replan", "restart"],
+  "recovery.snapshots.enabled": ["default", "true", "false"],
+};
 
 function submitView() {
   if (session.role() === "admin") return message("Jobs are submitted with a tenant token.");
   const inputs = {}, errors = {};
   const rows = FIELDS.map(([key, label, type, dflt, help]) => {
-    const id = `f-${key.replace(".", "-")}`;
+    const id = `f-${key.replaceAll(".", "-")}`;
     const input = type === "select"
-      ? h("select", { id, name: key }, PRESETS.map((p) => h("option", { value: p, selected: p === dflt }, p)))
+      ? h("select", { id, name: key }, CHOICES[key].map((p) => h("option", { value: p, selected: p === dflt }, p)))
       : h("input", { id, name: key, type, value: dflt, "aria-describedby": `${id}-help ${id}-err`, ...(type === "number" ? { step: 1 } : {}) });
     inputs[key] = input;
     errors[key] = h("span", { id: `${id}-err`, class: "error", "data-testid": "field-error", "data-field": key, hidden: true });
@@ -403,10 +435,13 @@ function submitView() {
     const out = {};
     for (const [key, , type] of FIELDS) {
       const raw = inputs[key].value.trim();
-      if (raw === "") continue;
-      const v = type === "number" ? (Number.isFinite(Number(raw)) ? Number(raw) : raw) : raw;
-      const [a, b2] = key.split(".");
-      if (b2) { out[a] = out[a] || {}; out[a][b2] = v; } else out[a] = v;
+      if (raw === "" || raw === "default") continue;
+      const v = type === "number" ? (Number.isFinite(Number(raw)) ? Number(raw) : raw)
+        : raw === "true" ? true : raw === "false" ? false : raw;
+      const path = key.split(".");
+      let at = out;
+      for (const part of path.slice(0, -1)) at = at[part] = at[part] || {};
+      at[path[path.length - 1]] = v;
     }
     return out;
   };
@@ -436,7 +471,8 @@ function submitView() {
           h("tbody", {}, r.plans.map((p, i) => h("tr", { "data-testid": "preview-plan-row" }, h("td", {}, i + 1),
             h("td", { class: "mono" }, `tp${p.layout.tp}·pp${p.layout.pp}·cp${p.layout.cp}·dp${p.layout.dp}`),
             h("td", {}, `${fmtNum(p.estimate.step_time_s * 1000)} ms`), h("td", {}, fmtNum(p.estimate.tokens_per_s)),
-            h("td", {}, fmtNum(p.estimate.memory_gb_per_gpu)), h("td", {}, `${(p.estimate.mfu * 100).toFixed(1)} %`))))));
+            h("td", {}, fmtNum(p.estimate.memory_gb_per_gpu)), h("td", {}, `${(p.estimate.mfu * 100).toFixed(1)} %`))))),
+        r.recovery ? h("p", { "data-testid": "preview-recovery" }, `Recovery: ${recoveryText(r.recovery)}`) : null);
     } catch (ex) { preview.replaceChildren(); showErrors(ex); } finally { previewBtn.disabled = false; }
   });
   form.addEventListener("submit", async (e) => {
@@ -477,9 +513,13 @@ function clusterView() {
         for (let k = 0; k < a.gpus; k++) gpus.push({ job: a.job_id, name: job?.name, tenant });
       }
       while (gpus.length < n.gpus_total) gpus.push(null);
-      return h("div", { class: `cnode ${n.alive ? "" : "dead"}`, "data-testid": "cluster-node", "data-node": n.node_id, "data-alive": String(n.alive) },
+      const drain = (c.drains || []).find((d) => d.node_id === n.node_id);
+      return h("div", { class: `cnode ${n.alive ? "" : "dead"} ${drain ? "draining" : ""}`, "data-testid": "cluster-node", "data-node": n.node_id,
+        "data-alive": String(n.alive), "data-drain": drain ? drain.state : "" },
         h("div", { class: "node-head" }, h("strong", {}, `${n.is_head ? "head" : `node ${i}`}`), h("span", { class: "mono muted" }, ` ${n.node_id.slice(0, 8)} ${n.address}`),
-          n.alive ? null : h("span", { class: "lost" }, " dead")),
+          n.alive ? null : h("span", { class: "lost" }, " dead"),
+          drain ? h("span", { class: "drain", "data-testid": "node-drain", title: `drained by the admin: no new work; jobs move off by ${fmtTime(drain.deadline_at)}` },
+            ` ${drain.state}${drain.state === "draining" ? ` (${drain.gpus_held} GPUs to move, deadline ${fmtTime(drain.deadline_at)})` : ""}`) : null),
         h("div", { class: "gpus" }, gpus.map((g, k) => h("span", { class: `gpu ${g ? "used" : "free"}`, "data-testid": "gpu", "data-job-id": g?.job, "data-tenant": g?.tenant,
           style: g ? `background:${colour(g.tenant ?? g.job)};border-color:${colour(`job${g.job}`)}` : null,
           title: g ? `GPU ${k}: job ${g.job}${g.name ? ` ${g.name}` : ""}${g.tenant ? `, tenant ${g.tenant}` : ""}` : `GPU ${k}: free` }, g ? `j${g.job}` : ""))),

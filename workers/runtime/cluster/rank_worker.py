@@ -284,6 +284,20 @@ class RankWorker:
         self._phase("idle", start - 1)
         return start
 
+    @_on_torch_thread
+    def flush_snapshot(self) -> int | None:
+        """This rank's in-memory snapshot of the step just done, pushed to its holders before this
+        returns (a drain or a resize moves the gang next: nothing may be left in flight); its step, or
+        ``None`` without snapshots. Every rank of the gang calls it at the same step boundary (a
+        snapshot after ``snapshot_every`` skipped this step is taken now)."""
+        if self._snap is None or self._trainer is None:
+            return None
+        step = self._snap.wait()
+        if step != self._trainer.next_step:
+            self._snap.start()
+            step = self._snap.wait()
+        return step
+
     def snapshot_stats(self) -> dict[str, float]:
         stats = dict(self._snap.stats) if self._snap is not None else {}
         stats["push_errors"] = self.snapshot_push_errors

@@ -140,6 +140,9 @@ class PlanChosen(Event):
     nodes: list[str]
     predicted_tokens_per_s: float
     predicted_step_time_s: float
+    # a goodput-aware plan's (the job gave duration_days): expected ETTR and its recovery settings
+    ettr: float | None = None
+    recovery: dict[str, Any] | None = None
 
     def in_force(self) -> PlanInForce:
         return PlanInForce(self.layout, self.short, list(self.nodes), self.predicted_tokens_per_s,
@@ -172,7 +175,9 @@ class Replanned(Event):
 @_register
 @dataclass(frozen=True, kw_only=True)
 class Placed(Event):
-    """The gang's placement group is ready: its name and the GPUs it holds on each node."""
+    """The gang's placement group is ready: its name and the GPUs it holds on each node. ``group``:
+    a replica group's own placement (one group of the job's; the control plane keeps counting the
+    job's grant, every group's GPUs), None for the whole gang's."""
 
     type: ClassVar[str] = "placed"
     gpus: int
@@ -181,6 +186,7 @@ class Placed(Event):
     bundle_nodes: list[str]
     seconds: float
     strategy: str
+    group: int | None = None
 
 
 @_register
@@ -260,14 +266,16 @@ class NodeLost(Event):
 @_register
 @dataclass(frozen=True, kw_only=True)
 class ReplicaDropped(Event):
-    """Replica group ``group`` (runtime option ``replica_groups``) lost a node in step ``step`` (1-based:
-    the step being run); the other groups keep stepping and redo that step without it."""
+    """Replica group ``group`` (runtime option ``replica_groups``) left the job in step ``step`` (1-based:
+    the step being run). ``cause``: ``lost`` (a node died in it: the other groups redo that step
+    without it), ``drain`` or ``shrink`` (dropped at a step boundary: nothing is redone)."""
 
     type: ClassVar[str] = "replica_dropped"
     group: int
     nodes: list[str]
     step: int
     groups_left: int
+    cause: typing.Literal["lost", "drain", "shrink"] = "lost"
 
 
 @_register
@@ -285,6 +293,26 @@ class ReplicaJoined(Event):
     from_group: int
     nodes: list[str]
     groups: int
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class Drained(Event):
+    """The job moved off ``nodes`` (an operator's drain notice: ``POST /v1/cluster/nodes/{node}/drain``)
+    at the step boundary after step ``step`` (1-based), with no step redone: ``how`` is ``replan`` (one
+    gang: a memory snapshot of that step, re-planned without the nodes, restored from ``source``) or
+    ``replica_groups`` (the nodes' groups dropped while the others kept stepping; ``groups``; their
+    replacements heal from a live peer: ``replica_joined``). ``seconds``: from the notice to off the
+    nodes; ``deadline_s``: the notice's deadline."""
+
+    type: ClassVar[str] = "drained"
+    nodes: list[str]
+    step: int
+    how: typing.Literal["replan", "replica_groups"]
+    source: RestoreSource | typing.Literal["peer"]
+    groups: list[int] = dataclasses.field(default_factory=list)
+    seconds: float
+    deadline_s: float
 
 
 @_register

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +93,9 @@ class Replanner:
         self.port = port
         self.log = log
         self.plans: list[tuple[Any, float]] = []  # (plan, when it was chosen), newest last
-        self.excluded: set[str] = set()  # lost, suspect or slow nodes kept out of plans
+        self.excluded: set[str] = set()  # lost, suspect, slow or draining nodes kept out of plans
+        self.drained: set[str] = set()  # draining nodes (an operator's notice): out until undrained
+        self._kept_out: set[str] = set()  # excluded for a failure or slowness (undrain keeps them out)
         self.views: dict[str, NodeCapacity] = {}  # every node seen, by node id
         self.released: dict[str, int] = {}  # GPUs per node of the gang just torn down
         self.restart_s = 30.0  # measured cost of a gang switch (start + load + first step)
@@ -153,6 +155,17 @@ class Replanner:
 
     def exclude(self, nodes: Sequence[str]) -> None:
         self.excluded.update(nodes)
+        self._kept_out.update(nodes)
+
+    def set_drained(self, nodes: Collection[str]) -> tuple[set[str], set[str]]:
+        """The draining nodes are ``nodes`` from now on (kept out of every plan and placement until
+        undrained); returns (newly draining, undrained)."""
+        now = set(nodes)
+        added, removed = now - self.drained, self.drained - now
+        self.drained = now
+        # new sets, not changed in place: another thread (the supervisor's) calls this mid-iteration
+        self.excluded = (self.excluded | added) - (removed - self._kept_out)
+        return added, removed
 
     def _horizon_s(self) -> float:
         """Time over which a switch must pay for itself (the planner's ``horizon_s``)."""
@@ -201,7 +214,7 @@ class Replanner:
         if rp.decision == "keep":
             return Keep(rp.reason or "the planner keeps the running plan")
         used = set(planner_bridge.nodes_used(rp.plan))
-        self.excluded.update(n for n in speeds if n not in used)
+        self.exclude([n for n in speeds if n not in used])
         return SwitchTo(rp, change, plan_s)
 
     def _heavy_dims_off(self, slow_links: Sequence[str], rank_nodes: Sequence[str]) -> SwitchTo | None:
@@ -297,7 +310,8 @@ class Replanner:
         self.log.emit(ev.PlanChosen(reason=reason, layout=plan.layout.to_dict(), short=plan.layout.short(),
                                     num_gpus=plan.num_gpus, nodes=planner_bridge.nodes_used(plan),
                                     predicted_tokens_per_s=round(est.tokens_per_s, 2),
-                                    predicted_step_time_s=round(est.step_time_s, 6)))
+                                    predicted_step_time_s=round(est.step_time_s, 6),
+                                    ettr=getattr(plan, "ettr", None), recovery=getattr(plan, "recovery", None)))
 
     def _record_replan(self, prev: Any, rp: Any, change: planner_bridge.ClusterChange) -> None:
         if rp.decision != "keep":

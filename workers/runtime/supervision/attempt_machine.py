@@ -48,13 +48,14 @@ from workers.runtime.recovery import fencing
 from workers.runtime.recovery.replica_groups import ReplicaSet
 from workers.runtime.supervision.attempt_state import ENDS, Cycle, JobFailed, Phase, Run, Switch, Transition
 from workers.runtime.supervision.job_tracking import JobTracking
+from workers.runtime.supervision.planned_moves import PlannedMoves
 from workers.runtime.supervision.replica_attempt import ReplicaGroupPhases
 from workers.states import AttemptState
 
 __all__ = ["ENDS", "AttemptMachine", "JobFailed", "Phase", "Switch", "Transition"]
 
 
-class AttemptMachine(ReplicaGroupPhases):
+class AttemptMachine(ReplicaGroupPhases, PlannedMoves):
     def __init__(self, job: JobSpec, port: ClusterPort, log: ev.EventLog, *, name: str = "orthoplex") -> None:
         self.job = job
         self.settings = job.runtime
@@ -72,6 +73,7 @@ class AttemptMachine(ReplicaGroupPhases):
         self.cancel_requested = False
         self.preempt_requested = False
         self.resize_to: int | None = None  # a resize asked for and not acted on yet
+        self._init_moves()  # drains (planned_moves)
         self.next_step = 0
         self.last_loss: float | None = None
         self.losses: dict[int, float] = {}
@@ -114,7 +116,7 @@ class AttemptMachine(ReplicaGroupPhases):
         if gpus < 1:
             raise ValueError(f"resize: gpus must be >= 1, got {gpus}")
         with self.lock:
-            world = self.gang.world_size if self.gang is not None else 0
+            world = self.gang.world_size if self.gang is not None else self.replicas.ranks() if self.replicas else 0
         changed, armed = self.replanner.set_cap(gpus, world, self.settings.placement.resize_retry_s, placement)
         if armed:
             with self.lock:
@@ -258,6 +260,8 @@ class AttemptMachine(ReplicaGroupPhases):
                                      steps_redone=max(0, self.next_step - start_step), source=source))
             recovery = {"switch": switch, "phases": {**cycle.phases, "detect": switch.detect_s},
                         "teardown_s": cycle.teardown_s, "t0": time.time()}
+            if switch.kind == "drain":
+                self._drained_gang(start_step, source)
         s = self.settings
         roles = {r: (gang.layout.coords(r).pp,) for r in range(gang.world_size)}
         scorer = StragglerScorer(dict(enumerate(gang.rank_nodes)), roles, window=s.stragglers.window,
@@ -332,6 +336,10 @@ class AttemptMachine(ReplicaGroupPhases):
             findings += [f for f in run.links.observe(step, res.hb_rtt) if f.node not in run.scorer.ignore_nodes]
         if self.cancel_requested:
             return Switch("cancelled")
+        if self.drain_due and step < self.job.steps:
+            sw = self._drain_gang(gang, step)
+            if sw is not None:
+                return sw
         if self.resize_to is not None and step < self.job.steps:
             sw = self._on_resize(gang, step)
             if sw is not None:
@@ -397,7 +405,8 @@ class AttemptMachine(ReplicaGroupPhases):
 
     # ------------------------------------------------------------------ decisions at a step boundary
     def _on_resize(self, gang: Gang, step: int) -> Switch | None:
-        """Re-plan within the new grant; checkpoint and switch unless the planner keeps the plan."""
+        """Re-plan within the new grant; unless the planner keeps the plan, hold the step's state (memory
+        snapshot, else checkpoint: ``_hold_state``) and switch."""
         with self.lock:
             target, self.resize_to = self.resize_to, None
         if target is None or target == gang.world_size:
@@ -405,7 +414,7 @@ class AttemptMachine(ReplicaGroupPhases):
         decision = self.replanner.on_resize(target, gang.rank_nodes, step)
         if isinstance(decision, Keep):
             return None
-        failed = self._save(gang, step) if self.last_ckpt_step != step else None
+        failed = self._hold_state(gang, step, self.policy.source)  # a memory snapshot, else a checkpoint
         if failed is not None:
             return failed
         return Switch("resize", change=decision.change, replan=decision.replan, plan_s=decision.plan_s)

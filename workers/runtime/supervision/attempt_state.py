@@ -53,7 +53,7 @@ class Transition:
 class Switch:
     """Why the current gang ends before the job does."""
 
-    kind: str  # failure | straggler | grow | resize | finished | cancelled | preempted
+    kind: str  # failure | straggler | grow | resize | drain | finished | cancelled | preempted
     failure: Failure | None = None
     change: planner_bridge.ClusterChange | None = None
     replan: Any = None  # decided already (straggler, grow, resize): the planner's Replan

@@ -71,7 +71,7 @@ class ReplicaGroupPhases:
             self.log.emit(ev.Placed(reason=f"replica group {g} ({reps.layout.short()}): {where}",
                                     gpus=res.size, placement_group=res.name, gpus_per_node=res.gpus_per_node,
                                     bundle_nodes=list(res.bundle_nodes), seconds=round(res.seconds, 4),
-                                    strategy=res.strategy))
+                                    strategy=res.strategy, group=g))
         if not got:
             if time.monotonic() > cycle.give_up:
                 raise JobFailed(f"no room for a replica group of {world} GPUs")
@@ -181,6 +181,8 @@ class ReplicaGroupPhases:
             run.since_save = 0
             if self.preempt_requested:
                 return Switch("preempted")
+        if run.step < self.job.steps:
+            self._replica_moves(reps, run)  # drains and resizes by groups (planned_moves)
         reps.start_replacements(self.port, self.replanner.excluded, self.settings.replicas.retry_s, lambda g: None)
         return None
 

@@ -2,7 +2,7 @@
 
 A detached, named Ray actor (``orthoplex-job-{job_id}-a{attempt}``, namespace ``orthoplex``; see
 ``launch``). ``run()`` drives the attempt's :class:`~workers.runtime.supervision.attempt_machine.AttemptMachine` to an
-end in one thread while ``status()``, ``events()``, ``cancel()``, ``preempt()`` and ``resize()``
+end in one thread while ``status()``, ``events()``, ``cancel()``, ``preempt()``, ``resize()`` and ``drain()``
 answer from others (threaded actor). The control plane *pulls* events, so training goes on while
 the service is down.
 
@@ -81,6 +81,7 @@ class JobSupervisor:
                 "last_checkpoint_step": m.last_ckpt_step,
                 "last_event_seq": self.log.last_seq,
                 "cadence": m.cadence.to_dict(),
+                "draining": sorted(m.replanner.drained),
             }
 
     def events(self, since: int = 0) -> list[dict[str, Any]]:
@@ -98,6 +99,12 @@ class JobSupervisor:
         """Re-plan onto at most ``gpus`` GPUs (on ``placement``: node id -> GPUs, when given) at the next
         step boundary (``AttemptMachine.request_resize``)."""
         return self.machine.request_resize(int(gpus), placement)
+
+    def drain(self, nodes: dict[str, float]) -> dict[str, Any]:
+        """The nodes draining now (node id -> seconds to the notice's deadline; the whole set: a node
+        left out is undrained): the job moves off them at its next step boundary and keeps out of them
+        (``AttemptMachine.request_drain``)."""
+        return self.machine.request_drain({str(n): float(d) for n, d in nodes.items()})
 
     # ------------------------------------------------------------------ summary
     def _final(self) -> dict[str, Any]:
