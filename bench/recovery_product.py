@@ -34,6 +34,8 @@ from typing import Any
 
 import httpx
 
+from workers.states import TERMINAL
+
 STEPS, KILL_AT, GLOBAL_BATCH, RESIZE_WAIT_S = 40, 15, 12, 90.0
 REPLICA = {"nodes": 4, "gpus": 2, "max_gpus": 6, "hint": {"tp": 2}}
 SINGLE = {"nodes": 3, "gpus": 4, "max_gpus": 8, "hint": {"tp": 4, "pp": 2}}
@@ -115,7 +117,7 @@ class _Stack:
             got = cond()
             if got:
                 return got
-            if self.job(jid)["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            if self.job(jid)["state"] in TERMINAL:
                 raise RuntimeError(f"job {jid} ended {self.job(jid)['state']} waiting for {what}")
             if self.demo.service is not None and self.demo.service.poll() is not None:
                 raise RuntimeError("the service died")
@@ -124,7 +126,7 @@ class _Stack:
 
     def finish(self, jid: int) -> str:
         end = time.monotonic() + RUN_TIMEOUT_S
-        while (state := self.job(jid)["state"]) not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        while (state := self.job(jid)["state"]) not in TERMINAL:
             if time.monotonic() > end:
                 raise RuntimeError(f"job {jid}: timed out waiting for the end")
             time.sleep(0.5)
