@@ -180,7 +180,134 @@ def _time_plan(raw: dict[str, Any], repeats: int) -> tuple[float, float, Any]:
     return wall, cpu, result
 
 
-PARTS = ("search", "accuracy")
+#: the goodput goals' cases (issue 41): Llama 3 405B as trained (8K sequences, 16M tokens per step) for
+#: 54 days with Llama 3's failure rates, and a small job (8 GPUs, one day)
+GOODPUT_BIG = {"model": {"name": "llama3-405b", "seq_len": 8192},
+               "cluster": {"gpu_type": "H100", "num_gpus": 16384, "gpus_per_node": 8},
+               "parallel": {"global_batch": 2048}, "precision": "bf16"}
+GOODPUT_SMALL = {"model": {"name": "llama3-8b", "seq_len": 8192},
+                 "cluster": {"gpu_type": "H100", "num_gpus": 8, "gpus_per_node": 8},
+                 "parallel": {"global_batch": 64}, "precision": "bf16"}
+GOODPUT_SEEDS = (0, 1, 2, 3)
+
+
+def goodput_report(quick: bool = False) -> dict[str, Any]:
+    """Goodput-aware plans (planner/goodput.py): the 405B plan's wall time, recovery choice and ETTR
+    against ``orthoplex simulate`` on the same inputs (mean over seeds), and what pricing failures adds to a
+    small job's plan (best and median of repeated runs, with and without ``duration_days``)."""
+    import statistics
+
+    from service.failure_sim.simulation import Config, simulate
+
+    reps = 2 if quick else 5
+    big = {**GOODPUT_BIG, "duration_days": 54, "failure_rates": "llama3"}
+    walls, cpus = [], []
+    result = None
+    for _ in range(reps):
+        c0, t0 = time.process_time(), time.perf_counter()
+        result = plan(big)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    plain_walls = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        plan(GOODPUT_BIG)
+        plain_walls.append(time.perf_counter() - t0)
+    assert result is not None and result.plans
+    best = result.plans[0]
+    rec = best.recovery or {}
+    sims = []
+    for seed in GOODPUT_SEEDS[: 2 if quick else len(GOODPUT_SEEDS)]:
+        sim = simulate(Config(gpus=16384, gpus_per_node=8, days=54, seed=seed, policies=(rec["policy"],),
+                              spares=rec["warm_spares"], rates="llama3", layout=best.layout.spec(),
+                              groups=rec["groups"] if rec["policy"] == "replica_group" else None))
+        name = f"{rec['policy']}+k{rec['warm_spares']}" if rec["warm_spares"] else rec["policy"]
+        sims.append(next(r.ettr for r in sim.results if r.name == name))
+    small_reps = 10 if quick else 40
+    small_plain, small_priced, cpu_plain, cpu_priced = [], [], [], []
+    plain_result = priced_result = None
+    for _ in range(small_reps):  # interleaved, so load on a shared machine hits both alike
+        c0, t0 = time.process_time(), time.perf_counter()
+        plain_result = plan(GOODPUT_SMALL)
+        small_plain.append(time.perf_counter() - t0)
+        cpu_plain.append(time.process_time() - c0)
+        c0, t0 = time.process_time(), time.perf_counter()
+        priced_result = plan({**GOODPUT_SMALL, "duration_days": 1, "failure_rates": "llama3"})
+        small_priced.append(time.perf_counter() - t0)
+        cpu_priced.append(time.process_time() - c0)
+    assert plain_result is not None and priced_result is not None
+    unchanged = [p.layout for p in plain_result.plans] == [p.layout for p in priced_result.plans]
+    sim_mean = statistics.mean(sims)
+    return {
+        "big_case": "Llama 3 405B, 16,384 H100, 54 days, llama3 failure rates",
+        "big_plan_wall_s": min(walls), "big_plan_wall_median_s": statistics.median(walls),
+        "big_plan_cpu_s": min(cpus),
+        "big_plain_wall_s": min(plain_walls),
+        "big_layout": best.layout.short(), "big_tokens_per_s": best.estimate.tokens_per_s,
+        "big_ettr": best.ettr, "big_effective_tokens_per_s": best.effective_tokens_per_s,
+        "big_recovery": {k: rec.get(k) for k in ("policy", "groups", "snapshot_every", "checkpoint_every_steps",
+                                                 "warm_spares", "source")},
+        "big_simulated_ettr": sims, "big_simulated_ettr_mean": sim_mean,
+        "big_ettr_gap_points": 100 * abs(sim_mean - (best.ettr or 0.0)),
+        "small_case": "Llama 3 8B, 8 H100, 1 day, llama3 failure rates",
+        "small_plain_best_ms": 1000 * min(small_plain), "small_priced_best_ms": 1000 * min(small_priced),
+        "small_plain_median_ms": 1000 * statistics.median(small_plain),
+        "small_priced_median_ms": 1000 * statistics.median(small_priced),
+        "small_extra_median_ms": 1000 * (statistics.median(small_priced) - statistics.median(small_plain)),
+        "small_extra_best_ms": 1000 * (min(small_priced) - min(small_plain)),
+        "small_plain_cpu_median_ms": 1000 * statistics.median(cpu_plain),
+        "small_priced_cpu_median_ms": 1000 * statistics.median(cpu_priced),
+        "small_extra_cpu_median_ms": 1000 * (statistics.median(cpu_priced) - statistics.median(cpu_plain)),
+        "small_unchanged": unchanged, "repeats": {"big": reps, "small": small_reps},
+    }
+
+
+def goodput_markdown(g: dict[str, Any]) -> str:
+    rec = g["big_recovery"]
+    groups = f" x{rec['groups']}" if rec["policy"] == "replica_group" else ""
+    lines = ["### Goodput-aware plans (issue 41)", "",
+             "| case | plan wall (s, best / median) | plan CPU (s, best) | healthy-speed plan wall (s) | layout | "
+             "recovery | ETTR (plan) | ETTR (simulate, mean of seeds) | gap (points) |",
+             "|---|---:|---:|---:|---|---|---:|---:|---:|",
+             f"| {g['big_case']} | {g['big_plan_wall_s']:.3f} / {g['big_plan_wall_median_s']:.3f} | "
+             f"{g.get('big_plan_cpu_s', float('nan')):.3f} | "
+             f"{g['big_plain_wall_s']:.3f} | {g['big_layout']} | {rec['policy']}{groups}, snapshot every "
+             f"{rec['snapshot_every']} steps, {rec['warm_spares']} warm spares | {100 * g['big_ettr']:.2f}% | "
+             f"{100 * g['big_simulated_ettr_mean']:.2f}% ({', '.join(f'{100 * x:.2f}' for x in g['big_simulated_ettr'])}) | "
+             f"{g['big_ettr_gap_points']:.2f} |", "",
+             "| case | plan wall (ms, median / best) | priced for failures, wall (ms, median / best) | "
+             "extra wall (ms, median / best) | plan CPU → priced CPU (ms, median) | extra CPU (ms, median) | "
+             "same layouts, same order |",
+             "|---|---:|---:|---:|---:|---:|---|",
+             f"| {g['small_case']} | {g['small_plain_median_ms']:.1f} / {g['small_plain_best_ms']:.1f} | "
+             f"{g['small_priced_median_ms']:.1f} / {g['small_priced_best_ms']:.1f} | "
+             f"{g['small_extra_median_ms']:.1f} / {g['small_extra_best_ms']:.1f} | "
+             f"{g['small_plain_cpu_median_ms']:.1f} → {g['small_priced_cpu_median_ms']:.1f} | "
+             f"{g['small_extra_cpu_median_ms']:.1f} | {'yes' if g['small_unchanged'] else 'NO'} |", "",
+             f"Goals: the 405B plan in < 2 s, its ETTR within 1 point of the simulator's; the small job's plan unchanged "
+             f"and ≤ 50 ms slower (CPU time is the pricing's own cost; wall time includes waiting for a CPU on a "
+             f"shared machine). Repeats: {g['repeats']['big']} (405B), {g['repeats']['small']} (small, interleaved). "
+             f"Measured {g.get('finished_at', '?')} on {g.get('host', '?')} (load {g.get('load_1min', '?')})."]
+    return "\n".join(lines)
+
+
+def _goodput_with_context(quick: bool) -> dict[str, Any]:
+    import os
+    import platform
+
+    g = goodput_report(quick)
+    g["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    g["host"] = f"{os.cpu_count()} CPUs, {platform.python_implementation()} {platform.python_version()}"
+    g["load_1min"] = round(os.getloadavg()[0], 1)
+    return g
+
+
+def _goodput_part(quick: bool) -> dict[str, Any]:
+    g = _goodput_with_context(quick)
+    return {"rows": [], "markdown": goodput_markdown(g), "goodput": g}
+
+
+PARTS = ("search", "accuracy", "goodput")
 ACCURACY_MARK = "Accuracy on published runs"
 
 
@@ -264,8 +391,8 @@ def _previous(path: Path) -> dict[str, Any]:
 
 
 def run(quick: bool = False, parts: list[str] | None = None) -> dict[str, Any]:
-    """The search benchmark and the accuracy report. ``parts`` (default: both, or ``PLANNER_PARTS``,
-    comma-separated: ``search``, ``accuracy``): the parts to run; the others are carried over from
+    """The search benchmark, the accuracy report and the goodput-aware plans. ``parts`` (default: all, or
+    ``PLANNER_PARTS``, comma-separated: ``search``, ``accuracy``, ``goodput``): the parts to run; the others are carried over from
     the last ``bench/results/planner.json``, saying which run they come from."""
     import os
 
@@ -278,7 +405,7 @@ def run(quick: bool = False, parts: list[str] | None = None) -> dict[str, Any]:
     before = _previous(RESULTS_DIR / "planner.json") if set(parts) != set(PARTS) else {}
     data: dict[str, Any] = {}
     carried: dict[str, str] = {}
-    for part, fn in (("search", _search_part), ("accuracy", _accuracy_part)):
+    for part, fn in (("search", _search_part), ("accuracy", _accuracy_part), ("goodput", _goodput_part)):
         if part in parts:
             data[part] = {**fn(quick), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         elif part in before:
@@ -292,7 +419,7 @@ def run(quick: bool = False, parts: list[str] | None = None) -> dict[str, Any]:
             md.append(data[part]["markdown"])
     rows = [r for part in PARTS if part in data for r in data[part]["rows"]]
     return {"name": "planner", "quick": quick, "parts": parts, "carried": carried, "parts_data": data,
-            "rows": rows, "markdown": "\n\n".join(md)}
+            "rows": rows, "markdown": "\n\n".join(md), "goodput": data.get("goodput", {}).get("goodput")}
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -460,7 +460,7 @@ PARTS = ("baseline", "compare", "replan")
 
 def _carried(parts: list[str], path: Path | None = None) -> dict[str, Any]:
     """The parts not rerun, from the last results file (``carried``: part -> the run it comes from).
-    The goodput simulator is calibrated on the baseline rows (service/failure_sim/recovery.py ``MEASURED``),
+    The planner and the goodput simulator take their prior recovery phases from the baseline rows (planner/recovery_cost.py ``PRIOR_PHASES``),
     so a partial run keeps them, and the other parts, saying which run they come from."""
     from bench.common import RESULTS_DIR
 

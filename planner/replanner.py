@@ -25,11 +25,10 @@ from typing import Any
 
 from planner.flops import total_params
 from planner.layout import Layout
+from planner.recovery_cost import CHECKPOINT_BYTES_PER_PARAM
 from planner.result import Plan, Replan
 from planner.search import evaluate_on, search
 from planner.spec import NodeSpec, PlanSpec, SpecError, _bool, _float, _int, parse_spec
-
-CHECKPOINT_BYTES_PER_PARAM = 14.0
 
 
 def apply_change(spec: PlanSpec, change: Mapping[str, Any]) -> PlanSpec:

@@ -70,9 +70,24 @@ class Plan:
     spanning_counts: dict[str, int] = field(default_factory=dict)
     nodes_used: tuple[int | str, ...] = ()
     version: int = PLAN_VERSION
+    # goodput-aware plans (planner.goodput; set when the spec gives duration_days): the expected share
+    # of wall time that trains (ETTR), healthy tokens/s x ETTR, the chosen recovery settings and the
+    # other recovery options with the reason each lost
+    ettr: float | None = None
+    effective_tokens_per_s: float | None = None
+    recovery: dict[str, Any] | None = None
+    recovery_options: tuple[dict[str, Any], ...] = ()
+
+    def goodput_dict(self) -> dict[str, Any]:
+        """The goodput keys (empty when the plan was not priced for failures)."""
+        if self.ettr is None:
+            return {}
+        return {"ettr": self.ettr, "effective_tokens_per_s": self.effective_tokens_per_s,
+                "recovery": dict(self.recovery or {}), "recovery_options": [dict(o) for o in self.recovery_options]}
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            **self.goodput_dict(),
             "version": self.version,
             "layout": self.layout.to_dict(),
             "estimate": self.estimate.to_dict(),
@@ -101,6 +116,10 @@ class Plan:
             spanning_counts=dict(d.get("spanning_counts", {})),
             nodes_used=tuple(d.get("nodes_used", ())),
             version=version,
+            ettr=d.get("ettr"),
+            effective_tokens_per_s=d.get("effective_tokens_per_s"),
+            recovery=dict(d["recovery"]) if d.get("recovery") else None,
+            recovery_options=tuple(dict(o) for o in d.get("recovery_options", ())),
         )
 
     def summary(self) -> dict[str, Any]:
@@ -111,6 +130,8 @@ class Plan:
             "micro_batch": lay.micro_batch, "num_micro_batches": lay.num_micro_batches,
             "sp": lay.sp, "zero": lay.zero, "recompute": lay.recompute,
             "estimate": {**self.estimate.to_dict(), "schedule": lay.schedule, "cp_method": lay.cp_method},
+            **({"dp_replicate": lay.dp_replicate} if lay.dp_replicate > 1 else {}),
+            **self.goodput_dict(),
         }
 
 
@@ -133,9 +154,11 @@ class PlanResult:
     search_time_s: float
     rejected_counts: dict[str, int] = field(default_factory=dict)
     version: int = PLAN_VERSION
+    goodput: dict[str, Any] | None = None  # planner.goodput: inputs, the layouts' ranking and why each lost
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            **({"goodput": self.goodput} if self.goodput is not None else {}),
             "version": self.version,
             "plans": [p.to_dict() for p in self.plans],
             "rejected": [r.to_dict() for r in self.rejected],
@@ -155,11 +178,13 @@ class PlanResult:
             search_time_s=float(d["search_time_s"]),
             rejected_counts=dict(d.get("rejected_counts", {})),
             version=int(d.get("version", PLAN_VERSION)),
+            goodput=dict(d["goodput"]) if d.get("goodput") else None,
         )
 
     def cli_dict(self) -> dict[str, Any]:
         """Exactly the ``orthoplex plan --json`` shape."""
         return {
+            **({"goodput": self.goodput} if self.goodput is not None else {}),
             "plans": [p.summary() for p in self.plans],
             "rejected": [r.to_dict() for r in self.rejected],
             "searched": self.searched,

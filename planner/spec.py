@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from planner.failure_rates import FAILURE_RATE_NAMES, FailureRates
+from planner.failure_rates import resolve as resolve_rates
 from planner.layout import (
     CP_METHODS,
     SCHEDULES,
@@ -20,6 +22,7 @@ from planner.layout import (
     recompute_error,
 )
 from planner.profiles import lookup_gpu, lookup_model
+from planner.recovery_cost import PHASES, PRIOR, Calibration, Phases
 
 
 class SpecError(ValueError):
@@ -94,6 +97,10 @@ class PlanSpec:
     restart_s: float = 60.0  # replan: process restart + NCCL init + first step warm-up
     checkpoint_read_GBps: float = 2.0  # replan: per-GPU checkpoint load bandwidth
     horizon_s: float = 3600.0  # replan: time over which a switch must pay for itself
+    # goodput-aware plans (planner.goodput): on when duration_days is given
+    duration_days: float | None = None
+    failure_rates: FailureRates | None = None
+    calibration: Calibration = PRIOR  # base recovery phases: this cluster's recorded ones, or the prior
 
     def with_cluster(self, cluster: ClusterSpec) -> PlanSpec:
         return replace(self, cluster=cluster)
@@ -436,6 +443,62 @@ def parse_spec(spec: Mapping[str, Any] | PlanSpec, *, engine_only: bool | None =
             extra[key] = _float(value, f"training.{key}", positive=key != "memory_headroom")
     if extra.get("memory_headroom", 0.05) >= 1:
         raise SpecError("training.memory_headroom", "must be below 1")
+    duration, rates, calibration = parse_goodput(spec, cluster.gpus_per_node)
     return PlanSpec(model=model, cluster=cluster, global_batch=global_batch,
                     precision=parse_precision(spec.get("precision")), fixed=fixed,
-                    engine_only=_bool(eo, "engine_only"), tp_overlap=tp_overlap, **extra)  # type: ignore[arg-type]
+                    engine_only=_bool(eo, "engine_only"), tp_overlap=tp_overlap, duration_days=duration,
+                    failure_rates=rates, calibration=calibration, **extra)  # type: ignore[arg-type]
+
+
+MAX_DURATION_DAYS = 3650.0
+
+
+def parse_goodput(spec: Mapping[str, Any], gpus_per_node: int) -> tuple[float | None, FailureRates | None,
+                                                                         Calibration]:
+    """``duration_days`` (turns goodput-aware ranking on), ``failure_rates`` (``llama3`` | ``rsc``, default
+    ``llama3``; or ``cluster``'s numbers: ``{"name": "cluster", "node_failures_per_node_day": x,
+    "node_days": n}``, which the service resolves) and ``recovery_phases`` (the base phases,
+    ``{"phases": {detect, plan, place, start, load, first_step}, "recorded": n, "source": "..."}``;
+    default: the prior)."""
+    raw_days = spec.get("duration_days")
+    raw_rates = spec.get("failure_rates")
+    raw_phases = spec.get("recovery_phases")
+    if raw_days is None:
+        if raw_rates is not None:
+            raise SpecError("duration_days", "is required with failure_rates (the job's expected days of training)")
+        return None, None, PRIOR
+    days = _float(raw_days, "duration_days")
+    if days > MAX_DURATION_DAYS:
+        raise SpecError("duration_days", f"must be at most {MAX_DURATION_DAYS:g}, got {raw_days!r}")
+    if raw_rates is None:
+        raw_rates = "llama3"
+    if isinstance(raw_rates, str) and raw_rates not in FAILURE_RATE_NAMES:
+        raise SpecError("failure_rates", f"must be one of {', '.join(FAILURE_RATE_NAMES)}, got {raw_rates!r}")
+    if not isinstance(raw_rates, str | Mapping):
+        raise SpecError("failure_rates", f"must be one of {', '.join(FAILURE_RATE_NAMES)}, got {raw_rates!r}")
+    try:
+        rates = resolve_rates(raw_rates, gpus_per_node)
+    except ValueError as exc:
+        field_name, _, msg = str(exc).partition(": ")
+        raise SpecError(field_name, msg) from None
+    return days, rates, _parse_calibration(raw_phases)
+
+
+def _parse_calibration(raw: Any) -> Calibration:
+    if raw is None:
+        return PRIOR
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("phases"), Mapping):
+        raise SpecError("recovery_phases", "must be {\"phases\": {phase: seconds}, \"recorded\": n, \"source\": ...}")
+    values = {}
+    for p in PHASES:
+        v = raw["phases"].get(p)
+        if v is None:
+            raise SpecError(f"recovery_phases.phases.{p}", "is required")
+        values[p] = _float(v, f"recovery_phases.phases.{p}", positive=False)
+        if values[p] < 0:
+            raise SpecError(f"recovery_phases.phases.{p}", f"must be >= 0 seconds, got {v!r}")
+    recorded = _int(raw.get("recorded", 0), "recovery_phases.recorded", minimum=0)
+    source = raw.get("source", "given in the spec")
+    if not isinstance(source, str):
+        raise SpecError("recovery_phases.source", f"must be a string, got {source!r}")
+    return Calibration(Phases(**values), recorded, source)

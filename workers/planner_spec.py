@@ -16,6 +16,8 @@ from planner.layout import parse_hint
 from workers.engine.config import planner_model
 
 PRECISION = "bf16"  # what the engine trains in
+#: the job's goodput inputs the planner reads (``failure_rates`` as a table's name or the cluster's numbers)
+GOODPUT_KEYS: tuple[str, ...] = ("duration_days", "failure_rates", "recovery_phases")
 
 
 @dataclass(frozen=True)
@@ -64,4 +66,7 @@ def to_planner_spec(job: Mapping[str, Any], cluster: PlanCluster, *,
     }
     if training:
         spec["training"] = dict(training)
+    for key in GOODPUT_KEYS:  # goodput-aware plans (planner.goodput)
+        if job.get(key) is not None:
+            spec[key] = job[key]
     return spec

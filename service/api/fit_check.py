@@ -101,10 +101,13 @@ class FitResult:
 
 
 def planner_spec(spec: JobSpec, api: ApiSettings, gpus: int | None = None,
-                 model: dict[str, Any] | None = None) -> dict[str, Any]:
+                 model: dict[str, Any] | None = None, goodput: dict[str, Any] | None = None) -> dict[str, Any]:
     """The planner's input for ``spec`` on the configured cluster profile: ``gpus`` exactly, or any
     count in ``min_gpus..max_gpus`` when ``gpus`` is None. ``model``: the engine shape to plan
-    (``workers.job_inputs.check_inputs``: an HF model's shape comes from its ``config.json``)."""
+    (``workers.job_inputs.check_inputs``: an HF model's shape comes from its ``config.json``).
+    ``goodput``: ``failure_rates`` and ``recovery_phases`` resolved from the event store
+    (``service.cluster_history.planner_inputs``): with the spec's ``duration_days`` the plans are ranked
+    by effective tokens/s; without it (the submission's fit check) by healthy speed."""
     from workers.planner_spec import PlanCluster, to_planner_spec
 
     top = gpus or spec.max_gpus
@@ -115,7 +118,11 @@ def planner_spec(spec: JobSpec, api: ApiSettings, gpus: int | None = None,
     if model is None:
         model = spec.model if isinstance(spec.model, str) else spec.model.model_dump()
     hint = spec.layout_hint.model_dump(exclude_none=True) if spec.layout_hint is not None else None
-    return to_planner_spec({"model": model, "global_batch": spec.global_batch, "layout_hint": hint}, cluster)
+    job: dict[str, Any] = {"model": model, "global_batch": spec.global_batch, "layout_hint": hint}
+    if spec.duration_days is not None and goodput is not None:  # the fit check plans healthy speed only
+        job["duration_days"] = spec.duration_days
+        job.update(goodput)
+    return to_planner_spec(job, cluster)
 
 
 def _loc(field: str) -> tuple[str, ...]:
@@ -252,16 +259,20 @@ def _once(key: str, search: Callable[[], Any], wait_s: float) -> Any:
     return hit
 
 
-def dry_run(spec: JobSpec, api: ApiSettings, top_k: int, model: dict[str, Any] | None = None) -> PlanOut:
+def dry_run(spec: JobSpec, api: ApiSettings, top_k: int, model: dict[str, Any] | None = None,
+            goodput: dict[str, Any] | None = None, note: str = "") -> PlanOut:
     """``POST /v1/plans`` and the dashboard's explain: the ranked plans for ``spec`` (any GPU count
-    in min..max), cached by the planner's input and ``top_k``."""
-    pspec = planner_spec(spec, api, model=model)
+    in min..max), cached by the planner's input and ``top_k``. ``goodput``/``note``: the event store's
+    failure rates and recovery phases (:func:`planner_spec`) and what to say about them."""
+    pspec = planner_spec(spec, api, model=model, goodput=goodput)
     key = f"dry {top_k} " + json.dumps(pspec, sort_keys=True)
     hit = _cached(key)
     if hit is None:
         hit = _once(key, lambda: _search_dry(spec, api, pspec, top_k), api.dryrun_timeout_s + _DRYRUN_SLOT_WAIT_S + 1)
     if isinstance(hit, FitResult):
         raise PlannerRefused(hit.loc, hit.msg)
+    if note and hit.goodput is not None:
+        return hit.model_copy(update={"goodput": {**hit.goodput, "note": note}})
     return hit
 
 
@@ -279,4 +290,4 @@ def _search_dry(spec: JobSpec, api: ApiSettings, pspec: dict[str, Any], top_k: i
     if not d["plans"]:
         return FitResult(False, ("max_gpus",), _summary(result, spec, api))
     return PlanOut(gpus=gpus, plans=d["plans"][:top_k], rejected=d["rejected"][:50],
-                   searched=int(d["searched"]), search_time_s=float(d["search_time_s"]))
+                   searched=int(d["searched"]), search_time_s=float(d["search_time_s"]), goodput=d.get("goodput"))

@@ -210,6 +210,14 @@ class JobSpec(_In):
     tracking: TrackingSpec | None = None
     checkpoint: CheckpointSpec | None = None
     layout_hint: LayoutHint | None = None
+    duration_days: float | None = Field(
+        default=None, gt=0, le=3650, allow_inf_nan=False,
+        description="expected days of training: plans are ranked by effective tokens/s (healthy tokens/s x ETTR "
+                    "under failure_rates) and carry their recovery settings (docs/goodput.md)")
+    failure_rates: Literal["llama3", "rsc", "cluster"] | None = Field(
+        default=None, description="failure rates the plan is priced with (needs duration_days; default llama3): "
+                                  "a published table, or cluster: node losses per node-day in this service's "
+                                  "event store (llama3 until 1,000 node-days are recorded)")
 
     def stored(self) -> dict[str, Any]:
         """The spec as stored with the job (and handed to the runtime): no unset optionals."""
@@ -282,6 +290,10 @@ class PlanOut(BaseModel):
     rejected: list[dict[str, Any]] = Field(max_length=50, description="a sample of rejected candidates")
     searched: int
     search_time_s: float
+    goodput: dict[str, Any] | None = Field(
+        default=None, description="with duration_days: the failure rates and recovery phases the plans are priced "
+                                  "with, every layout's healthy tokens/s, ETTR and effective tokens/s, and why each "
+                                  "runner-up lost (each plan carries ettr, effective_tokens_per_s, recovery)")
 
 
 # ------------------------------------------------------------------------------------- cluster

@@ -1,4 +1,8 @@
-"""``orthoplex plan --spec FILE.json [--top K] [--json]``: the planner from the command line.
+"""``orthoplex plan --spec FILE.json [--top K] [--json] [--duration-days D] [--failure-rates R]
+[--calibration prior|cluster]``: the planner from the command line.
+
+With a duration (``--duration-days`` or the spec's ``duration_days``) the plans are ranked by
+effective tokens/s (healthy x ETTR) and each shows its recovery settings (docs/goodput.md).
 
 Exit codes: 0 at least one plan; 1 nothing fits (the reasons are printed); 2 bad input (the
 message names the field; never a traceback).
@@ -77,23 +81,99 @@ def _print_table(result: Any) -> None:
             console.print(f"  e.g. ({escape(shape)}) {escape(rej.reason)}")
 
 
+def _print_goodput(result: Any, note: str) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    g = result.goodput
+    if g is None:
+        return
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=170)
+    rates, cal = g["failure_rates"], g["recovery_phases"]
+    console.print(f"goodput over {g['duration_days']:g} days: failure rates {escape(rates['name'])} "
+                  f"({rates['unexpected_per_node_day'] * 1000:.2f} per 1000 node-days; {escape(rates['source'])}); "
+                  f"recovery phases {escape(cal['source'])}")
+    if note:
+        console.print(escape(note))
+    table = Table(title="Ranked by effective tokens/s (healthy x ETTR)")
+    for col in ("#", "layout", "tokens/s", "ETTR", "effective tok/s", "recovery", "groups", "snapshot every",
+                "checkpoint every", "spares"):
+        table.add_column(col, justify="left" if col in ("layout", "recovery") else "right")
+    for i, p in enumerate(result.plans, 1):
+        r = p.recovery or {}
+        ckpt = "-" if r.get("checkpoint_every_steps") is None else f"{r['checkpoint_every_steps']} steps"
+        table.add_row(str(i), p.layout.short(), f"{p.estimate.tokens_per_s:,.0f}", f"{100 * (p.ettr or 0):.2f}%",
+                      f"{p.effective_tokens_per_s or 0:,.0f}", str(r.get("policy", "")), str(r.get("groups", "")),
+                      f"{r.get('snapshot_every', 0)} steps" if r.get("snapshot_every") else "-", ckpt,
+                      str(r.get("warm_spares", 0)))
+    console.print(table)
+    if result.plans:
+        best = result.plans[0]
+        console.print(f"chosen: {escape(str((best.recovery or {}).get('reason', '')))}")
+        for o in best.recovery_options:
+            what = f"{o['policy']} x{o['groups']}" if o["policy"] == "replica_group" else o["policy"]
+            console.print(f"  not {escape(what)}: {escape(o['lost_because'])}")
+    for row in g["ranking"][1:]:
+        console.print(f"  not {escape(row['layout'])}: {escape(row['lost_because'])}")
+
+
 def plan_command(
     spec: Path = typer.Option(..., "--spec", help="JSON spec (model, cluster, parallel, precision, training)"),
     top: int = typer.Option(5, "--top", min=1, help="how many plans to show"),
     as_json: bool = typer.Option(False, "--json", help="print the plans as JSON"),
+    duration_days: float = typer.Option(None, "--duration-days",
+                                        help="expected days of training: rank by effective tokens/s (healthy x ETTR) "
+                                             "and choose each layout's recovery settings"),
+    failure_rates: str = typer.Option(None, "--failure-rates",
+                                      help="llama3 (default), rsc, or cluster (node losses per node-day in the "
+                                           "service's database)"),
+    calibration: str = typer.Option("prior", "--calibration",
+                                    help="recovery phases: prior (published) or cluster (the recoveries recorded "
+                                         "in the service's database)"),
 ) -> None:
     """Search every TP/PP/CP/DP layout for a model on a cluster and show the best plans."""
     from planner import LayoutError, SpecError, plan
+    from planner.failure_rates import FAILURE_RATE_NAMES
 
     raw = _load_spec(spec)
+    if not isinstance(raw, dict):
+        _fail("spec: must be a JSON object", 2)
+    if failure_rates is not None and failure_rates not in FAILURE_RATE_NAMES:
+        _fail(f"--failure-rates: must be one of {', '.join(FAILURE_RATE_NAMES)}, got {failure_rates!r}", 2)
+    if calibration not in ("prior", "cluster"):
+        _fail(f"--calibration: must be prior or cluster, got {calibration!r}", 2)
+    if duration_days is not None:
+        raw["duration_days"] = duration_days
+    if failure_rates is not None:
+        raw["failure_rates"] = failure_rates
+    note = ""
+    if raw.get("failure_rates") == "cluster" or calibration == "cluster":
+        from service.cluster_history import from_database
+        from service.settings import get_settings
+
+        gpn = (raw.get("cluster") or {}).get("gpus_per_node") or 8
+        try:
+            keys, note = from_database(get_settings().database_url, int(gpn),
+                                       failure_rates="cluster" if raw.get("failure_rates") == "cluster" else None,
+                                       phases=calibration == "cluster")
+        except Exception as exc:  # no database there: say so, never a traceback
+            _fail(f"--calibration/--failure-rates cluster: cannot read the service's database: {exc}", 2)
+        raw.update(keys)
     try:
         result = plan(raw, top_k=top)
     except (SpecError, LayoutError) as exc:
         _fail(str(exc), 2)
     if as_json:
-        typer.echo(json.dumps(result.cli_dict(), indent=2))
+        out = result.cli_dict()
+        if note and "goodput" in out:
+            out["goodput"]["note"] = note
+        typer.echo(json.dumps(out, indent=2))
     else:
         _print_table(result)
+        _print_goodput(result, note)
     if not result.plans:
         if as_json:
             typer.echo("error: no layout fits; see 'rejected'", err=True)

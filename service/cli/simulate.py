@@ -36,6 +36,12 @@ def register(app: typer.Typer) -> None:
         stall_s: float = typer.Option(None, "--stall-s",
                                       help="Replica-group stall per failure (default: from our measured phases)."),
         save_s: float = typer.Option(None, "--save-s", help="Blocking checkpoint save to storage (default: model)."),
+        layout: str = typer.Option(None, "--layout", help="The job's layout (e.g. a plan's, tp=8,pp=16,...; "
+                                                          "default: the planner's fastest)."),
+        groups: int = typer.Option(None, "--groups", help="Replica groups (default: every DP replica)."),
+        calibration: str = typer.Option("prior", "--calibration",
+                                        help="Recovery phases: prior (published: bench/results/recovery.json) or "
+                                             "cluster (the recoveries recorded in the service's database)."),
         as_json: bool = typer.Option(False, "--json", help="Print the JSON document only."),
         plot: Path = typer.Option(None, "--plot", help="Write ETTR vs cluster size (1k..131k GPUs) to FILE.png."),
     ) -> None:
@@ -44,14 +50,27 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         from service.failure_sim.policies import KINDS, policies_for
+        from service.failure_sim.recovery import PRIOR
         from service.failure_sim.report import plot as draw
         from service.failure_sim.report import print_table
         from service.failure_sim.simulation import PLOT_SIZES, Config, ConfigError, sweep
         from service.failure_sim.simulation import simulate as run
 
+        if calibration not in ("prior", "cluster"):
+            _fail(f"calibration: must be prior or cluster, got {calibration!r}")
+        cal = PRIOR
+        if calibration == "cluster":
+            from service.cluster_history import calibration_at
+            from service.settings import get_settings
+
+            try:
+                cal = calibration_at(get_settings().database_url)
+            except Exception as exc:  # no database there: say so, never a traceback
+                _fail(f"calibration: cannot read the service's database: {exc}")
         config = Config(gpus=gpus, gpus_per_node=gpus_per_node, days=days, seed=seed,
                         policies=tuple(policy) if policy else KINDS, spares=spares, rates=rates,
-                        restart_s=restart_s, stall_s=stall_s, save_s=save_s)
+                        restart_s=restart_s, stall_s=stall_s, save_s=save_s, layout=layout, groups=groups,
+                        calibration=cal)
         try:
             config.validate()
         except ConfigError as exc:

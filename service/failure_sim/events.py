@@ -13,11 +13,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from planner.recovery_names import REPLICA_GROUP, RESTART
 from service.failure_sim.policies import Policy
 from service.failure_sim.recovery import CostModel
 from service.failure_sim.trace import Failure, Trace
 from workers.runtime.policy.checkpoint_cadence import CheckpointCadence
-from workers.runtime.policy.recovery_names import REPLICA_GROUP, RESTART
 
 
 class Throughput(Protocol):

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workers.runtime.policy.recovery_names import POLICY_NAMES, SOURCES, check_name
+from planner.recovery_names import POLICY_NAMES, SOURCES, check_name
 
-#: the policies' names, the runtime's (``workers.runtime.policy.recovery_names``: one home)
+#: the policies' names, the runtime's (``planner.recovery_names``: one home)
 KINDS: tuple[str, ...] = POLICY_NAMES
 
 

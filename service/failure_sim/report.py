@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from planner.recovery_names import REPLICA_GROUP, RESTART
 from service.failure_sim.simulation import Simulation
-from workers.runtime.policy.recovery_names import REPLICA_GROUP, RESTART
 
 #: the issue's goals for Orthoplex's best policy
 TARGET_UP_TO_16K = 0.97
@@ -58,6 +58,7 @@ def summary_lines(sim: Simulation) -> list[str]:
         f"interruptions: {tr.unexpected} unexpected, {tr.planned} planned; job MTTF {x['mttf_s'] / 3600:.2f} h",
         f"restart (baseline) {c.restart_s:g} s; Orthoplex phases from storage {x['phases_storage']}; "
         f"replica-group stall {x['stall_s']:.1f} s",
+        f"base recovery phases: {x['calibration']['source']}",
         f"checkpoint to storage {sim.cost.save_storage_s():.2f} s: Young {x['young_storage_s']:.0f} s, "
         f"Daly {x['daly_storage_s']:.0f} s; snapshot {sim.cost.snapshot_s():.3f} s",
         verdict(sim),

@@ -7,14 +7,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from planner.recovery_names import REPLICA_GROUP, RESTART
 from service.failure_sim import closed_form
 from service.failure_sim.causes import RATE_SETS
 from service.failure_sim.events import PolicyResult, play
 from service.failure_sim.policies import KINDS, Policy, policies_for
-from service.failure_sim.recovery import BASELINE_RESTART_S, CostModel
+from service.failure_sim.recovery import BASELINE_RESTART_S, PRIOR, Calibration, CostModel
 from service.failure_sim.throughput import DEFAULT_MODEL, JobThroughput
 from service.failure_sim.trace import Trace, poisson_trace
-from workers.runtime.policy.recovery_names import REPLICA_GROUP, RESTART
 
 MAX_GPUS = 1 << 20
 MAX_DAYS = 3650.0
@@ -42,6 +42,9 @@ class Config:
     stall_s: float | None = None
     save_s: float | None = None
     model: str = DEFAULT_MODEL
+    layout: str | None = None  # the job's layout (default: the planner's fastest on the cluster)
+    groups: int | None = None  # replica groups (default: every DP replica)
+    calibration: Calibration = PRIOR  # base recovery phases: the prior or this cluster's recorded ones
 
     def validate(self) -> None:
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1 or self.gpus_per_node > 64:
@@ -63,6 +66,8 @@ class Config:
             raise ConfigError("spares", f"must be >= 0, got {self.spares}")
         if self.rates not in RATE_SETS:
             raise ConfigError("rates", f"unknown rate set {self.rates!r}; choose from {', '.join(RATE_SETS)}")
+        if self.groups is not None and (not isinstance(self.groups, int) or self.groups < 1):
+            raise ConfigError("groups", f"must be an integer >= 1, got {self.groups!r}")
         for name in ("restart_s", "stall_s", "save_s"):
             v = getattr(self, name)
             if v is not None and not (0 <= v < 1e7):
@@ -106,10 +111,17 @@ def simulate(config: Config, on_policy: Callable[[str], None] | None = None) -> 
     """Plan the job, draw the trace and play every policy on it."""
     config.validate()
     t0 = time.perf_counter()
-    thr = JobThroughput(config.gpus, config.gpus_per_node, config.model)
+    try:
+        thr = JobThroughput(config.gpus, config.gpus_per_node, config.model, fixed_layout=config.layout,
+                            groups=config.groups)
+    except ValueError as exc:
+        name, _, msg = str(exc).partition(": ")
+        raise ConfigError(name if name in ("layout", "gpus") else "gpus", msg or str(exc)) from None
+    if config.groups is not None and thr.job_gpus % config.groups:
+        raise ConfigError("groups", f"{config.groups} does not divide the job's {thr.job_gpus} GPUs")
     idle = config.gpus // config.gpus_per_node - thr.job_nodes
     trace = poisson_trace(thr.job_nodes, config.gpus_per_node, config.days, config.seed, config.rates)
-    cost = CostModel(thr.job_gpus, config.gpus_per_node, float(thr.params), thr.step_s)
+    cost = CostModel(thr.job_gpus, config.gpus_per_node, float(thr.params), thr.step_s, config.calibration.phases)
     stall = cost.replica_stall_s() if config.stall_s is None else config.stall_s
     results: list[PolicyResult] = []
     closed: dict[str, float] = {}
@@ -123,6 +135,7 @@ def simulate(config: Config, on_policy: Callable[[str], None] | None = None) -> 
     extras = {"layout": thr.layout, "job_gpus": thr.job_gpus, "idle_nodes": idle, "mttf_s": trace.mttf_s,
               "step_s": thr.step_s, "tokens_per_s": thr.tokens_per_s, "stall_s": stall,
               "phases_storage": cost.phases("storage").as_dict(), "phases_memory": cost.phases("memory").as_dict(),
+              "calibration": config.calibration.to_dict(),
               "planner_calls": thr.planner_calls, "planner_s": thr.planner_s,
               "young_storage_s": closed_form.young(cost.save_storage_s(), trace.mttf_s),
               "daly_storage_s": closed_form.daly(cost.save_storage_s(), trace.mttf_s, config.restart_s)}
@@ -153,7 +166,7 @@ def self_check(gpus: int = 1024, gpus_per_node: int = 8, mttf_s: float = 6 * 360
     from service.failure_sim.trace import periodic_trace
 
     thr = JobThroughput(gpus, gpus_per_node)
-    cost = CostModel(thr.job_gpus, gpus_per_node, float(thr.params), thr.step_s)
+    cost = CostModel(thr.job_gpus, gpus_per_node, float(thr.params), thr.step_s)  # the prior phases
     tau = max(1, round(closed_form.young(save_s, mttf_s) / thr.step_s)) * thr.step_s
     trace = periodic_trace(thr.job_nodes, mttf_s, days * 86_400.0, sweep_s=tau + save_s)
     res = play(Policy(RESTART), trace, thr, cost, restart_s=restart_s, stall_s=0.0, save_s=save_s)

@@ -49,6 +49,8 @@ class JobThroughput:
     gpus: int
     gpus_per_node: int
     model: str = DEFAULT_MODEL
+    fixed_layout: str | None = None  # run this layout (e.g. a goodput-aware plan's) instead of the planner's best
+    groups: int | None = None  # replica groups (default: every DP replica of the layout)
     planner_s: float = 0.0
     planner_calls: int = 0
     _plan: Any = field(default=None, repr=False)
@@ -59,15 +61,25 @@ class JobThroughput:
         from planner.spec import parse_spec
 
         spec = job_spec(self.gpus, self.gpus_per_node, self.model)
-        key = json.dumps(spec, sort_keys=True)
+        key = json.dumps(spec, sort_keys=True) + (self.fixed_layout or "")
         if key not in _PLANS:
             t0 = time.perf_counter()
-            result = planner.plan(spec, top_k=1)
+            if self.fixed_layout:
+                free = {**spec, "parallel": {"global_batch": DEFAULT_GLOBAL_BATCH}}
+                try:
+                    got = planner.evaluate(free, self.fixed_layout)
+                except ValueError as exc:
+                    raise ValueError(f"layout: {exc}") from None
+                if not isinstance(got, planner.Plan):
+                    raise ValueError(f"layout: {self.fixed_layout} does not run on {self.gpus} GPUs: {got.reason}")
+                plans = (got,)
+            else:
+                plans = planner.plan(spec, top_k=1).plans
             self.planner_s += time.perf_counter() - t0
             self.planner_calls += 1
-            if not result.plans:
+            if not plans:
                 raise ValueError(f"gpus: the planner finds no layout for {self.model} on {self.gpus} GPUs")
-            _PLANS[key] = result.plans[0]
+            _PLANS[key] = plans[0]
         self._plan = _PLANS[key]
         self.params = total_params(parse_spec(spec).model)
         # the job's own nodes: re-planning happens on them (idle cluster nodes are the spare pool)
@@ -126,6 +138,11 @@ class JobThroughput:
     def group_shape(self) -> tuple[int, int, int]:
         """(replica groups, groups lost per node failure, nodes per group) of the plan's DP replicas."""
         mp, g = self.model_parallel, self.gpus_per_node
+        if self.groups:  # a group is DP/groups replicas: a node failure takes out one, or several when smaller
+            gpus_per_group = self.job_gpus // self.groups
+            if gpus_per_group >= g:
+                return self.groups, 1, math.ceil(gpus_per_group / g)
+            return self.groups, g // gpus_per_group, 1
         groups = self.job_gpus // mp
         if mp >= g:
             return groups, 1, math.ceil(mp / g)

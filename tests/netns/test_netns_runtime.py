@@ -11,10 +11,11 @@ hit the link of a node that hosts ranks:
 3. a lossy link (10 % each way): the job survives and finishes;
 4. a slow link: a link straggler, re-planned around.
 
-Default run (one cluster start for the module): 1 as its own job; 2, 3 and 4 in ONE job whose job
-spec carries the network faults (the fault port ``orthoplex run --fault`` uses); the capped-links
-planner check. The long versions (2, 3, 4 each its own job, driven by ``NetFaults``; the slow link
-under TP; the partition from one peer) are in the ``soak`` tier.
+Default run (one cluster start for the module): 1 as its own job, and the CI chaos job. The ``soak``
+tier (a fifth of it in every CI run): 2, 3 and 4 in ONE job whose job spec carries the network faults
+(the fault port ``orthoplex run --fault`` uses), the long versions (2, 3, 4 each its own job, driven
+by ``NetFaults``; the slow link under TP; the partition from one peer) and the capped-links planner
+check.
 """
 
 from __future__ import annotations
@@ -194,6 +195,10 @@ SPEC_STEPS = 12
 SPEC_WINDOW = 2  # straggler windows of 2 steps: the link scorer's windows are steps 1-2, 3-4, ...
 
 
+# soak tier since issue 37 (the CI budget: 115-150 s): each of its three faults has a soak job of its
+# own below, the default run keeps the fault spec's parsing and its namespace handles
+# (test_fault_spec.py), the lasting partition with fencing, and the CI chaos job
+@pytest.mark.soak
 @pytest.mark.timeout(600)
 def test_spec_network_faults_healed_partition_lossy_link_then_slow_link(netns_ray: Any, tmp_path: Path) -> None:
     """The CI-sized done-when checks, in ONE job whose network faults come from its job spec (the fault

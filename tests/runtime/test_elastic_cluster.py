@@ -115,16 +115,12 @@ def test_node_loss_replans_onto_8_gpus_and_matches_the_no_failure_loss(ray_clust
     print(f"node-loss scenario: {wall:.1f}s, recovery {rec['total_s']:.2f}s {rec['phases']}")
 
 
-# soak tier: on this 2-core machine its 8-12 ranks time-share two cores, and in 2 of 3 clean-clone
-# runs on 2026-12-02 the compute-straggler scorer named a second, healthy node (or the re-plan kept
-# the slowed one); it also took 168-286 s of the CI budget. The cause of both: a 3x slowdown scores
-# about 0.33, while the default threshold (0.7) sits where busy-time noise alone puts a healthy node
-# of a loaded host (0.67 seen in the netns spec-fault job), and a node measured at a third of the
-# speed is one the planner may keep. Since issue 37 the job slows the node 5x (score ~0.2, a speed
-# the planner leaves out) and flags only below 0.45, far from both. The default run keeps the straggler,
-# grow and hang decisions in tests/runtime/test_recovery_decisions.py, the scorer's jitter and
-# machine-wide cases in test_pure.py, and link stragglers over namespaces in tests/netns.
-@pytest.mark.soak
+# Default tier again since issue 37. In 2 of 3 clean-clone runs on 2026-12-02 the compute-straggler
+# scorer named a second, healthy node (or the re-plan kept the slowed one): a 3x slowdown scores about
+# 0.33, while the default threshold (0.7) sits where busy-time noise alone puts a healthy node of a
+# loaded host (0.67 seen in the netns spec-fault job), and a node measured at a third of the speed is
+# one the planner may keep. The job now slows the node 5x (score ~0.2, a speed the planner leaves out)
+# and flags only below 0.45, far from both.
 @pytest.mark.chaos  # several faults in one run: a slow node, jitter, a returning node, a hung rank
 @pytest.mark.timeout(2400)
 def test_straggler_jitter_grow_and_hang_in_one_job(ray_cluster, tmp_path) -> None:
@@ -132,7 +128,9 @@ def test_straggler_jitter_grow_and_hang_in_one_job(ray_cluster, tmp_path) -> Non
 
     from workers.runtime.supervision.launch import start_supervisor, stop_supervisor
 
-    window = 3
+    # 4-step windows: a node is flagged when 3 of a window's 4 steps score below 0.45 (3-step windows
+    # took 2 of 3, and a run at a load of 40 on 2 cores once flagged a healthy node that way)
+    window = 4
     spec = {
         "model": "tiny", "steps": 22, "global_batch": GLOBAL_BATCH, "checkpoint_dir": str(tmp_path / "ckpt"),
         "layout_hint": HINT, "min_gpus": 4, "checkpoint": {"max_every_steps": 3},
@@ -164,9 +162,12 @@ def test_straggler_jitter_grow_and_hang_in_one_job(ray_cluster, tmp_path) -> Non
     slow = next(e for e in faults if e["kind"] == "slow_node")
     stragglers = [e for e in events if e["type"] == "straggler"]
     assert stragglers, [(e["type"], e["reason"]) for e in events]
+    story = "\n".join(f'{e["type"]} step={e.get("step")} node={str(e.get("node"))[:8]} score={e.get("score")} '
+                      f'steps={e.get("steps")} nodes={[str(n)[:8] for n in e.get("nodes") or []]} '
+                      f'cause={e.get("cause")} reason={str(e.get("reason"))[:120]}'
+                      for e in events if e["type"] not in ("step", "checkpoint"))
     assert {e["node"] for e in stragglers} == {slow["node"]} != {jitter_node}, (
-        slow["node"], jitter_node, [(e["type"], e.get("step"), e.get("node"), e.get("score"), e.get("ranks"),
-                                     e.get("steps"), e.get("reason")) for e in events if e["type"] != "step"])
+        f'slowed {slow["node"][:8]} at step {slow["step"]}, jitter {jitter_node[:8]}\n{story}')
     # detected within two scoring windows of the slowdown
     assert stragglers[0]["step"] - slow["step"] <= 2 * window
     replans = [e for e in events if e["type"] == "replan"]

@@ -11,6 +11,14 @@ from typing import Any
 import pytest
 
 from planner.layout import Layout
+from planner.recovery_names import (
+    POLICY_NAMES,
+    REPLAN_MEMORY,
+    REPLAN_STORAGE,
+    REPLICA_GROUP,
+    RESTART,
+    SOURCES,
+)
 from service.failure_sim.policies import KINDS, Policy
 from workers.runtime.cluster.gang import Gang, StartFailed
 from workers.runtime.cluster.placement_groups import Reservation
@@ -30,14 +38,6 @@ from workers.runtime.policy.recovery import (
     Retry,
     Suspect,
     policy_name,
-)
-from workers.runtime.policy.recovery_names import (
-    POLICY_NAMES,
-    REPLAN_MEMORY,
-    REPLAN_STORAGE,
-    REPLICA_GROUP,
-    RESTART,
-    SOURCES,
 )
 from workers.runtime.recovery.replica_groups import ReplicaSet
 from workers.runtime.supervision.attempt_machine import Phase

@@ -36,6 +36,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
            "eval_batches": 1, "export": {"format": "hf"},
            "tracking": {"mlflow_uri": "http://mlflow.internal:5000", "experiment": "walk"},
            "checkpoint": {"min_every_steps": 2, "max_every_steps": 6, "mtbf_s": 900.0},
+           "duration_days": 3.5, "failure_rates": "rsc",
            "layout_hint": {"tp": 2, "pp": 2, "cp": 1, "dp": 1, "dp_replicate": 1, "vpp": 1, "micro_batch": 1,
                            "sp": True, "zero": 1, "recompute": "layer:2", "schedule": "1f1b", "cp_method": "ring"}},
     "shape": {"name": "shaped", "steps": 3, "global_batch": 8,

@@ -7,7 +7,7 @@
   starting and finding supervisors (``launch``) and a job's tracking.
 * ``policy``: decisions, no Ray: re-plans (``replanner``, ``planning``), straggler scores
   (``stragglers``), checkpoint cadence (``checkpoint_cadence``) and the recovery policy (``recovery``,
-  its names ``recovery_names``, shared with the goodput simulator).
+  its names re-exported from ``planner.recovery_names``, their one home).
 * ``cluster``: mechanism: the port to the cluster (``port``) and its Ray implementation
   (``ray_port``), placement groups, ranks, the RankWorker actor, the warm pool, rendezvous, the
   watchdog, reachability and the environment of the processes Orthoplex starts.

@@ -197,6 +197,12 @@ def dashboard_explain(request: Request, job_id: JobId, principal: AnyPrincipal, 
         gpus = last.payload.get("num_gpus") or last.payload.get("world_size")
     in_force = last.payload.get("short") if last is not None else None
     spec, owner = dict(job.spec), job.tenant_id
+    goodput, note = None, ""
+    if spec.get("duration_days") is not None:  # the event store's failure rates and recovery phases
+        from service.cluster_history import planner_inputs
+
+        goodput, note = planner_inputs(db, spec.get("failure_rates") or "llama3",
+                                       request.app.state.settings.gpus_per_node)
     db.rollback()  # no transaction (on SQLite: the write lock) stays open while the planner searches
     if principal.tenant is not None:
         charge_planning(request.app.state.sessions, request.app.state.attempts, principal.tenant)
@@ -207,11 +213,12 @@ def dashboard_explain(request: Request, job_id: JobId, principal: AnyPrincipal, 
         shape = None
         if isinstance(parsed.model, HFModel):  # the shape its config.json gives, read in the owner's area
             shape = model_shape(parsed.stored()["model"], data_area(request.app.state.settings, owner))
-        out = dry_run(parsed, request.app.state.api, 4, model=shape)
+        out = dry_run(parsed, request.app.state.api, 4, model=shape, goodput=goodput, note=note)
     except (PlannerRefused, PlannerUnavailable, ValueError) as exc:
         return {"available": False, "reason": str(exc)[:300] or type(exc).__name__, "gpus": gpus}
     return {"available": True, "gpus": out.gpus, "plans": out.plans, "rejected": out.rejected[:10],
-            "searched": out.searched, "search_time_s": out.search_time_s, "in_force": in_force}
+            "searched": out.searched, "search_time_s": out.search_time_s, "in_force": in_force,
+            "goodput": out.goodput}
 
 
 @router.get("/tenants", operation_id="dashboard_tenants", summary="Tenants with quota, use and borrowed GPUs",

@@ -66,6 +66,8 @@ def validate_spec(spec: JobSpec) -> None:
             errors.append((["model", "kv_heads"], f"heads {m.heads} is not a multiple of kv_heads {m.kv_heads}"))
     if spec.checkpoint is not None and spec.checkpoint.max_every_steps < spec.checkpoint.min_every_steps:
         errors.append((["checkpoint", "max_every_steps"], "must be >= min_every_steps"))
+    if spec.failure_rates is not None and spec.duration_days is None:
+        errors.append((["duration_days"], "is required with failure_rates (the job's expected days of training)"))
     if spec.lr is not None and spec.min_lr is not None and spec.min_lr > spec.lr:
         errors.append((["min_lr"], "must be <= lr"))
     if spec.data is not None:

@@ -113,8 +113,14 @@ def plan_job(
             raise field_error(["body", "model", "hf"], "an HF model lies in a tenant's data area: plan it with "
                                                        "a tenant's token", "value_error")
         shape = check_inputs(spec, data_area(request.app.state.settings, tenant.id))
+    goodput, note = None, ""
+    if spec.duration_days is not None:  # the event store's failure rates and recovery phases, read before planning
+        from service.cluster_history import planner_inputs
+
+        with request.app.state.sessions() as db:
+            goodput, note = planner_inputs(db, spec.failure_rates or "llama3", request.app.state.settings.gpus_per_node)
     try:
-        return dry_run(spec, request.app.state.api, top_k, model=shape)
+        return dry_run(spec, request.app.state.api, top_k, model=shape, goodput=goodput, note=note)
     except PlannerRefused as exc:
         raise field_error(["body", *exc.loc], exc.msg, "plan_infeasible") from None
     except PlannerUnavailable as exc:

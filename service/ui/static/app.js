@@ -361,7 +361,20 @@ async function loadExplain(id, b, signal) {
         h("td", {}, fmtNum(p.estimate.memory_gb_per_gpu)), h("td", {}, `${(p.estimate.bubble_fraction * 100).toFixed(1)} %`),
         h("td", {}, i === 0 ? "chosen" : `${((p.estimate.step_time_s / est.step_time_s - 1) * 100).toFixed(1)} % slower`))),
       e.rejected.slice(0, 5).map((r) => h("tr", { class: "muted" }, h("td", { class: "mono" }, short(r.layout)), h("td", { colspan: 5 }, `rejected: ${r.reason}`)))))),
+    goodputNote(e, best),
     e.in_force ? h("p", { class: "muted" }, `Layout in force: ${e.in_force}.`) : null);
+}
+
+// the plan's expected goodput and recovery choice (jobs with duration_days; docs/goodput.md)
+function goodputNote(e, best) {
+  const r = best.recovery;
+  if (!e.goodput || !r) return null;
+  const groups = r.policy === "replica_group" ? ` × ${r.groups} groups` : "";
+  const every = r.snapshot_every ? `snapshot every ${r.snapshot_every} steps` : `checkpoint every ${r.checkpoint_every_steps} steps`;
+  return h("p", { "data-testid": "goodput" },
+    `Expected ETTR ${(best.ettr * 100).toFixed(2)} % over ${e.goodput.duration_days} days (${e.goodput.failure_rates.name} failure rates): `,
+    `${fmtNum(best.effective_tokens_per_s)} effective tokens/s. Recovery: `, h("span", { class: "mono" }, `${r.policy}${groups}`),
+    `, ${every}, ${r.warm_spares} warm spares. ${r.reason}.`);
 }
 
 // ------------------------------------------------------------------ submit

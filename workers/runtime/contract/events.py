@@ -140,6 +140,9 @@ class PlanChosen(Event):
     nodes: list[str]
     predicted_tokens_per_s: float
     predicted_step_time_s: float
+    # a goodput-aware plan's (the job gave duration_days): expected ETTR and its recovery settings
+    ettr: float | None = None
+    recovery: dict[str, Any] | None = None
 
     def in_force(self) -> PlanInForce:
         return PlanInForce(self.layout, self.short, list(self.nodes), self.predicted_tokens_per_s,

@@ -24,6 +24,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from planner.failure_rates import FAILURE_RATE_NAMES
 from planner.layout import parse_hint
 from workers.engine.config import ModelConfig, TrainConfig
 from workers.runtime.contract.fault_spec import parse_faults
@@ -197,6 +198,9 @@ class JobSpec:
     # NETWORK_KEYS, overriding the GPU profile's; empty: the profile's
     network: dict[str, float] = field(default_factory=dict)
     gpu_type: str | None = None  # the GPU profile the job is planned on (MFU's peak)
+    # goodput-aware plans (planner.goodput): the job's expected days and the failure table it is priced with
+    duration_days: float | None = None
+    failure_rates: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -220,7 +224,7 @@ TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainConf
 #: from the API's spec refuses any other (``attempt_spec``), so nothing is dropped on the way
 SPEC_FIELDS: tuple[str, ...] = ("model", *TRAIN_KEYS, "train", "min_gpus", "max_gpus", "placement", "layout_hint",
                                 "checkpoint", "runtime", "events_out", "metrics_out", "faults", "tracking", "network",
-                                "gpu_type", "replan_horizon_s")
+                                "gpu_type", "replan_horizon_s", "duration_days", "failure_rates")
 
 
 #: the planner's link fields a job spec may set under ``network`` (per GPU, per direction)
@@ -268,6 +272,14 @@ def check_replica_spec(hint: dict[str, Any], runtime: Any, global_batch: int) ->
         raise ValueError(f"replica_groups: global_batch {global_batch} is not a multiple of micro_batch {mb}")
 
 
+def _duration(raw: Any) -> float | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 < raw <= 3650:
+        raise ValueError(f"duration_days: must be a number of days in (0, 3650], got {raw!r}")
+    return float(raw)
+
+
 def parse_job(spec: dict[str, Any]) -> JobSpec:
     """Validate a job spec dict; raises ``ValueError`` naming the field."""
     if not isinstance(spec, dict):
@@ -297,8 +309,12 @@ def parse_job(spec: dict[str, Any]) -> JobSpec:
         tracking=dict(spec.get("tracking") or {}),
         network=_network(spec.get("network")),
         gpu_type=spec.get("gpu_type"),
+        duration_days=_duration(spec.get("duration_days")),
+        failure_rates=spec.get("failure_rates"),
         raw=dict(spec),
     )
+    if job.failure_rates is not None and job.failure_rates not in FAILURE_RATE_NAMES:
+        raise ValueError(f"failure_rates: must be one of {', '.join(FAILURE_RATE_NAMES)}, got {job.failure_rates!r}")
     if job.min_gpus < 1 or (job.max_gpus is not None and job.max_gpus < job.min_gpus):
         raise ValueError("min_gpus/max_gpus: need 1 <= min_gpus <= max_gpus")
     check_replica_spec(job.layout_hint, job.runtime, job.global_batch)

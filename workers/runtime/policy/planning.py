@@ -85,8 +85,13 @@ def planner_spec(
     if horizon_s is not None:
         training["horizon_s"] = max(float(horizon_s), 1e-3)
     cluster = PlanCluster(gpu_type=str(job.raw.get("gpu_type", "CPU")), num_gpus=cap, min_gpus=need, nodes=node_list)
-    spec = to_planner_spec({"model": job.model, "global_batch": job.global_batch, "layout_hint": dict(hint or {})},
-                           cluster, training=training)
+    goodput: dict[str, Any] = {}
+    if job.duration_days is not None:  # goodput-aware plans; the runtime has no event store, so ``cluster``
+        # rates price with llama3 here (the API's dry run reads the cluster's own history)
+        rates = job.failure_rates or "llama3"
+        goodput = {"duration_days": job.duration_days, "failure_rates": "llama3" if rates == "cluster" else rates}
+    spec = to_planner_spec({"model": job.model, "global_batch": job.global_batch, "layout_hint": dict(hint or {}),
+                            **goodput}, cluster, training=training)
     spec.setdefault("training", {})
     spec["cluster"].update(job.network)  # known link speeds (a capped test network) over the profile's
     return spec

@@ -21,7 +21,7 @@ The policy owns the failure budget (``max_recoveries``), node exclusion (lost an
 suspects after ``node_death_limit`` deaths: :class:`NodeDeaths`), the rule that the same start
 failure twice ends the job, which replica groups a failure takes, and where a restore reads from
 (:meth:`RecoveryPolicy.restore_choice`). Its names are the goodput simulator's
-(:mod:`workers.runtime.policy.recovery_names`).
+(:mod:`planner.recovery_names`).
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.runtime.cluster.reachability import Verdict
-from workers.runtime.cluster.watchdog import Failure
-from workers.runtime.contract.events import RestoreSource
-from workers.runtime.policy.recovery_names import (
+from planner.recovery_names import (
     REPLAN_MEMORY,
     REPLAN_STORAGE,
     REPLICA_GROUP,
     RUNTIME_POLICIES,
     SOURCES,
 )
+from workers.runtime.cluster.reachability import Verdict
+from workers.runtime.cluster.watchdog import Failure
+from workers.runtime.contract.events import RestoreSource
 from workers.runtime.recovery import memory_snapshots as memsnap
 from workers.runtime.recovery.replica_groups import ReplicaSet, raised_to_drop
 

@@ -1,38 +1,17 @@
-"""The recovery policies' names: one home for the runtime and the failure simulator.
-
-The runtime's :class:`~workers.runtime.policy.recovery.RecoveryPolicy` and the goodput simulator
-(``service.failure_sim.policies``) both import these; nothing here imports anything heavy, so the
-simulator stays free of Ray and torch.
-
-- ``restart``: the whole job restarts from a storage checkpoint with its fixed layout once the failed
-  node is back or replaced (the Llama 3 baseline). The simulator models it; the runtime has no such
-  mode (a failure on live nodes restarts the gang there, a :class:`~workers.runtime.policy.recovery.Restart`).
-- ``replan_storage``: re-plan onto the nodes left and load the newest storage checkpoint.
-- ``replan_memory``: the same, from the newest complete in-memory snapshot on the surviving nodes
-  (storage when none survived).
-- ``replica_group``: replica groups; a lost group is dropped and replaced while the others step on.
-"""
+"""Re-export of :mod:`planner.recovery_names` (the names' one home) for the runtime's older imports."""
 
 from __future__ import annotations
 
-RESTART = "restart"
-REPLAN_STORAGE = "replan_storage"
-REPLAN_MEMORY = "replan_memory"
-REPLICA_GROUP = "replica_group"
+from planner.recovery_names import (
+    POLICY_NAMES,
+    REPLAN_MEMORY,
+    REPLAN_STORAGE,
+    REPLICA_GROUP,
+    RESTART,
+    RUNTIME_POLICIES,
+    SOURCES,
+    check_name,
+)
 
-#: every policy, in the simulator's order
-POLICY_NAMES: tuple[str, ...] = (RESTART, REPLAN_STORAGE, REPLAN_MEMORY, REPLICA_GROUP)
-#: the policies the runtime carries out (``restart`` is the simulator's baseline only)
-RUNTIME_POLICIES: tuple[str, ...] = (REPLAN_STORAGE, REPLAN_MEMORY, REPLICA_GROUP)
-
-#: where each policy restores the state from after a failure (a replica group heals from a live
-#: peer's memory)
-SOURCES: dict[str, str] = {RESTART: "storage", REPLAN_STORAGE: "storage", REPLAN_MEMORY: "memory",
-                           REPLICA_GROUP: "memory"}
-
-
-def check_name(name: str) -> str:
-    """``name`` when it names a policy; ``ValueError`` naming the choices otherwise."""
-    if name not in POLICY_NAMES:
-        raise ValueError(f"policy: unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
-    return name
+__all__ = ["POLICY_NAMES", "REPLAN_MEMORY", "REPLAN_STORAGE", "REPLICA_GROUP", "RESTART", "RUNTIME_POLICIES",
+           "SOURCES", "check_name"]

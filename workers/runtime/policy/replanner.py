@@ -310,7 +310,8 @@ class Replanner:
         self.log.emit(ev.PlanChosen(reason=reason, layout=plan.layout.to_dict(), short=plan.layout.short(),
                                     num_gpus=plan.num_gpus, nodes=planner_bridge.nodes_used(plan),
                                     predicted_tokens_per_s=round(est.tokens_per_s, 2),
-                                    predicted_step_time_s=round(est.step_time_s, 6)))
+                                    predicted_step_time_s=round(est.step_time_s, 6),
+                                    ettr=getattr(plan, "ettr", None), recovery=getattr(plan, "recovery", None)))
 
     def _record_replan(self, prev: Any, rp: Any, change: planner_bridge.ClusterChange) -> None:
         if rp.decision != "keep":
