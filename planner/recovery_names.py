@@ -37,3 +37,39 @@ def check_name(name: str) -> str:
     if name not in POLICY_NAMES:
         raise ValueError(f"policy: unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     return name
+
+
+# ------------------------------------------------------------------ the job spec's names (issue #38)
+# A job spec names its policy (``recovery.policy``, :data:`JOB_POLICIES`) in the user's words: ``auto``
+# (the control plane picks from the plan: ``planner.recovery_choice``), ``replica_groups``
+# (= ``replica_group``), ``replan`` (= ``replan_memory`` with snapshots, ``replan_storage`` without)
+# and ``restart`` (the storage path, no snapshots). :func:`runtime_policy` and :func:`job_policy`
+# translate between the two sets of names.
+
+AUTO = "auto"
+REPLICA_GROUPS = "replica_groups"
+REPLAN = "replan"
+#: the job spec's ``recovery.policy`` names (REST, CLI job files, dashboard)
+JOB_POLICIES: tuple[str, ...] = (AUTO, REPLICA_GROUPS, REPLAN, RESTART)
+#: the concrete policies a choice ends in (``auto`` resolved)
+CHOSEN_POLICIES: tuple[str, ...] = (REPLICA_GROUPS, REPLAN, RESTART)
+
+
+def runtime_policy(job_policy_name: str, snapshots: bool) -> str:
+    """The simulator's/runtime's name of a concrete job policy (``replan`` with ``snapshots``:
+    ``replan_memory``)."""
+    if job_policy_name == REPLICA_GROUPS:
+        return REPLICA_GROUP
+    if job_policy_name == REPLAN:
+        return REPLAN_MEMORY if snapshots else REPLAN_STORAGE
+    if job_policy_name == RESTART:
+        return RESTART
+    raise ValueError(f"policy: {job_policy_name!r} is not a concrete policy; choose from {', '.join(CHOSEN_POLICIES)}")
+
+
+def job_policy(name: str) -> str:
+    """The job spec's name of a policy named either way (``replan_memory`` -> ``replan``)."""
+    if name in CHOSEN_POLICIES:
+        return name
+    check_name(name)
+    return {REPLICA_GROUP: REPLICA_GROUPS, REPLAN_MEMORY: REPLAN, REPLAN_STORAGE: REPLAN}.get(name, name)

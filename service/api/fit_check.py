@@ -1,5 +1,7 @@
 """The submission path's fit check and the dry run of ``POST /v1/plans`` (the planner spec itself
-comes from the one builder, ``workers.planner_spec.to_planner_spec``).
+comes from the one builder, ``workers.planner_spec.to_planner_spec``). Both also say what the job's
+``recovery`` block comes to on the best plan (``planner.recovery_choice``, the one rule; computed
+after the cache, which holds the plans only).
 
 The planner (``planner.plan``) is imported lazily. Its ``SpecError.field`` (``model.heads``,
 ``parallel.tp``, ``cluster.num_gpus``, ...) is mapped to the job-spec field the user wrote, so a
@@ -98,6 +100,31 @@ class FitResult:
     ok: bool
     loc: tuple[str, ...] = ()
     msg: str = ""
+    plan: dict[str, Any] | None = None  # the best plan found (``Plan.to_dict()``), for the recovery choice
+
+
+def recovery_choice(spec: JobSpec, api: ApiSettings, plan: dict[str, Any],
+                    model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What ``spec``'s recovery block comes to on ``plan`` (the one rule, ``planner.recovery_choice``),
+    priced on the plan's GPU count; :class:`PlannerRefused` naming the field when it cannot hold."""
+    from planner.recovery_choice import ChoiceError, choose
+    from service.recovery import runnable
+
+    block = spec.recovery.model_dump(mode="json", exclude_none=True) if spec.recovery is not None else None
+    groups = int((block or {}).get("groups") or 0)
+    try:
+        if groups and int(plan["layout"]["dp"]) % groups:  # named groups: the plan whose dp they divide
+            from service.recovery import plan_recovery
+
+            profile = get_settings()
+            choice = plan_recovery(spec.stored(), spec.max_gpus, gpu_type=profile.gpu_type,
+                                   gpus_per_node=profile.gpus_per_node, model=model)
+        else:
+            choice = choose(plan, block, planner_spec(spec, api, int(plan["num_gpus"]), model))
+        # as the runtime will run it: auto re-plans where the runtime has no replica path for the plan
+        return runnable(spec.stored(), choice, strict=True).to_dict()
+    except ChoiceError as exc:
+        raise PlannerRefused(tuple(exc.field.split(".")), exc.msg) from None
 
 
 def planner_spec(spec: JobSpec, api: ApiSettings, gpus: int | None = None,
@@ -191,7 +218,9 @@ def _search_fit(spec: JobSpec, api: ApiSettings, pspec: dict[str, Any],
         result = _plan(planner_spec(spec, api, spec.max_gpus, model), 1, api.plan_timeout_s, api.plan_timeout_s)
         if not result.plans and spec.min_gpus < spec.max_gpus:
             result = _plan(pspec, 1, api.plan_timeout_s, api.plan_timeout_s)
-        return FitResult(True) if result.plans else FitResult(False, ("max_gpus",), _summary(result, spec, api))
+        if not result.plans:
+            return FitResult(False, ("max_gpus",), _summary(result, spec, api))
+        return FitResult(True, plan=result.plans[0].to_dict())
     except PlannerRefused as exc:
         return FitResult(False, exc.loc, exc.msg)
     except PlannerUnavailable as exc:
@@ -203,10 +232,12 @@ def _search_fit(spec: JobSpec, api: ApiSettings, pspec: dict[str, Any],
 
 
 def check_fit(spec: JobSpec, api: ApiSettings, before_planning: Callable[[], None] | None = None,
-              model: dict[str, Any] | None = None) -> None:
-    """Raise :class:`PlannerRefused` when no GPU count in ``min..max`` has a plan for ``spec``.
-    ``before_planning`` runs only when the answer is not cached, right before the search (a caller's
-    cheap refusal, e.g. a tenant over its limits, that should not wait for planning)."""
+              model: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Raise :class:`PlannerRefused` when no GPU count in ``min..max`` has a plan for ``spec``, or its
+    recovery block cannot hold on the best one (a named ``replica_groups`` with no room); else the
+    recovery choice on that plan. ``before_planning`` runs only when the answer is not cached, right
+    before the search (a caller's cheap refusal, e.g. a tenant over its limits, that should not wait
+    for planning)."""
     pspec = planner_spec(spec, api, model=model)
     key = "fit " + json.dumps(pspec, sort_keys=True)
     hit = _cached(key)
@@ -216,6 +247,7 @@ def check_fit(spec: JobSpec, api: ApiSettings, before_planning: Callable[[], Non
         hit = _once(key, lambda: _search_fit(spec, api, pspec, model), 4 * api.plan_timeout_s + 1)
     if not hit.ok:
         raise PlannerRefused(hit.loc, hit.msg)
+    return recovery_choice(spec, api, hit.plan, model) if hit.plan is not None else None
 
 
 def _cached(key: str) -> Any:
@@ -272,8 +304,8 @@ def dry_run(spec: JobSpec, api: ApiSettings, top_k: int, model: dict[str, Any] |
     if isinstance(hit, FitResult):
         raise PlannerRefused(hit.loc, hit.msg)
     if note and hit.goodput is not None:
-        return hit.model_copy(update={"goodput": {**hit.goodput, "note": note}})
-    return hit
+        hit = hit.model_copy(update={"goodput": {**hit.goodput, "note": note}})
+    return hit.model_copy(update={"recovery": recovery_choice(spec, api, hit.plans[0], model)})
 
 
 def _search_dry(spec: JobSpec, api: ApiSettings, pspec: dict[str, Any], top_k: int) -> PlanOut | FitResult:

@@ -54,6 +54,7 @@ MEANINGS: dict[str, str] = {
     "layout_hint.recompute": "activation recomputation: none, selective, op, layer:N (N >= 2), full (aliases layer, selective_op, selective_layer); the engine runs them all",
     "layout_hint.schedule": "pipeline schedule",
     "layout_hint.cp_method": "context-parallel attention: `ring` or `ulysses` (all-to-all)",
+    "recovery.snapshots": "in-memory snapshots of every rank's state, so a re-plan restores from memory, not storage",
     "model.name": "a label for the shape",
     "model.layers": "decoder layers",
     "model.hidden": "hidden size",

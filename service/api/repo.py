@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -105,6 +106,18 @@ def create_job(
     db.add(Event(job_id=job.id, epoch=None, source="control", seq=1, type="submitted",
                  payload={"state": str(JobState.PENDING), "to": str(JobState.PENDING)}, ts=now))
     return job
+
+
+def attempt_recovery(db: Session, job_id: int) -> dict[str, Any] | None:
+    """The recovery choice of the job's latest attempt (its ``attempt_started`` event's ``recovery``,
+    written by the controller); None before the first attempt."""
+    payload = db.execute(
+        sa.select(Event.payload).where(Event.job_id == job_id, Event.source == "control",
+                                       Event.type == "attempt_started")
+        .order_by(Event.id.desc()).limit(1)
+    ).scalar_one_or_none()
+    recovery = (payload or {}).get("recovery")
+    return dict(recovery) if isinstance(recovery, dict) else None
 
 
 def list_events(db: Session, job_id: int, *, since: int, limit: int) -> Sequence[Event]:

@@ -23,6 +23,8 @@ from pydantic import (
 )
 
 from planner.layout import normalise_recompute, recompute_error
+from planner.recovery_choice import DEFAULT_SNAPSHOT_EVERY, DEFAULT_WARM_RANKS, MAX_WARM_RANKS
+from planner.recovery_names import AUTO, JOB_POLICIES
 from service.api.scrub import scrub, scrub_text
 from workers.states import JobState
 
@@ -130,6 +132,36 @@ class CheckpointSpec(_In):
     mtbf_s: float = Field(default=3600.0, gt=0, le=1e9, allow_inf_nan=False)
 
 
+class SnapshotsSpec(_In):
+    """In-memory snapshots: each rank's shard to memory on its node and another one after every
+    ``every``-th step, so a re-plan restores from memory, not storage."""
+
+    enabled: bool | None = Field(default=None, description="default: true (false with policy restart, which "
+                                                            "restores from storage)")
+    every: Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_integral)] | None = Field(
+        default=None, description=f"a snapshot after every N-th step (at most N steps redone); default: "
+                                  f"{DEFAULT_SNAPSHOT_EVERY}")
+
+
+class RecoverySpec(_In):
+    """How the job recovers from a lost node or rank. ``auto`` (the default) picks from the plan:
+    replica groups when the plan's data parallelism holds two or more full replicas in memory,
+    re-plan from memory otherwise (``planner.recovery_choice``); ``POST /v1/plans`` and the job say
+    what it chose and why."""
+
+    policy: Literal[tuple(JOB_POLICIES)] = Field(  # type: ignore[valid-type]
+        default=AUTO, description="auto: chosen from the plan; replica_groups: lost groups are dropped and "
+                                  "replaced from a live peer while the others step on; replan: re-plan onto the "
+                                  "nodes left, restoring from memory snapshots; restart: restore from storage")
+    groups: Annotated[int, Field(ge=2, le=4096), BeforeValidator(_no_bool)] | None = Field(
+        default=None, description="replica groups (only with policy replica_groups; default: the most that fit "
+                                  "in memory); must divide the plan's dp")
+    snapshots: SnapshotsSpec | None = None
+    warm_ranks: Annotated[int, Field(ge=0, le=MAX_WARM_RANKS), BeforeValidator(_no_bool)] | None = Field(
+        default=None, description=f"pre-started rank processes kept idle per node, so a re-plan's ranks start "
+                                  f"warm; 0 turns them off; default: {DEFAULT_WARM_RANKS}")
+
+
 class LayoutHint(_In):
     """Parallel hints: the fields given are fixed in the first plan (re-plans are free)."""
 
@@ -218,6 +250,8 @@ class JobSpec(_In):
         default=None, description="failure rates the plan is priced with (needs duration_days; default llama3): "
                                   "a published table, or cluster: node losses per node-day in this service's "
                                   "event store (llama3 until 1,000 node-days are recorded)")
+    recovery: RecoverySpec | None = Field(default=None, description="recovery policy, snapshots and warm ranks; "
+                                                                    "default: auto, snapshots on, warm ranks on")
 
     def stored(self) -> dict[str, Any]:
         """The spec as stored with the job (and handed to the runtime): no unset optionals."""
@@ -244,6 +278,11 @@ class JobPublic(_Out):
     finished_at: dt.datetime | None = None
     final_loss: float | None = None
     final_step: int | None = None
+    recovery: dict[str, Any] | None = Field(
+        default=None, description="the recovery the control plane chose for the latest attempt: policy "
+                                  "(replica_groups, replan, restart), groups, group_gpus, snapshots, snapshot_every, "
+                                  "warm_ranks, reason, source (rule, plan or spec); null before the first attempt "
+                                  "and in job lists")
 
     @field_validator("reason", mode="after")
     @classmethod
@@ -287,6 +326,9 @@ class MetricPublic(_Out):
 class PlanOut(BaseModel):
     gpus: int = Field(description="GPU count the plans were searched for (max_gpus, down to min_gpus)")
     plans: list[dict[str, Any]] = Field(max_length=20, description="best first (planner Plan.to_dict())")
+    recovery: dict[str, Any] | None = Field(default=None, description="what the job's recovery block comes to on "
+                                                                     "the best plan: policy, groups, snapshots, "
+                                                                     "warm_ranks and why (reason)")
     rejected: list[dict[str, Any]] = Field(max_length=50, description="a sample of rejected candidates")
     searched: int
     search_time_s: float

@@ -180,6 +180,10 @@ def _job_detail(job: dict[str, Any], prog: Any) -> None:
     t.add_row("ETA", format_eta(prog.eta_s))
     t.add_row("plan", f"{prog.layout or '-'} on {prog.gpus or 0} GPU(s)")
     t.add_row("GPUs", f"{job['gpus_allocated']} allocated ({job['min_gpus']}..{job['max_gpus']})")
+    if job.get("recovery"):
+        from service.cli.plan import recovery_line
+
+        t.add_row("recovery", recovery_line(job["recovery"], str(job["spec"].get("recovery", {}).get("policy", "auto"))))
     if prog.last_event:
         ev = prog.last_event
         t.add_row("last event", f"{str(ev['ts'])[:19].replace('T', ' ')}  {ev['type']}  {ev['summary']}"[:200])

@@ -81,6 +81,16 @@ def _print_table(result: Any) -> None:
             console.print(f"  e.g. ({escape(shape)}) {escape(rej.reason)}")
 
 
+def recovery_line(choice: dict[str, Any], asked: str) -> str:
+    """One line saying what a recovery block came to, and why (``orthoplex plan``, the CLI's job view)."""
+    what = choice["policy"]
+    if what == "replica_groups":
+        what += f": {choice['groups']} groups of {choice['group_gpus']} GPU(s)"
+    snaps = f"snapshots every {choice['snapshot_every']} step(s)" if choice["snapshots"] else "no snapshots"
+    return (f"recovery ({asked}): {what}; {snaps}; {choice['warm_ranks']} warm rank(s) per node; "
+            f"because {choice['reason']}")
+
+
 def _print_goodput(result: Any, note: str) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -123,6 +133,8 @@ def _print_goodput(result: Any, note: str) -> None:
 def plan_command(
     spec: Path = typer.Option(..., "--spec", help="JSON spec (model, cluster, parallel, precision, training)"),
     top: int = typer.Option(5, "--top", min=1, help="how many plans to show"),
+    recovery: str = typer.Option("auto", "--recovery", help="recovery policy to resolve on the best plan: "
+                                 "auto, replica_groups, replan or restart (a job spec's recovery.policy)"),
     as_json: bool = typer.Option(False, "--json", help="print the plans as JSON"),
     duration_days: float = typer.Option(None, "--duration-days",
                                         help="expected days of training: rank by effective tokens/s (healthy x ETTR) "
@@ -134,9 +146,12 @@ def plan_command(
                                     help="recovery phases: prior (published) or cluster (the recoveries recorded "
                                          "in the service's database)"),
 ) -> None:
-    """Search every TP/PP/CP/DP layout for a model on a cluster and show the best plans."""
+    """Search every TP/PP/CP/DP layout for a model on a cluster and show the best plans, and what
+    the recovery policy comes to on the best one (``auto``: replica groups when its data parallelism
+    holds two or more full replicas in memory, else re-plan from memory)."""
     from planner import LayoutError, SpecError, plan
     from planner.failure_rates import FAILURE_RATE_NAMES
+    from planner.recovery_choice import ChoiceError, choose
 
     raw = _load_spec(spec)
     if not isinstance(raw, dict):
@@ -166,14 +181,22 @@ def plan_command(
         result = plan(raw, top_k=top)
     except (SpecError, LayoutError) as exc:
         _fail(str(exc), 2)
+    choice = None
+    if result.plans:
+        try:
+            choice = choose(result.plans[0], {"policy": recovery}, raw).to_dict()
+        except ChoiceError as exc:
+            _fail(f"--recovery: {exc.msg}", 2)
     if as_json:
         out = result.cli_dict()
         if note and "goodput" in out:
             out["goodput"]["note"] = note
-        typer.echo(json.dumps(out, indent=2))
+        typer.echo(json.dumps({**out, "recovery": choice}, indent=2))
     else:
         _print_table(result)
         _print_goodput(result, note)
+        if choice is not None:
+            typer.echo(recovery_line(choice, recovery))
     if not result.plans:
         if as_json:
             typer.echo("error: no layout fits; see 'rejected'", err=True)

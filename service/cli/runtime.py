@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from service.cli.client import cluster_group
+from service.cli.plan import recovery_line
 from workers.states import ATTEMPT_TERMINAL
 
 
@@ -33,16 +34,30 @@ def build_spec(
     max_checkpoint_every: int,
     hang_timeout_s: float,
     max_gpus: int | None = None,
-    snapshots: bool = False,
-    snapshot_every: int = 1,
-    warm_ranks: int = 0,
+    snapshots: bool | None = None,
+    snapshot_every: int | None = None,
+    warm_ranks: int | None = None,
     replica_groups: int = 0,
     faults: list[dict[str, Any]] | None = None,
+    recovery: str = "auto",
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
 ) -> dict[str, Any]:
     """The job spec ``orthoplex run`` submits (faults only when a fault option is given; ``faults``:
-    more of them as job-spec fault objects, e.g. the ``net_*`` kinds)."""
+    more of them as job-spec fault objects, e.g. the ``net_*`` kinds). Its recovery is the service's
+    (``service.recovery.job_recovery`` on the best plan for up to ``max_gpus``, or every GPU of
+    ``nodes`` x ``gpus_per_node``; then the one translation, ``attempt_spec.recovery_settings``):
+    ``auto``, snapshots and warm ranks on unless turned off. ``replica_groups`` N names
+    ``replica_groups`` with N groups (without ``max_gpus``: N groups of the hint's layout).
+    ``ValueError`` naming the option when the block cannot hold."""
+    from planner.recovery_choice import ChoiceError, check_block
+    from service.recovery import plan_recovery, runnable
+    from workers.runtime.contract.attempt_spec import recovery_settings
+
     if max_gpus is not None and max_gpus < min_gpus:
         raise ValueError(f"--max-gpus: {max_gpus} is below --min-gpus {min_gpus}")
+    from planner.layout import parse_hint
+
     faults = list(faults or [])
     if kill_node_at_step is not None:
         faults.append({"kind": "kill_node", "at_step": kill_node_at_step, "rank": -1})
@@ -55,16 +70,40 @@ def build_spec(
         "min_gpus": min_gpus,
         "checkpoint_dir": checkpoint_dir,
         "checkpoint": {"min_every_steps": 1, "max_every_steps": max_checkpoint_every},
-        "runtime": {"hang_timeout_s": hang_timeout_s, "snapshots": snapshots, "snapshot_every": snapshot_every,
-                    "warm_ranks_per_node": warm_ranks},
+        "runtime": {"hang_timeout_s": hang_timeout_s},
         "faults": faults,
     }
     if max_gpus is not None:
         spec["max_gpus"] = max_gpus
-    if replica_groups:
-        spec["runtime"]["replica_groups"] = replica_groups
     if layout_hint:
-        spec["layout_hint"] = layout_hint
+        spec["layout_hint"] = dict(parse_hint(layout_hint))
+    block: dict[str, Any] = {"policy": "replica_groups" if replica_groups else recovery}
+    if replica_groups:
+        block["groups"] = replica_groups
+    snaps = {k: v for k, v in (("enabled", snapshots), ("every", snapshot_every)) if v is not None}
+    if snaps:
+        block["snapshots"] = snaps
+    if warm_ranks is not None:
+        block["warm_ranks"] = warm_ranks
+    flags = {"recovery.policy": "--recovery", "recovery.groups": "--replica-groups",
+             "recovery.snapshots.enabled": "--snapshots", "recovery.snapshots.every": "--snapshot-every",
+             "recovery.warm_ranks": "--warm-ranks"}
+    if replica_groups:
+        flags["recovery.policy"] = "--replica-groups"
+    try:
+        check_block(block)
+        gpus = max_gpus or (nodes * gpus_per_node if nodes and gpus_per_node else min_gpus)
+        if replica_groups and max_gpus is None:  # R groups of the hint's layout (its tp, pp, cp, dp; default 1)
+            hint = spec.get("layout_hint") or {}
+            gpus = replica_groups * int(hint.get("tp", 1)) * int(hint.get("pp", 1)) * int(hint.get("cp", 1)) * int(
+                hint.get("dp", 1))
+        job = {**spec, "recovery": block}
+        # as the runtime will run it: auto re-plans where the runtime has no replica path for the plan
+        choice = runnable(job, plan_recovery(job, gpus, gpu_type="CPU", gpus_per_node=gpus_per_node), strict=True)
+    except ChoiceError as exc:
+        raise ValueError(f"{flags.get(exc.field, exc.field)}: {exc.msg}") from None
+    recovery_settings(spec, spec, choice.to_dict())
+    spec["recovery"] = choice.to_dict()  # what the run chose, and why (the summary prints it)
     if events_out:
         spec["events_out"] = str(Path(events_out).resolve())
     if metrics_out:
@@ -185,16 +224,24 @@ def register(app: typer.Typer) -> None:
         min_gpus: int = typer.Option(1, "--min-gpus", min=1, help="Shrink no further than this."),
         max_gpus: int | None = typer.Option(None, "--max-gpus", min=1,
                                             help="Use at most this many GPUs (also after a re-plan)."),
-        snapshots: bool = typer.Option(False, "--snapshots/--no-snapshots",
-                                       help="Snapshot every step into two nodes' memory; re-plans restore from it."),
-        snapshot_every: int = typer.Option(1, "--snapshot-every", min=1,
-                                           help="With --snapshots: after every N-th step only (at most N steps lost)."),
-        warm_ranks: int = typer.Option(0, "--warm-ranks", min=0,
-                                       help="Pre-started rank actors kept idle per node (a re-plan's ranks start warm)."),
+        recovery: str = typer.Option("auto", "--recovery",
+                                     help="auto (default: replica groups when the plan's dp holds two or more full "
+                                     "replicas in memory, else re-plan from memory), replica_groups, replan or "
+                                     "restart (from storage, no snapshots): as a service job's recovery.policy."),
+        snapshots: bool | None = typer.Option(None, "--snapshots/--no-snapshots",
+                                              help="Snapshot steps into two nodes' memory; re-plans restore from it. "
+                                              "Default: on (off with --recovery restart)."),
+        snapshot_every: int | None = typer.Option(None, "--snapshot-every", min=1,
+                                                  help="A snapshot after every N-th step only (at most N steps lost); "
+                                                  "default: the service's."),
+        warm_ranks: int | None = typer.Option(None, "--warm-ranks", min=0,
+                                              help="Pre-started rank actors kept idle per node (a re-plan's ranks start "
+                                              "warm); default: the service's; 0 turns them off."),
         layout_hint: str | None = typer.Option(None, "--layout-hint", help="Fix fields of the first plan, e.g. tp=2,pp=2."),
         replica_groups: int = typer.Option(0, "--replica-groups", min=0,
-                                           help="Run this many replica groups of the hint's tp (one node each); a lost "
-                                           "group is replaced from a live one while the others keep stepping."),
+                                           help="Run this many replica groups (= --recovery replica_groups with this "
+                                           "many groups); a lost group is replaced from a live one while the others "
+                                           "keep stepping."),
         kill_node_at_step: int | None = typer.Option(None, "--kill-node-at-step", help="Test hook: crash a node."),
         slow_node_at_step: int | None = typer.Option(None, "--slow-node-at-step", help="Test hook: slow a node."),
         slow_factor: float = typer.Option(2.0, "--slow-factor", help="With --slow-node-at-step."),
@@ -216,13 +263,18 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"{max_gpus} is below --min-gpus {min_gpus}", param_hint="--max-gpus")
         extra = _parse_fault_options(fault, address)
         ckpt = checkpoint_dir or tempfile.mkdtemp(prefix="orthoplex-run-")
-        spec = build_spec(model=model, steps=steps, global_batch=global_batch, min_gpus=min_gpus,
-                          layout_hint=layout_hint, checkpoint_dir=ckpt, kill_node_at_step=kill_node_at_step,
-                          slow_node_at_step=slow_node_at_step, slow_factor=slow_factor, events_out=events_out,
-                          metrics_out=metrics_out, max_checkpoint_every=max_checkpoint_every,
-                          hang_timeout_s=hang_timeout_s, max_gpus=max_gpus, snapshots=snapshots,
-                          snapshot_every=snapshot_every,
-                          warm_ranks=warm_ranks, replica_groups=replica_groups, faults=extra)
+        try:
+            spec = build_spec(model=model, steps=steps, global_batch=global_batch, min_gpus=min_gpus,
+                              layout_hint=layout_hint, checkpoint_dir=ckpt, kill_node_at_step=kill_node_at_step,
+                              slow_node_at_step=slow_node_at_step, slow_factor=slow_factor, events_out=events_out,
+                              metrics_out=metrics_out, max_checkpoint_every=max_checkpoint_every,
+                              hang_timeout_s=hang_timeout_s, max_gpus=max_gpus, snapshots=snapshots,
+                              snapshot_every=snapshot_every, warm_ranks=warm_ranks, replica_groups=replica_groups,
+                              faults=extra, recovery=recovery, nodes=nodes, gpus_per_node=gpus_per_node)
+        except ValueError as exc:
+            flag, _, msg = str(exc).partition(": ")
+            raise typer.BadParameter(msg or str(exc), param_hint=flag if flag.startswith("--") else None) from None
+        typer.echo(recovery_line(spec.pop("recovery"), recovery), err=as_json)
         result = run_job(spec, address=address, nodes=nodes, gpus_per_node=gpus_per_node,
                          job_id=job_id or f"run-{int(time.time())}")
         typer.echo(json.dumps(result, default=str) if as_json else summarize(result))

@@ -55,27 +55,45 @@ class Applied:
     reason: str
 
 
-def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int, placement: dict[str, int] | None = None) -> dict[str, Any]:
+def attempt_recovery(ctx: Ctx, job: JobRow, gpus: int) -> dict[str, Any]:
+    """The job's recovery on an attempt of ``gpus`` GPUs: its choice at max_gpus (``Ctx.recoveries``,
+    planned now when the job is new to this controller) fitted to the grant (whole replica groups;
+    room for fewer than two re-plans from memory: ``planner.recovery_choice.for_grant``)."""
+    from planner.recovery_choice import RecoveryChoice, for_grant
+    from service.recovery import job_recovery
+
+    base = ctx.recoveries.get(job.id)
+    if base is None:
+        base = ctx.recoveries[job.id] = job_recovery(job.spec, job.max_gpus, gpu_type=ctx.gpu_type,
+                                                     gpus_per_node=ctx.gpus_per_node).to_dict()
+    return for_grant(RecoveryChoice.from_dict(base), gpus).to_dict()
+
+
+def supervisor_spec(ctx: Ctx, job: JobRow, gpus: int, placement: dict[str, int] | None = None,
+                    recovery: dict[str, Any] | None = None) -> dict[str, Any]:
     """The runtime spec of an attempt (``workers.runtime.contract.attempt_spec``, the one translation):
     the job's stored spec, the GPUs the scheduler granted (the runtime plans within ``min_gpus..gpus``,
     on ``placement``'s nodes when given) and the job's directory, whose checkpoints every attempt
-    shares so that a new attempt resumes from the newest verified checkpoint. The tenant's inputs are
-    resolved again in its area; an input gone since submission is a ``ValueError`` (the attempt fails)."""
+    shares so that a new attempt resumes from the newest verified checkpoint. ``recovery``: the
+    attempt's recovery choice (default: :func:`attempt_recovery`). The tenant's inputs are resolved
+    again in its area; an input gone since submission is a ``ValueError`` (the attempt fails)."""
     cfg = ctx.config
     area = DataArea(root=tenant_area(cfg.storage_path, job.tenant_id), shared=dict(cfg.shared_data_roots),
                     max_files=cfg.data_max_files, max_bytes=cfg.data_max_bytes)
     grant = Grant(job_id=job.id, job_dir=ctx.job_storage(job.id), gpus=gpus, min_gpus=job.min_gpus,
                   gpu_type=ctx.gpu_type, placement=placement, mlflow_uri=cfg.mlflow_tracking_uri,
+                  recovery=recovery if recovery is not None else attempt_recovery(ctx, job, gpus),
                   overrides=cfg.spec_overrides)
     return attempt_spec(job.spec, area, grant)
 
 
-def launch_attempt(ctx: Ctx, job: JobRow, epoch: int, gpus: int, placement: dict[str, int] | None = None) -> str:
+def launch_attempt(ctx: Ctx, job: JobRow, epoch: int, gpus: int, placement: dict[str, int] | None = None,
+                   recovery: dict[str, Any] | None = None) -> str:
     """Steps 2 and 3 above for the job's attempt ``job.attempt`` (already persisted)."""
     key = AttemptKey(job.id, job.attempt)
     crash_point("admit:persisted")
     try:
-        spec = supervisor_spec(ctx, job, gpus, placement)  # ValueError: an input is gone (job_inputs)
+        spec = supervisor_spec(ctx, job, gpus, placement, recovery)  # ValueError: an input is gone (job_inputs)
         ctx.sups.start(key, spec)
     except ValueError as exc:  # the runtime refused the spec: no attempt will ever do better
         log.warning("supervisor refused the spec", extra={"job_id": job.id, "error": repr(exc)})
@@ -118,6 +136,7 @@ def admit(ctx: Ctx, job: JobRow, decision: Admit) -> str:
     """PENDING → ADMITTED (attempt persisted) → supervisor → RUNNING."""
     number = job.attempt + 1
     key = AttemptKey(job.id, number)
+    recovery = attempt_recovery(ctx, job, decision.gpus)
     with ctx.txn() as s:
         epoch = tx.start_attempt(
             s,
@@ -129,13 +148,14 @@ def admit(ctx: Ctx, job: JobRow, decision: Admit) -> str:
             gpus=decision.gpus,
             placement=dict(decision.placement),
             supervisor=key.actor_name,
+            payload={"recovery": recovery},
             commit=False,
         )
     if epoch is None:
         return "lost_race"
     job.attempt, job.epoch, job.state, job.gpus_allocated = number, epoch, JobState.ADMITTED, decision.gpus
     job.placement = dict(decision.placement)
-    return launch_attempt(ctx, job, epoch, decision.gpus, job.placement)
+    return launch_attempt(ctx, job, epoch, decision.gpus, job.placement, recovery)
 
 
 def retry_attempt(ctx: Ctx, job: JobRow, reason: str) -> str:
@@ -149,6 +169,7 @@ def retry_attempt(ctx: Ctx, job: JobRow, reason: str) -> str:
         return "failed"
     new_state = JobState.RECOVERING if job.state in (JobState.RUNNING, JobState.RECOVERING) else job.state
     gpus = job.gpus_allocated or job.min_gpus
+    recovery = attempt_recovery(ctx, job, gpus)
     with ctx.txn() as s:
         epoch = tx.start_attempt(
             s,
@@ -160,6 +181,7 @@ def retry_attempt(ctx: Ctx, job: JobRow, reason: str) -> str:
             gpus=gpus,
             placement=job.placement,  # where the GPUs are until the new gang reports its own placement
             supervisor=AttemptKey(job.id, job.attempt + 1).actor_name,
+            payload={"recovery": recovery},
             commit=False,
         )
         if epoch is not None:
@@ -168,7 +190,7 @@ def retry_attempt(ctx: Ctx, job: JobRow, reason: str) -> str:
         return "lost_race"
     ctx.sups.kill(old)  # a zombie of the old attempt is fenced already; stop it burning GPUs too
     job.attempt, job.epoch, job.state, job.gpus_allocated = job.attempt + 1, epoch, new_state, gpus
-    return launch_attempt(ctx, job, epoch, gpus, _placement_to_keep(job.placement, gpus))
+    return launch_attempt(ctx, job, epoch, gpus, _placement_to_keep(job.placement, gpus), recovery)
 
 
 def _placement_to_keep(placement: dict[str, int] | None, gpus: int) -> dict[str, int] | None:

@@ -18,8 +18,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from planner.recovery_choice import RecoveryChoice
 from service.controller.cluster import ClusterView
 from service.db.models import Attempt, Job, Tenant
+from service.recovery import whole_groups
 from service.scheduler.types import ClusterSnapshot, JobView, NodeView, TenantView
 from workers.states import HOLDING, TERMINAL
 
@@ -96,6 +98,7 @@ def build_snapshot(
     *,
     resizable: bool = False,
     curves: Mapping[int, Mapping[int, float] | None] | None = None,
+    recoveries: Mapping[int, Mapping[str, Any]] | None = None,
     draining: Collection[str] = (),
 ) -> ClusterSnapshot:
     """The snapshot for :func:`service.scheduler.policy.decide` (pure).
@@ -104,6 +107,9 @@ def build_snapshot(
     controller's ``runtime_resizes``). Without it jobs are presented as fixed-size once admitted (the
     scheduler sizes a ``min..max`` job once, at admission, and reclaims GPUs by preemption only).
     ``curves``: the planner's predicted tokens/s per GPU count of elastic jobs (``curves.py``).
+    ``recoveries``: each job's recovery choice (``service.recovery.job_recovery``): a replica job is
+    sized in whole groups, every group's GPUs counted (``service.recovery.whole_groups``: its range in
+    group multiples, and a curve with only those sizes).
     ``draining``: nodes an operator drains (``drains``): no new work is placed there.
     """
     nodes = [n for n in view.alive_nodes if n.gpus_total > 0]
@@ -113,20 +119,25 @@ def build_snapshot(
         allocated: dict[str, int] = {}
         if j.state in HOLDING:
             allocated = {n: g for n, g in j.placement.items() if n in alive and g > 0}
+        choice = (recoveries or {}).get(j.id)
+        low, top, unit = whole_groups(RecoveryChoice.from_dict(choice) if choice else None, j.min_gpus, j.max_gpus)
+        curve = (curves or {}).get(j.id)
+        if unit > 1:  # whole groups only: the sizes a curve names are the sizes the scheduler offers
+            curve = {n: float(n) for n in range(unit, top + 1, unit)}  # each group a full replica: linear
         jobs.append(
             JobView(
                 id=j.id,
                 tenant_id=j.tenant_id,
                 state=j.state,
                 priority=j.priority,
-                min_gpus=j.min_gpus,
-                max_gpus=j.max_gpus,
+                min_gpus=low,
+                max_gpus=top,
                 submitted_at=j.created_at,
                 allocated=allocated,
                 preemptible=bool(j.spec.get("preemptible", True)),
-                elastic=resizable and bool(j.spec.get("elastic", j.max_gpus > j.min_gpus)),
+                elastic=resizable and bool(j.spec.get("elastic", top > low)),
                 started_at=j.admitted_at,
-                throughput=(curves or {}).get(j.id),
+                throughput=curve,
             )
         )
     node_views = [

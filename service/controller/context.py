@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
@@ -68,6 +69,9 @@ class Ctx:
     gpus_per_node: int = 4
     #: the planner's goodput curve per elastic job (``None``: none, linear), computed once per job
     curves: dict[int, dict[int, float] | None] = field(default_factory=dict)
+    #: each live job's recovery on its best plan at max_gpus (``service.recovery.job_recovery``, a
+    #: ``RecoveryChoice.to_dict()``), computed once per job: the scheduler's whole groups, the attempts' choice
+    recoveries: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sessions = make_sessionmaker(self.engine)

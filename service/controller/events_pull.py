@@ -117,8 +117,9 @@ def apply_event(s: Session, job: JobRef, event: ev.Event) -> str | None:
         )
     elif isinstance(event, ev.ENDINGS):
         return _finalize(s, job, event)
-    # "placed": the gang's size after a start, a re-plan or a resize is what the job holds from now on
-    if isinstance(event, ev.Placed) and event.gpus > 0 and tx.set_allocation(
+    # "placed": the gang's size after a start, a re-plan or a resize is what the job holds from now on;
+    # one replica group's placement is not the job's (the grant, every group's GPUs, stays counted)
+    if isinstance(event, ev.Placed) and event.gpus > 0 and event.group is None and tx.set_allocation(
         s, job.id, epoch=job.epoch, gpus=event.gpus, placement=event.gpus_per_node,
         placement_group=event.placement_group, commit=False,
     ):

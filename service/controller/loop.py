@@ -232,8 +232,9 @@ class Controller:
             db = load_db_state(s)
             draining = set(load_drains(s))
         self._update_curves(db)
+        self._update_recoveries(db)
         snapshot = build_snapshot(db, view, resizable=self.config.runtime_resizes, curves=self.ctx.curves,
-                                  draining=draining)
+                                  recoveries=self.ctx.recoveries, draining=draining)
         decisions = decide(snapshot)
         jobs = {j.id: j for j in db.jobs}
         result.applied += apply.apply_decisions(self.ctx, jobs, decisions)
@@ -243,6 +244,18 @@ class Controller:
         """Goodput curves for elastic jobs not seen before (computed off the loop: a round waits
         for them at most ``CurveBook.wait_s``); forget those of jobs that ended."""
         self._curve_book.update(db.jobs, self.ctx.curves)
+
+    def _update_recoveries(self, db: DbState) -> None:
+        """Each live job's recovery choice (planned once per job: specs never change); forget ended jobs."""
+        from service.recovery import job_recovery
+
+        live = {j.id for j in db.jobs}
+        for job_id in [k for k in self.ctx.recoveries if k not in live]:
+            del self.ctx.recoveries[job_id]
+        for j in db.jobs:
+            if j.id not in self.ctx.recoveries:
+                self.ctx.recoveries[j.id] = job_recovery(j.spec, j.max_gpus, gpu_type=self.ctx.gpu_type,
+                                                         gpus_per_node=self.ctx.gpus_per_node).to_dict()
 
     def _curve(self, job: JobRow) -> dict[int, float] | None:
         from service.controller.curves import goodput_curve

@@ -211,11 +211,13 @@ def start_attempt(
     gpus: int = 0,
     placement: dict[str, int] | None = None,
     supervisor: str | None = None,
+    payload: Mapping[str, Any] | None = None,
     commit: bool = True,
 ) -> int | None:
     """Open a new attempt with epoch ``expected_epoch + 1``; returns it, or None if the CAS failed.
     ``placement``: node id -> GPUs the scheduler granted (where the attempt's GPUs are until its
-    gang reports where it landed, see ``set_allocation``)."""
+    gang reports where it landed, see ``set_allocation``). ``payload``: more of the attempt's
+    ``attempt_started`` event (the controller's ``recovery`` choice for it)."""
     exp = frozenset(expected)
     if not exp <= NON_TERMINAL or new not in NON_TERMINAL or any(s != new and not is_legal(s, new) for s in exp):
         raise IllegalTransition(f"cannot start an attempt moving {sorted(exp)} -> {new}")
@@ -241,7 +243,8 @@ def start_attempt(
             started_at=utcnow(),
         )
     )
-    body = {"from": row.state, "to": new, "reason": reason, "attempt": number, "epoch": epoch, "gpus": gpus}
+    body = {"from": row.state, "to": new, "reason": reason, "attempt": number, "epoch": epoch, "gpus": gpus,
+            **dict(payload or {})}
     _event(session, job_id, seq, epoch, "attempt_started", body)
     _finish(session, commit)
     return int(epoch)

@@ -171,6 +171,9 @@ def test_submit_with_plan_preview_and_a_field_error(page, demo: DemoStack) -> No
     page.get_by_test_id("preview-plan-row").first.wait_for()
     assert err.is_hidden()
     assert "tp" in page.get_by_test_id("plan-preview").inner_text()
+    # what the recovery block (left at its defaults) comes to on the best plan, and why
+    assert "Why:" in page.get_by_test_id("preview-recovery").inner_text()
+    assert page.get_by_label("Recovery", exact=True).input_value() == "auto"
     shot(page, "submit-preview")
     page.get_by_test_id("submit-job").click()
     page.wait_for_url(re.compile(r".*/ui/jobs/\d+$"))

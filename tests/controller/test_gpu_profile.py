@@ -31,7 +31,8 @@ def _ctx(gpu_type: str) -> types.SimpleNamespace:
     from service.controller.context import ControllerConfig
 
     config = ControllerConfig()  # the attempt spec resolves the job's inputs with the storage settings
-    return types.SimpleNamespace(gpu_type=gpu_type, config=config, job_storage=lambda job_id: Path("/jobs") / str(job_id))
+    return types.SimpleNamespace(gpu_type=gpu_type, gpus_per_node=4, config=config, recoveries={},
+                                 job_storage=lambda job_id: Path("/jobs") / str(job_id))
 
 
 def test_controller_takes_the_service_gpu_profile(monkeypatch) -> None:
@@ -65,7 +66,8 @@ def test_the_service_mlflow_uri_reaches_every_attempt_unless_the_job_names_its_o
 
     monkeypatch.setenv("ORTHOPLEX_MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     cfg = config_from_env(Settings(database_url="sqlite://", storage_path=str(tmp_path)))
-    ctx = types.SimpleNamespace(gpu_type="CPU", config=cfg, job_storage=lambda job_id: tmp_path / "jobs" / str(job_id))
+    ctx = types.SimpleNamespace(gpu_type="CPU", gpus_per_node=4, recoveries={}, config=cfg,
+                                job_storage=lambda job_id: tmp_path / "jobs" / str(job_id))
     tracking = supervisor_spec(ctx, _job(), gpus=4)["tracking"]
     assert tracking["mlflow_uri"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert tracking["tensorboard_dir"].startswith(str(tmp_path / "jobs" / "7"))

@@ -164,6 +164,15 @@ def test_rest_to_recovery_to_success_with_two_tenants(ray_cluster, empty_db_url:
         a2 = next(j for j in alpha_ids if j != a1)
         assert [(d["kind"], d["gpus"]) for d in decisions(alpha, a1)] == [("admit", 2)]
         assert [(d["kind"], d["gpus"]) for d in decisions(beta, b1)] == [("admit", 2)]
+        # no recovery options in the spec: the service's defaults, chosen by the control plane from the
+        # plan (auto) and stored with the attempt: snapshots and warm ranks on, and why
+        assert "recovery" not in get(alpha, a1)["spec"]
+        chosen = get(alpha, a1)["recovery"]
+        assert chosen["snapshots"] is True and chosen["warm_ranks"] >= 1 and chosen["reason"], chosen
+        assert chosen["policy"] in ("replica_groups", "replan") and chosen["source"] in ("rule", "plan"), chosen
+        started_with = [e["payload"]["recovery"] for e in alpha.get(f"/v1/jobs/{a1}/events").json()
+                        if e["type"] == "attempt_started"]
+        assert started_with == [chosen], started_with
         waits = h.wait_for(lambda: decisions(alpha, a2), 30, "the queued job's recorded decision")
         assert get(alpha, a2)["state"] == "PENDING" and [d["kind"] for d in waits] == ["wait"], waits
         assert "quota" in waits[0]["reason"], waits
@@ -228,6 +237,8 @@ def test_rest_to_recovery_to_success_with_two_tenants(ray_cluster, empty_db_url:
             # 8 GPUs are free on the surviving nodes, but the job comes back on its grant of 2
             resumed = [e["payload"] for e in evs if e["source"] == last and e["type"] == "resumed"]
             assert [r["world_size"] for r in resumed] == [2], resumed
+            if chosen["policy"] == "replan":  # snapshots on by default: the re-plan restores from memory
+                assert [r["source"] for r in resumed] == ["memory"], resumed
         else:
             started = [e["payload"] for e in evs if e["type"] == "attempt_started"]
             assert len(started) == final["attempt"] and "vanished" in started[-1]["reason"], started

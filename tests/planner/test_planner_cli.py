@@ -41,8 +41,10 @@ def test_json_shape_exact(tmp_path: Path) -> None:
     res = _run(tmp_path, tiny_spec(), "--json", "--top", "2")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert set(data) == {"plans", "rejected", "searched", "search_time_s"}
+    assert set(data) == {"plans", "rejected", "searched", "search_time_s", "recovery"}
     assert 1 <= len(data["plans"]) <= 2
+    # what --recovery (default auto) comes to on the best plan, and why (planner.recovery_choice)
+    assert data["recovery"]["policy"] in ("replica_groups", "replan") and data["recovery"]["reason"]
     for p in data["plans"]:
         assert set(p) == PLAN_KEYS
         assert set(p["estimate"]) >= ESTIMATE_KEYS
@@ -57,6 +59,11 @@ def test_table_output(tmp_path: Path) -> None:
     res = _run(tmp_path, tiny_spec())
     assert res.exit_code == 0, res.output
     assert "tp" in res.output and "MFU" in res.output and "searched" in res.output
+    assert "recovery (auto):" in res.output and "because" in res.output
+    restart = _run(tmp_path, tiny_spec(), "--recovery", "restart")
+    assert "recovery (restart): restart; no snapshots" in restart.output, restart.output
+    bad = _run(tmp_path, tiny_spec(), "--recovery", "sometimes")
+    assert bad.exit_code == 2 and "--recovery" in bad.output, bad.output
 
 
 def test_nothing_fits_exits_1_with_reasons(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from planner.recovery_choice import DEFAULT_WARM_RANKS
 from service.cli.runtime import build_spec, register, summarize
 from workers.runtime.cluster.ray_auth import token_env
 
@@ -27,11 +28,39 @@ def test_run_options_become_a_spec_with_faults_only_when_asked() -> None:
     kw = dict(model="tiny", steps=10, global_batch=12, min_gpus=4, layout_hint="tp=2,pp=2", checkpoint_dir="/c",
               slow_factor=2.0, events_out=None, metrics_out=None, max_checkpoint_every=5, hang_timeout_s=30.0)
     plain = build_spec(kill_node_at_step=None, slow_node_at_step=None, **kw)
-    assert plain["faults"] == [] and plain["layout_hint"] == "tp=2,pp=2" and plain["min_gpus"] == 4
+    assert plain["faults"] == [] and plain["layout_hint"]["tp"] == 2 and plain["min_gpus"] == 4
+    assert plain["layout_hint"]["pp"] == 2
     faulty = build_spec(kill_node_at_step=3, slow_node_at_step=5, **kw)
     assert [f["kind"] for f in faulty["faults"]] == ["kill_node", "slow_node"]
     assert faulty["faults"][1]["factor"] == 2.0
-    assert "max_gpus" not in plain and plain["runtime"]["snapshots"] is False  # opt-in
+    # the service's defaults (planner.recovery_choice): snapshots and warm ranks on, re-plan on dp=1
+    assert "max_gpus" not in plain and plain["runtime"]["snapshots"] is True
+    assert plain["runtime"]["warm_ranks_per_node"] == DEFAULT_WARM_RANKS and plain["runtime"]["replica_groups"] == 0
+    assert "recovery" in plain  # what it chose, for the run's first line (run pops it)
+    off = build_spec(kill_node_at_step=None, slow_node_at_step=None, snapshots=False, warm_ranks=0, **kw)
+    assert off["runtime"]["snapshots"] is False and off["runtime"]["warm_ranks_per_node"] == 0
+    restart = build_spec(kill_node_at_step=None, slow_node_at_step=None, recovery="restart", **kw)
+    assert restart["runtime"]["snapshots"] is False and restart["recovery"]["policy"] == "restart"
+    # dp=3 holds three full replicas: auto runs three replica groups of tp=2 (the 6-GPU job) ...
+    six = {**kw, "layout_hint": "tp=2,dp=3", "min_gpus": 1, "max_gpus": 6}
+    groups = build_spec(kill_node_at_step=None, slow_node_at_step=None, nodes=4, gpus_per_node=2, snapshots=False,
+                        **six)
+    assert groups["runtime"]["replica_groups"] == 3 and groups["layout_hint"]["tp"] == 2, groups["recovery"]
+    # ... and where the runtime's replica path does not run the choice (snapshots inside a group, until
+    # it does), auto re-plans from memory instead, saying why: never a spec the runtime refuses
+    auto = build_spec(kill_node_at_step=None, slow_node_at_step=None, nodes=4, gpus_per_node=2, **six)
+    if auto["recovery"]["policy"] != "replica_groups":
+        assert auto["runtime"]["replica_groups"] == 0 and auto["runtime"]["snapshots"] is True
+        assert "the runtime does not run these replica groups" in auto["recovery"]["reason"]
+    with pytest.raises(ValueError, match="--replica-groups"):  # 4 groups do not divide dp=3
+        build_spec(kill_node_at_step=None, slow_node_at_step=None, nodes=4, gpus_per_node=2, replica_groups=4,
+                   **{**kw, "layout_hint": "tp=2,dp=3", "min_gpus": 1, "max_gpus": 6})
+    # --replica-groups R without --max-gpus: R groups of the hint's layout (the demo's two groups of tp=1)
+    named = build_spec(kill_node_at_step=None, slow_node_at_step=None, nodes=3, gpus_per_node=4, replica_groups=2,
+                       **{**kw, "layout_hint": "tp=1", "min_gpus": 1})
+    assert named["runtime"]["replica_groups"] == 2 and named["recovery"]["group_gpus"] == 1, named["recovery"]
+    if not named["runtime"]["snapshots"]:  # the default yields where the runtime's groups take none yet
+        assert "snapshots off" in named["recovery"]["reason"]
     capped = build_spec(kill_node_at_step=None, slow_node_at_step=None, max_gpus=8, snapshots=True, **kw)
     assert capped["max_gpus"] == 8 and capped["runtime"]["snapshots"] is True
     assert capped["runtime"]["snapshot_every"] == 1

@@ -66,7 +66,7 @@ def test_node_loss_replans_onto_8_gpus_and_matches_the_no_failure_loss(ray_clust
     args = ["run", "--address", ray_cluster.address, "--nodes", "3", "--gpus-per-node", "4", "--model", "tiny",
             "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH), "--min-gpus", "4",
             "--layout-hint", HINT, "--kill-node-at-step", str(kill_at), "--max-checkpoint-every", "2",
-            "--hang-timeout", "60", "--checkpoint-dir", str(tmp_path / "ckpt"), "--snapshots",
+            "--hang-timeout", "60", "--checkpoint-dir", str(tmp_path / "ckpt"), "--snapshots", "--recovery", "replan",
             "--events-out", str(ev), "--metrics-out", str(met), "--job-id", "t-nodeloss"]
     t0 = time.time()
     res = CliRunner().invoke(app, args)

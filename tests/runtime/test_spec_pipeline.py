@@ -19,7 +19,14 @@ from tests.engine.hf_fixtures import make_hf_llama
 from tests.engine.test_hf_data import _bpe
 from workers.data_area import DataArea
 from workers.engine.config import TrainConfig
-from workers.runtime.contract.attempt_spec import CONTROL_PLANE_ONLY, GRANTED, LANDS_AT, Grant, attempt_spec
+from workers.runtime.contract.attempt_spec import (
+    CONTROL_PLANE_ONLY,
+    GRANTED,
+    LANDS_AT,
+    RECOVERY_LANDS_AT,
+    Grant,
+    attempt_spec,
+)
 from workers.runtime.contract.job_spec import FLAT_NAMES, GROUPS, JobSpec, RuntimeSettings, parse_job
 
 pytestmark = pytest.mark.unit
@@ -44,7 +51,23 @@ SAMPLES: dict[str, dict[str, Any]] = {
                         "vocab": 512, "seq_len": 32, "rope_theta": 20000.0},
               "data": {"kind": "tokens", "paths": ["tokens.u32"], "dtype": "uint32"}},
     "preset": {"name": "plain", "model": "tiny", "steps": 2, "global_batch": 4},
+    "recovery": {"name": "groups", "model": "tiny", "steps": 2, "global_batch": 4, "max_gpus": 2,
+                 "recovery": {"policy": "replica_groups", "groups": 2, "snapshots": {"enabled": False, "every": 3},
+                              "warm_ranks": 2}},
 }
+
+
+def _grant_recovery(stored: dict[str, Any]) -> dict[str, Any] | None:
+    """The control plane's choice for a sample with a ``recovery`` block: on a real plan of 2 GPUs
+    (``tp=1,dp=2``), by the one rule (``planner.recovery_choice.choose``)."""
+    if "recovery" not in stored:
+        return None
+    from planner.api import evaluate
+    from planner.recovery_choice import choose
+    from workers.planner_spec import PlanCluster, to_planner_spec
+
+    pspec = to_planner_spec(stored, PlanCluster(gpu_type="CPU", num_gpus=2, gpus_per_node=2))
+    return choose(evaluate(pspec, "tp=1,dp=2"), stored["recovery"], pspec).to_dict()
 
 
 def _models(annotation: Any) -> list[type[BaseModel]]:
@@ -111,7 +134,8 @@ def test_the_samples_set_every_field_of_the_api_schema() -> None:
 @pytest.mark.parametrize("sample", sorted(SAMPLES))
 def test_every_api_field_reaches_the_runtime_spec_under_its_name(sample: str, area: DataArea, tmp_path: Path) -> None:
     stored = ApiJobSpec.model_validate(SAMPLES[sample]).stored()  # as the API stores it
-    grant = Grant(job_id=5, job_dir=tmp_path / "jobs" / "5", gpus=2, min_gpus=1, gpu_type="CPU")
+    grant = Grant(job_id=5, job_dir=tmp_path / "jobs" / "5", gpus=2, min_gpus=1, gpu_type="CPU",
+                  recovery=_grant_recovery(stored))
     spec = attempt_spec(stored, area, grant)
     view = runtime_view(parse_job(spec))  # what the supervisor holds (parsed once, by launch)
     missed = []
@@ -121,6 +145,10 @@ def test_every_api_field_reaches_the_runtime_spec_under_its_name(sample: str, ar
             continue
         if isinstance(value, dict):
             continue  # its leaves are checked one by one
+        if path[0] == "recovery":  # through the control plane's choice, to the runtime settings
+            got = lookup(view, RECOVERY_LANDS_AT[path])
+            assert got == (value if path[-1] != "policy" else stored["recovery"]["groups"]), (path, got, value)
+            continue
         landings = LANDS_AT.get(path[0], (path,))
         for where in landings:
             if path[0] in LANDS_AT and where[0] not in stored:

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import sqlalchemy as sa
 from fastapi import APIRouter, HTTPException, Path, Query, Request, status
 
-from service.api import job_story
+from service.api import job_story, repo
 from service.api.attempts import charge_planning
 from service.api.deps import Admin, AnyPrincipal, Db, Principal
 from service.api.errors import responses
@@ -120,7 +120,7 @@ def dashboard_job(job_id: JobId, principal: AnyPrincipal, db: Db) -> dict[str, A
     latest = db.execute(sa.select(Metric.step, Metric.tokens_per_s).where(Metric.job_id == job.id)
                         .order_by(Metric.step.desc(), Metric.epoch.desc()).limit(1)).one_or_none()
     return {
-        "job": JobPublic.model_validate(job).model_dump(mode="json"),
+        "job": {**JobPublic.model_validate(job).model_dump(mode="json"), "recovery": repo.attempt_recovery(db, job.id)},
         "step": job.final_step if job.final_step is not None else (latest[0] if latest else 0),
         "tokens_per_s": latest[1] if latest else None,
         "events": events,
@@ -218,7 +218,7 @@ def dashboard_explain(request: Request, job_id: JobId, principal: AnyPrincipal, 
         return {"available": False, "reason": str(exc)[:300] or type(exc).__name__, "gpus": gpus}
     return {"available": True, "gpus": out.gpus, "plans": out.plans, "rejected": out.rejected[:10],
             "searched": out.searched, "search_time_s": out.search_time_s, "in_force": in_force,
-            "goodput": out.goodput}
+            "goodput": out.goodput, "recovery": out.recovery}
 
 
 @router.get("/tenants", operation_id="dashboard_tenants", summary="Tenants with quota, use and borrowed GPUs",

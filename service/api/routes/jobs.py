@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 
+from planner.recovery_choice import ChoiceError, check_block
 from service.api import repo
 from service.api.deps import AnyPrincipal, CurrentTenant, Db
 from service.api.errors import field_error, responses
@@ -107,6 +108,11 @@ def validate_spec(spec: JobSpec) -> None:
         used = (hint.tp or 1) * (hint.pp or 1) * (hint.cp or 1) * (hint.dp or 1)
         if used > spec.max_gpus:
             errors.append((["layout_hint"], f"tp*pp*cp*dp = {used} is more than max_gpus ({spec.max_gpus})"))
+    if spec.recovery is not None:
+        try:  # the one rule (planner.recovery_choice): groups only with replica_groups, restart without snapshots
+            check_block(spec.recovery.model_dump(mode="json", exclude_none=True))
+        except ChoiceError as exc:
+            errors.append((exc.field.split("."), exc.msg))
     if errors:
         raise RequestValidationError(
             [{"loc": ("body", *loc), "msg": msg, "type": "value_error"} for loc, msg in errors]
@@ -222,7 +228,7 @@ def get_job(job_id: JobId, tenant: CurrentTenant, db: Db) -> JobPublic:
     job = repo.get_job(db, tenant.id, job_id)
     if job is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "job not found")
-    return _public(job)
+    return _public(job).model_copy(update={"recovery": repo.attempt_recovery(db, job.id)})
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, operation_id="cancel_job", summary="Cancel a job",

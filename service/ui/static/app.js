@@ -301,6 +301,8 @@ function fillJobPage(b, d, curve) {
     h("dt", {}, "MFU (planner)"), h("dd", { "data-testid": "mfu" }, b.mfu || "—"),
     h("dt", {}, "GPUs"), h("dd", {}, `${j.gpus_allocated} (${j.min_gpus}–${j.max_gpus})`),
     h("dt", {}, "Attempt"), h("dd", {}, j.attempt),
+    h("dt", {}, "Recovery"), h("dd", { "data-testid": "recovery-choice", "data-policy": j.recovery?.policy || "" },
+      j.recovery ? recoveryText(j.recovery) : "chosen when the job starts"),
     h("dt", {}, "Reason"), h("dd", {}, j.reason));
   // events, newest first
   b.eventsNote.textContent = d.events_truncated ? "Showing the newest 500 events (step events are on the curve)." : "Step events are on the curve.";
@@ -328,6 +330,13 @@ function fillJobPage(b, d, curve) {
       h("b", {}, `r${c.rank}`), h("span", {}, `tp${c.tp} pp${c.pp}`), h("span", {}, `cp${c.cp} dp${c.dp}`)))));
   });
   b.grid.replaceChildren(h("p", { class: "mono" }, `${g.short} on ${g.world_size} GPUs`), ...nodes);
+}
+
+function recoveryText(r) {
+  const what = r.policy === "replica_groups" ? `replica groups: ${r.groups} of ${r.group_gpus} GPU${r.group_gpus === 1 ? "" : "s"}`
+    : r.policy === "replan" ? "re-plan" : "restart from storage";
+  const snaps = r.snapshots ? `snapshots every ${r.snapshot_every} step${r.snapshot_every === 1 ? "" : "s"}` : "no snapshots";
+  return `${what}; ${snaps}; ${r.warm_ranks} warm rank${r.warm_ranks === 1 ? "" : "s"} per node. Why: ${r.reason}`;
 }
 
 async function loadExplain(id, b, signal) {
@@ -362,7 +371,8 @@ async function loadExplain(id, b, signal) {
         h("td", {}, i === 0 ? "chosen" : `${((p.estimate.step_time_s / est.step_time_s - 1) * 100).toFixed(1)} % slower`))),
       e.rejected.slice(0, 5).map((r) => h("tr", { class: "muted" }, h("td", { class: "mono" }, short(r.layout)), h("td", { colspan: 5 }, `rejected: ${r.reason}`)))))),
     goodputNote(e, best),
-    e.in_force ? h("p", { class: "muted" }, `Layout in force: ${e.in_force}.`) : null);
+    e.in_force ? h("p", { class: "muted" }, `Layout in force: ${e.in_force}.`) : null,
+    e.recovery ? h("p", { "data-testid": "explain-recovery" }, `Recovery on this plan: ${recoveryText(e.recovery)}`) : null);
 }
 
 // the plan's expected goodput and recovery choice (jobs with duration_days; docs/goodput.md)
@@ -388,16 +398,25 @@ const FIELDS = [
   ["priority", "Priority", "number", "0", "-100..100, within the tenant"],
   ["layout_hint.tp", "TP hint", "number", "", "optional"],
   ["layout_hint.pp", "PP hint", "number", "", "optional"],
+  ["recovery.policy", "Recovery", "select", "auto", "auto: replica groups when the plan holds two or more full replicas in memory, else re-plan from memory"],
+  ["recovery.groups", "Replica groups", "number", "", "optional, with replica_groups"],
+  ["recovery.snapshots.enabled", "Memory snapshots", "select", "default", "default: on (off with restart)"],
+  ["recovery.snapshots.every", "Snapshot cadence", "number", "", "a snapshot after every N-th step; optional, default 1"],
+  ["recovery.warm_ranks", "Warm ranks per node", "number", "", "optional; default 1, 0 turns them off"],
 ];
-const PRESETS = ["tiny", "small", "llama-1b", "llama3-1b", "llama2-7b", "llama3-8b", "llama2-13b", "llama2-70b", "llama3-70b", "llama3-405b"];
+const CHOICES = {
+  model: ["tiny", "small", "llama-1b", "llama3-1b", "llama2-7b", "llama3-8b", "llama2-13b", "llama2-70b", "llama3-70b", "llama3-405b"],
+  "recovery.policy": ["auto", "replica_groups", "replan", "restart"],
+  "recovery.snapshots.enabled": ["default", "true", "false"],
+};
 
 function submitView() {
   if (session.role() === "admin") return message("Jobs are submitted with a tenant token.");
   const inputs = {}, errors = {};
   const rows = FIELDS.map(([key, label, type, dflt, help]) => {
-    const id = `f-${key.replace(".", "-")}`;
+    const id = `f-${key.replaceAll(".", "-")}`;
     const input = type === "select"
-      ? h("select", { id, name: key }, PRESETS.map((p) => h("option", { value: p, selected: p === dflt }, p)))
+      ? h("select", { id, name: key }, CHOICES[key].map((p) => h("option", { value: p, selected: p === dflt }, p)))
       : h("input", { id, name: key, type, value: dflt, "aria-describedby": `${id}-help ${id}-err`, ...(type === "number" ? { step: 1 } : {}) });
     inputs[key] = input;
     errors[key] = h("span", { id: `${id}-err`, class: "error", "data-testid": "field-error", "data-field": key, hidden: true });
@@ -416,10 +435,13 @@ function submitView() {
     const out = {};
     for (const [key, , type] of FIELDS) {
       const raw = inputs[key].value.trim();
-      if (raw === "") continue;
-      const v = type === "number" ? (Number.isFinite(Number(raw)) ? Number(raw) : raw) : raw;
-      const [a, b2] = key.split(".");
-      if (b2) { out[a] = out[a] || {}; out[a][b2] = v; } else out[a] = v;
+      if (raw === "" || raw === "default") continue;
+      const v = type === "number" ? (Number.isFinite(Number(raw)) ? Number(raw) : raw)
+        : raw === "true" ? true : raw === "false" ? false : raw;
+      const path = key.split(".");
+      let at = out;
+      for (const part of path.slice(0, -1)) at = at[part] = at[part] || {};
+      at[path[path.length - 1]] = v;
     }
     return out;
   };
@@ -449,7 +471,8 @@ function submitView() {
           h("tbody", {}, r.plans.map((p, i) => h("tr", { "data-testid": "preview-plan-row" }, h("td", {}, i + 1),
             h("td", { class: "mono" }, `tp${p.layout.tp}·pp${p.layout.pp}·cp${p.layout.cp}·dp${p.layout.dp}`),
             h("td", {}, `${fmtNum(p.estimate.step_time_s * 1000)} ms`), h("td", {}, fmtNum(p.estimate.tokens_per_s)),
-            h("td", {}, fmtNum(p.estimate.memory_gb_per_gpu)), h("td", {}, `${(p.estimate.mfu * 100).toFixed(1)} %`))))));
+            h("td", {}, fmtNum(p.estimate.memory_gb_per_gpu)), h("td", {}, `${(p.estimate.mfu * 100).toFixed(1)} %`))))),
+        r.recovery ? h("p", { "data-testid": "preview-recovery" }, `Recovery: ${recoveryText(r.recovery)}`) : null);
     } catch (ex) { preview.replaceChildren(); showErrors(ex); } finally { previewBtn.disabled = false; }
   });
   form.addEventListener("submit", async (e) => {

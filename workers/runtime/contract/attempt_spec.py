@@ -17,6 +17,12 @@ Every field keeps its name on the way, down to the engine's ``TrainConfig`` (``e
 - places it in the job's directory: ``export`` gets its ``dir``, ``tracking`` its TensorBoard
   directory, run name and the service's MLflow URI when the job names none;
 - replaces it by the scheduler's grant (:data:`GRANTED`: ``min_gpus``, ``max_gpus``);
+- replaces it by the control plane's choice (``recovery``: the grant's ``recovery``, what
+  ``planner.recovery_choice`` made of the block on the job's plan and the GPUs granted): the runtime
+  settings ``snapshots``, ``snapshot_every``, ``warm_ranks_per_node`` and ``replica_groups``, one
+  replica group's layout as the ``layout_hint`` fields the job left open (its ``dp`` always: the
+  job's is the groups' times one group's), and the plan's checkpoint
+  cadence when the job set no ``checkpoint`` (:func:`recovery_settings`);
 - keeps it in the control plane (:data:`CONTROL_PLANE_ONLY`: ``name``, ``priority``,
   ``preemptible``, ``elastic``).
 
@@ -31,16 +37,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from planner.layout import Layout, parse_hint
 from workers import object_store
 from workers.data_area import DataArea
 from workers.engine.config import ModelConfig
 from workers.job_inputs import CHECKPOINT_DIR, EXPORT_DIR, TENSORBOARD_DIR, hf_model, tokenizer_path
-from workers.runtime.contract.job_spec import SPEC_FIELDS
+from workers.runtime.contract.job_spec import SPEC_FIELDS, RuntimeSettings, check_replica_spec
 
 #: fields of the API's spec that the control plane alone acts on (they never reach a rank)
 CONTROL_PLANE_ONLY: frozenset[str] = frozenset({"name", "priority", "preemptible", "elastic"})
 #: fields the attempt's grant sets (the scheduler's decision), not the stored value
 GRANTED: frozenset[str] = frozenset({"min_gpus", "max_gpus"})
+#: fields the control plane's recovery choice replaces (:func:`recovery_settings`)
+CHOSEN: frozenset[str] = frozenset({"recovery"})
+#: where each field of the API's ``recovery`` block lands in the runtime spec (through the choice)
+RECOVERY_LANDS_AT: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("recovery", "snapshots", "enabled"): ("runtime", "snapshots", "enabled"),
+    ("recovery", "snapshots", "every"): ("runtime", "snapshots", "every"),
+    ("recovery", "warm_ranks"): ("runtime", "placement", "warm_ranks_per_node"),
+    ("recovery", "groups"): ("runtime", "replicas", "groups"),
+    ("recovery", "policy"): ("runtime", "replicas", "groups"),  # replica_groups: >= 2; else 0
+}
+#: the layout fields of one replica group that the translation writes into the hint (where unset)
+REPLICA_HINT: tuple[str, ...] = ("tp", "pp", "cp", "dp", "vpp", "micro_batch", "sp", "zero", "recompute", "schedule",
+                                 "cp_method")
+_DEFAULT_LAYOUT = Layout()
 #: API fields that land elsewhere in the runtime spec: the tokenizer goes with the text data it reads
 LANDS_AT: dict[str, tuple[tuple[str, ...], ...]] = {"tokenizer": (("data", "tokenizer"), ("eval_data", "tokenizer"))}
 
@@ -56,6 +77,9 @@ class Grant:
     gpu_type: str  # the cluster's GPU profile, the one submissions were fit-checked against
     placement: dict[str, int] | None = None  # node id -> GPUs (None: the runtime places them)
     mlflow_uri: str | None = None  # the service's default MLflow tracking URI
+    #: the job's recovery on this grant (``planner.recovery_choice.RecoveryChoice.to_dict()``); None:
+    #: none was planned, the block's policy without a plan (``recovery_choice.unplanned``)
+    recovery: Mapping[str, Any] | None = None
     #: extra keys merged into the runtime spec (dicts merged one level deep): tests and demos
     overrides: Mapping[str, Any] = field(default_factory=dict)
 
@@ -64,7 +88,7 @@ def attempt_spec(stored: Mapping[str, Any], area: DataArea, grant: Grant) -> dic
     """The runtime spec of one attempt of the job whose API spec (as stored) is ``stored``; its
     inputs resolved in the tenant's ``area``. ``ValueError`` naming the field when an input is gone
     or a field is one the runtime does not know."""
-    skip = CONTROL_PLANE_ONLY | GRANTED | set(LANDS_AT) | {"model", "export", "tracking"}
+    skip = CONTROL_PLANE_ONLY | GRANTED | CHOSEN | set(LANDS_AT) | {"model", "export", "tracking"}
     spec: dict[str, Any] = {k: v for k, v in stored.items() if k not in skip}
     model = stored.get("model", "tiny")
     if isinstance(model, Mapping) and "hf" in model:
@@ -101,6 +125,7 @@ def attempt_spec(stored: Mapping[str, Any], area: DataArea, grant: Grant) -> dic
         spec["placement"] = {str(n): int(g) for n, g in grant.placement.items()}
     # capacity belongs to the scheduler: the runtime must not grow onto returning nodes by itself
     spec["runtime"] = {**dict(spec.get("runtime") or {}), "grow": False}
+    recovery_settings(spec, stored, grant.recovery)
     for key, value in grant.overrides.items():
         if isinstance(value, Mapping) and isinstance(spec.get(key), Mapping):
             spec[key] = {**spec[key], **value}
@@ -111,6 +136,44 @@ def attempt_spec(stored: Mapping[str, Any], area: DataArea, grant: Grant) -> dic
         raise ValueError(f"{', '.join(unknown)}: not a field of the runtime's job spec (the control plane "
                          "would drop it; add it to the runtime or to attempt_spec.CONTROL_PLANE_ONLY)")
     return spec
+
+
+def recovery_settings(spec: dict[str, Any], stored: Mapping[str, Any], choice: Mapping[str, Any] | None) -> None:
+    """Write the recovery ``choice`` (or, with none, the stored block's policy without a plan) into the
+    runtime ``spec``: its ``runtime`` settings, a replica group's layout into the ``layout_hint``
+    fields the job left open, the plan's checkpoint cadence when the job set no ``checkpoint``."""
+    from planner.recovery_choice import RecoveryChoice, unplanned
+
+    c = RecoveryChoice.from_dict(choice) if choice is not None else unplanned(stored.get("recovery"))
+    spec["runtime"] = {**spec["runtime"], "snapshots": c.snapshots, "snapshot_every": c.snapshot_every,
+                       "warm_ranks_per_node": c.warm_ranks,
+                       "replica_groups": c.groups if c.policy == "replica_groups" else 0}
+    if c.policy == "replica_groups" and c.group_layout:
+        hint = dict(parse_hint(spec.get("layout_hint")))
+        hint.pop("dp_replicate", None)  # the groups are the replicas now
+        hint.pop("dp", None)  # the job's dp is the groups' times one group's: the group's goes in
+        for key in REPLICA_HINT:
+            value = c.group_layout.get(key)
+            if key not in hint and value is not None and value != getattr(_DEFAULT_LAYOUT, key):
+                hint[key] = value
+        spec["layout_hint"] = hint
+    if c.checkpoint_every_steps and "checkpoint" not in stored:
+        spec["checkpoint"] = {"min_every_steps": c.checkpoint_every_steps, "max_every_steps": c.checkpoint_every_steps}
+
+
+def replica_refusal(stored: Mapping[str, Any], choice: Mapping[str, Any]) -> str | None:
+    """Why the runtime would refuse ``choice``'s replica groups for the job ``stored`` (what
+    ``job_spec.check_replica_spec`` says of the translated spec), or None when it runs them."""
+    if choice.get("policy") != "replica_groups":
+        return None
+    spec: dict[str, Any] = {"runtime": {}, "layout_hint": stored.get("layout_hint")}
+    recovery_settings(spec, stored, choice)
+    try:
+        check_replica_spec(parse_hint(spec.get("layout_hint")), RuntimeSettings.from_dict(spec["runtime"]),
+                           int(stored["global_batch"]))
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _vocab(model: str | Mapping[str, Any]) -> int:

@@ -175,7 +175,9 @@ class Replanned(Event):
 @_register
 @dataclass(frozen=True, kw_only=True)
 class Placed(Event):
-    """The gang's placement group is ready: its name and the GPUs it holds on each node."""
+    """The gang's placement group is ready: its name and the GPUs it holds on each node. ``group``:
+    a replica group's own placement (one group of the job's; the control plane keeps counting the
+    job's grant, every group's GPUs), None for the whole gang's."""
 
     type: ClassVar[str] = "placed"
     gpus: int
@@ -184,6 +186,7 @@ class Placed(Event):
     bundle_nodes: list[str]
     seconds: float
     strategy: str
+    group: int | None = None
 
 
 @_register

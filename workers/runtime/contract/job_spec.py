@@ -71,8 +71,9 @@ class StragglerSettings:
 @dataclass(frozen=True)
 class SnapshotSettings:
     """In-memory snapshots: every rank's shard to memory on its node and another one after every
-    ``every``-th step. Off by default until it pays on this machine (bench/results/recovery.md:
-    restore from memory measured slower than from storage, overhead not yet within 5%)."""
+    ``every``-th step. Off in a bare runtime spec; service jobs and ``orthoplex run`` turn them on by
+    default (``planner.recovery_choice.DEFAULT_SNAPSHOTS``, written through
+    ``attempt_spec.recovery_settings``)."""
 
     enabled: bool = False
     keep: int = 3  # snapshots (steps) each node's holder keeps

@@ -64,7 +64,7 @@ class ReplicaGroupPhases:
             self.log.emit(ev.Placed(reason=f"replica group {g}: {tp} GPU bundles on node {node[:8]}",
                                     gpus=res.size, placement_group=res.name, gpus_per_node=res.gpus_per_node,
                                     bundle_nodes=list(res.bundle_nodes), seconds=round(res.seconds, 4),
-                                    strategy=res.strategy))
+                                    strategy=res.strategy, group=g))
         if not got:
             if time.monotonic() > cycle.give_up:
                 raise JobFailed(f"no node with {tp} free GPUs for a replica group")
