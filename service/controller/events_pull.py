@@ -124,6 +124,12 @@ def apply_event(s: Session, job: JobRef, event: ev.Event) -> str | None:
         placement_group=event.placement_group, commit=False,
     ):
         job.gpus_allocated = event.gpus
+    # a replica job's groups leaving or joining: every group it wants after the event (a shrink gives
+    # the dropped groups' GPUs back to the scheduler, a grow's groups count once they joined)
+    elif isinstance(event, ev.ReplicaDropped | ev.ReplicaJoined) and event.job_gpus and tx.set_allocation(
+        s, job.id, epoch=job.epoch, gpus=event.job_gpus, commit=False,
+    ):
+        job.gpus_allocated = event.job_gpus
     return None
 
 

@@ -131,7 +131,22 @@ def test_one_groups_placed_event_does_not_replace_the_jobs_allocation(migrated_d
             with sessions() as s:
                 return s.get(Job, job_id).gpus_allocated
 
+        def apply(e: ev.Event) -> None:
+            with sessions() as s:
+                apply_event(s, ref, e)
+                s.commit()
+
         placed(2, {"n3": 2}, group=1)  # one replica group's placement
+        assert held() == 6
+        # a group lost and replaced: still every group's GPUs; a shrink gives one group back, a grow's
+        # joined group takes it again (the scheduler's resize of a replica job, in whole groups)
+        apply(ev.ReplicaDropped(group=2, nodes=["n2"], step=5, groups_left=2, cause="lost", job_gpus=6))
+        assert held() == 6
+        apply(ev.ReplicaDropped(group=2, nodes=["n2"], step=7, groups_left=2, cause="shrink", job_gpus=4))
+        assert held() == 4
+        apply(ev.ReplicaJoined(group=3, seconds=1.0, step=9, from_group=0, nodes=["n2"], groups=3, job_gpus=6))
+        assert held() == 6
+        apply(ev.ReplicaDropped(group=3, nodes=["n2"], step=11, groups_left=2, cause="shrink"))  # no count: kept
         assert held() == 6
         placed(4, {"n0": 2, "n1": 2}, group=None)  # a whole gang's: the job holds that from now on
         assert held() == 4

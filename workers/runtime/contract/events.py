@@ -276,6 +276,9 @@ class ReplicaDropped(Event):
     step: int
     groups_left: int
     cause: typing.Literal["lost", "drain", "shrink"] = "lost"
+    #: the GPUs of every group the job wants after this event (live and starting): what the control
+    #: plane counts as the job's allocation (a shrink lowers it; a loss or a drain, replaced, does not)
+    job_gpus: int | None = None
 
 
 @_register
@@ -293,6 +296,8 @@ class ReplicaJoined(Event):
     from_group: int
     nodes: list[str]
     groups: int
+    #: as :attr:`ReplicaDropped.job_gpus` (a grow's new group raises it)
+    job_gpus: int | None = None
 
 
 @_register

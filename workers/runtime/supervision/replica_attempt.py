@@ -235,7 +235,8 @@ class ReplicaGroupPhases:
             reps.dropped.append({"group": g, "nodes": nodes, "step": step + 1, "ts": time.time()})
             self.log.emit(ev.ReplicaDropped(reason=f"replica group {g} lost ({read.kind}: {read.reason}); "
                                             f"{reps.size} groups keep stepping", group=g, nodes=list(nodes),
-                                            step=step + 1, groups_left=reps.size))
+                                            step=step + 1, groups_left=reps.size,
+                                            job_gpus=reps.want * reps.layout.world_size))
         if isinstance(decision, Fail):
             raise JobFailed(decision.reason)
         reps.start_replacements(self.port, self.replanner.excluded, 0.0, lambda g: None)
@@ -320,7 +321,8 @@ class ReplicaGroupPhases:
                                            f"next step on): {reps.size} groups",
                                            group=j.group, seconds=round(float(row["ts"]) - j.t0, 3),
                                            step=int(row["step"]) + 1, from_group=int(-1 if healed is None else healed),
-                                           nodes=list(j.spot), groups=reps.size))
+                                           nodes=list(j.spot), groups=reps.size,
+                                           job_gpus=reps.want * reps.layout.world_size))
 
     def _teardown_replicas(self) -> None:
         reps = self.replicas
