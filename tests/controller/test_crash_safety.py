@@ -32,6 +32,10 @@ from tests.controller import helpers as h
 pytestmark = [pytest.mark.postgres, pytest.mark.cluster]
 
 STEPS = 200  # long enough to be still running at stage 4 on a quiet machine (a tiny step is ~0.1 s)
+# one gang whose placement group the attempt row records (``recovery: auto`` would make these 2-GPU
+# jobs two replica groups of one GPU, each with a placement group of its own; the controller's
+# accounting of those: tests/controller/test_recovery_groups.py)
+ONE_GANG = {"policy": "replan"}
 
 
 def _job_nodes(engine, job_id: int) -> set[str]:
@@ -51,7 +55,7 @@ def test_kill9_during_admission_running_recovery_and_cancel(
 ):
     engine = make_engine(migrated_db_url)
     tenant = h.add_tenant(engine, "acme", quota=12)
-    a = h.add_job(engine, tenant, "survivor", h.tiny_spec(STEPS, every=3), gpus=2)
+    a = h.add_job(engine, tenant, "survivor", h.tiny_spec(STEPS, every=3, recovery=ONE_GANG), gpus=2)
     procs: list[h.ControllerProcess] = []
     timings: dict[str, float] = {}
     t0 = time.monotonic()
@@ -140,7 +144,7 @@ def test_kill9_during_admission_running_recovery_and_cancel(
         at_most_one_supervisor()
 
         # 5. a second job; kill -9 the controller right after it asked the supervisor to cancel
-        b = h.add_job(engine, tenant, "to-cancel", h.tiny_spec(500, every=50), gpus=2)
+        b = h.add_job(engine, tenant, "to-cancel", h.tiny_spec(500, every=50, recovery=ONE_GANG), gpus=2)
         h.wait_for(lambda: h.state(engine, b) == "RUNNING", 240, "second job RUNNING")
         with make_sessionmaker(engine)() as s:
             assert tx.request_cancel(s, b) is tx.CancelOutcome.REQUESTED
