@@ -30,13 +30,17 @@ FAST_RUNTIME: dict[str, Any] = {
 
 
 def tiny_spec(steps: int, *, every: int = 2, **extra: Any) -> dict[str, Any]:
-    """A declarative spec of the tiny model that checkpoints every ``every`` steps."""
+    """A declarative spec of the tiny model that checkpoints every ``every`` steps. One gang that
+    re-plans (``recovery: replan``) unless ``extra`` names another recovery: the controller's tests
+    follow a gang's placement, resizes and moves, and ``auto`` would make a tiny job on 2+ GPUs
+    replica groups (their control-plane side: tests/controller/test_recovery_groups.py)."""
     spec: dict[str, Any] = {
         "model": "tiny",
         "steps": steps,
         "global_batch": 4,
         "seed": 7,
         "checkpoint": {"min_every_steps": every, "max_every_steps": every},
+        "recovery": {"policy": "replan"},
     }
     spec.update(extra)
     return spec
