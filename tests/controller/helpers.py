@@ -43,6 +43,8 @@ def tiny_spec(steps: int, *, every: int = 2, **extra: Any) -> dict[str, Any]:
         "recovery": {"policy": "replan"},
     }
     spec.update(extra)
+    if spec["recovery"] is None:  # recovery=None: no recovery options (the service's defaults, auto)
+        del spec["recovery"]
     return spec
 
 

@@ -114,7 +114,9 @@ def test_rest_to_recovery_to_success_with_two_tenants(ray_cluster, empty_db_url:
         bodies = [
             (alpha, _job(h.tiny_spec(STEPS, every=4), "alpha-main", 2), "k-a1"),
             (alpha, _job(h.tiny_spec(STEPS, every=4), "alpha-second", 2), "k-a2"),
-            (beta, _job(h.tiny_spec(12, every=4), "beta-main", 2), "k-b1"),
+            # beta's names no recovery option: the service's defaults (alpha's re-plan after the kill
+            # is the recovery story this test follows; the replica path's: tests/runtime, bench/)
+            (beta, _job(h.tiny_spec(12, every=4, recovery=None), "beta-main", 2), "k-b1"),
         ]
         answers: dict[str, httpx.Response] = {}
 
@@ -164,15 +166,17 @@ def test_rest_to_recovery_to_success_with_two_tenants(ray_cluster, empty_db_url:
         a2 = next(j for j in alpha_ids if j != a1)
         assert [(d["kind"], d["gpus"]) for d in decisions(alpha, a1)] == [("admit", 2)]
         assert [(d["kind"], d["gpus"]) for d in decisions(beta, b1)] == [("admit", 2)]
-        # no recovery options in the spec: the service's defaults, chosen by the control plane from the
-        # plan (auto) and stored with the attempt: snapshots and warm ranks on, and why
-        assert "recovery" not in get(alpha, a1)["spec"]
-        chosen = get(alpha, a1)["recovery"]
-        assert chosen["snapshots"] is True and chosen["warm_ranks"] >= 1 and chosen["reason"], chosen
-        assert chosen["policy"] in ("replica_groups", "replan") and chosen["source"] in ("rule", "plan"), chosen
-        started_with = [e["payload"]["recovery"] for e in alpha.get(f"/v1/jobs/{a1}/events").json()
+        # no recovery options in beta's spec: the service's defaults, chosen by the control plane from
+        # the plan (auto) and stored with the attempt: snapshots and warm ranks on, and why
+        assert "recovery" not in get(beta, b1)["spec"]
+        auto = get(beta, b1)["recovery"]
+        assert auto["snapshots"] is True and auto["warm_ranks"] >= 1 and auto["reason"], auto
+        assert auto["policy"] in ("replica_groups", "replan") and auto["source"] in ("rule", "plan"), auto
+        started_with = [e["payload"]["recovery"] for e in beta.get(f"/v1/jobs/{b1}/events").json()
                         if e["type"] == "attempt_started"]
-        assert started_with == [chosen], started_with
+        assert started_with == [auto], started_with
+        chosen = get(alpha, a1)["recovery"]  # alpha's named policy, with the defaults' snapshots
+        assert chosen["policy"] == "replan" and chosen["snapshots"] is True, chosen
         waits = h.wait_for(lambda: decisions(alpha, a2), 30, "the queued job's recorded decision")
         assert get(alpha, a2)["state"] == "PENDING" and [d["kind"] for d in waits] == ["wait"], waits
         assert "quota" in waits[0]["reason"], waits
