@@ -25,6 +25,8 @@ ESTIMATED_S = {
     "tests/e2e/test_getting_started.py::test_getting_started_guide_runs_as_written[postgres]": 120.0,
     "tests/engine/test_equivalence_8ranks.py::test_more_eight_rank_layouts_match_single_process": 300.0,
     "tests/engine/test_replica_ft.py::test_survivors_keep_going_group_of_one": 120.0,
+    "tests/runtime/test_replica_fallback_cluster.py::test_a_replica_job_that_loses_every_group_replans_from_memory_and_finishes[pp2]": 90.0,
+    "tests/runtime/test_replica_layouts_cluster.py::test_a_group_is_replaced_from_a_peer_and_the_losses_stay[dp2-zero1]": 90.0,
     "tests/netns/test_netns_chaos.py::test_job_survives_90_s_of_random_network_faults": 240.0,
     "tests/netns/test_netns_runtime.py::test_partition_healed_before_the_deadline_costs_only_a_stall": 120.0,
     "tests/netns/test_netns_runtime.py::test_spec_network_faults_healed_partition_lossy_link_then_slow_link": 150.0,
