@@ -126,14 +126,14 @@ def test_the_rank_s_own_redo_follows_torchft_when_the_quorum_comes_first() -> No
 
 @pytest.mark.engine
 def test_the_warm_up_pass_leaves_parameters_optimizer_and_rng_as_they_were(tmp_path) -> None:
-    """``replica_ft.warm_up`` (a replica rank's thrown-away first pass and optimizer step at lr 0,
+    """``replica_passes.warm_up`` (a replica rank's thrown-away first pass and optimizer step at lr 0,
     before its torchft manager): a real ``RankTrainer`` in a gloo group of one; nothing a step depends
     on may change, and the next real step equals a fresh trainer's first step."""
     import torch.distributed as dist
     from engine_harness import tiny_cfg
 
     from planner.layout import Layout
-    from workers.engine.replica_ft import warm_up
+    from workers.engine.replica_passes import warm_up
     from workers.engine.trainer import RankTrainer
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
@@ -143,7 +143,7 @@ def test_the_warm_up_pass_leaves_parameters_optimizer_and_rng_as_they_were(tmp_p
         params = [p.detach().clone() for p in trainer.params]
         lrs = [g["lr"] for g in trainer.optimizer.param_groups]
         rng = torch.get_rng_state()
-        assert warm_up(trainer, trainer._data(), 2, 4) > 0
+        assert warm_up(trainer, trainer._data(), 4) > 0
         assert all(p.grad is None for p in trainer.params)
         assert not trainer.optimizer.state  # the lr-0 step's state dropped: AdamW starts afresh
         assert [g["lr"] for g in trainer.optimizer.param_groups] == lrs
