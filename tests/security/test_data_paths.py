@@ -134,7 +134,8 @@ def test_controller_hands_the_engine_the_tenant_area(tmp_path: Path) -> None:
     job = JobRow(id=7, tenant_id=5, name="j", state="PENDING", priority=0, min_gpus=1, max_gpus=1, attempt=1,
                  epoch=0, cancel_requested=False, gpus_allocated=0, spec=spec, created_at=0.0, admitted_at=None)
     ctx = types.SimpleNamespace(gpu_type="CPU", config=ControllerConfig(storage_path=tmp_path),
-                                job_storage=lambda job_id: tmp_path / "jobs" / str(job_id))
+                                job_storage=lambda job_id: tmp_path / "jobs" / str(job_id),
+                                recoveries={}, gpus_per_node=None)  # the job's recovery is planned here
     out = supervisor_spec(ctx, job, gpus=1)
     assert out["data"]["area"]["root"] == str(tenant_area(tmp_path, 5))
     assert not Path(out["checkpoint_dir"]).is_relative_to(tmp_path / "tenants")
