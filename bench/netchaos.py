@@ -77,18 +77,23 @@ class Chaos:
     def __init__(self, cluster: Any, faults: Any, rng: random.Random, every: tuple[float, float],
                  soak_s: float, hold: tuple[float, float] = (20.0, 40.0),
                  partition_hold: tuple[float, float] = (2.0, 15.0), first_kind: str | None = None,
-                 clock_from_mapping: bool = False) -> None:
+                 clock_from_mapping: bool = False, clock: str = "seconds") -> None:
         """``hold``: how long a peer partition, cap, loss or delay lasts; ``partition_hold``: a full
         partition's; ``first_kind``: the kind of the first fault (then the shuffled rounds);
         ``clock_from_mapping``: the fault clock (first fault, ``soak_s``) starts when the job first
-        maps its ranks, not at construction (a short soak must not spend its faults on the gang start)."""
+        maps its ranks, not at construction (a short soak must not spend its faults on the gang start).
+        ``clock``: what ``every`` and ``soak_s`` count: ``"seconds"``, or ``"steps"``, the job's
+        committed steps (a fixed-length job then meets the same number of faults on a fast machine as
+        on a loaded one; the holds stay in seconds)."""
+        if clock not in ("seconds", "steps"):
+            raise ValueError(f"clock must be 'seconds' or 'steps', not {clock!r}")
         self.cluster, self.faults, self.rng, self.every = cluster, faults, rng, every
         self.hold, self.partition_hold, self.first_kind = hold, partition_hold, first_kind
-        self.clock_from_mapping = clock_from_mapping
+        self.clock_from_mapping, self.clock = clock_from_mapping or clock == "steps", clock
         self.t0 = time.monotonic()
         self.soak_s = soak_s
         self.next_at = self.t0 + rng.uniform(*every)
-        self.started = not clock_from_mapping
+        self.started = not self.clock_from_mapping
         self.heal_at: dict[str, float] = {}
         self.fired: list[dict[str, Any]] = []
         self.bag: list[str] = []
@@ -109,19 +114,23 @@ class Chaos:
                     self.cluster.restart_node(name)
                     self.fired.append({"t": round(now - self.t0, 1), "kind": "repaired", "node": name})
         mapped = [e for e in events if e["type"] == "ranks_mapped"]
+        # the fault clock: seconds since the start, or the job's newest committed step
+        tick = now if self.clock == "seconds" else float(max((e["step"] for e in events if e["type"] == "step"),
+                                                             default=0))
         if not self.started:
             if not mapped:
                 return
             self.started, self.t0 = True, now
-            self.next_at = now + self.rng.uniform(*self.every)
-        if now < self.next_at or now - self.t0 > self.soak_s:
+            self.next_at = tick + self.rng.uniform(*self.every)
+        elapsed = tick - (self.t0 if self.clock == "seconds" else 0.0)
+        if tick < self.next_at or elapsed > self.soak_s:
             return
-        self.next_at = now + self.rng.uniform(*self.every)
         if not mapped:
             return
         used = sorted({self.cluster.node(n).name for n in mapped[-1]["rank_to_node"]} - set(self.heal_at))
-        if not used:
+        if not used:  # every node of the job is under a fault: this one fires once one heals
             return
+        self.next_at = tick + self.rng.uniform(*self.every)
         name = self.rng.choice(used)
         if not self.bag:  # every kind once per round, in a random order: all of them fire in a soak
             self.bag = self.rng.sample(self.KINDS, len(self.KINDS))
@@ -130,6 +139,8 @@ class Chaos:
         else:
             kind = self.bag.pop()
         rec: dict[str, Any] = {"t": round(now - self.t0, 1), "kind": kind, "node": name}
+        if self.clock == "steps":
+            rec["step"] = int(tick)
         if kind == "partition":
             self.faults.partition(name)
             hold = self.rng.uniform(*self.partition_hold)

@@ -486,18 +486,18 @@ def test_slow_link_under_tp_moves_tp_inside_nodes_first(netns_ray: Any, tmp_path
 
 # the CI-sized chaos soak (the 90 s one is tests/netns/test_netns_chaos.py, soak tier; the 10-minute
 # one ``orthoplex bench netchaos``): the same pieces (bench.netchaos.Chaos, chaos_job) on this module's
-# cluster, no baseline job, a fixed step count, a shorter fault window
-# 90 steps: about 0.5-0.7 s a step with no fault at a load of 5-8, so 45-60 s from the rank mapping to
-# the end; 60 steps (first try) ended 45 s after it, before the third fault was due (24-45 s at 8-15 s)
+# cluster, no baseline job, a fixed step count, a shorter fault window. The fault clock counts the
+# job's steps, not seconds: on a quiet machine the 90 steps take ~35 s after the rank mapping and a
+# clock in seconds (every 8-12 s) fired 1 fault (CI, 2026-12-07); loaded, they take 45-60 s
 CI_CHAOS_STEPS = 90
-CI_CHAOS_EVERY_S = (8.0, 12.0)  # the third fault at 24-36 s after the job maps its ranks
-CI_CHAOS_WINDOW_S = 40.0
+CI_CHAOS_EVERY_STEPS = (14.0, 20.0)  # the third fault by step 60
+CI_CHAOS_WINDOW_STEPS = 66.0
 
 
 @pytest.mark.chaos
 @pytest.mark.timeout(600)
-def test_ci_chaos_seeded_faults_every_8_12_s_the_job_holds_its_contract(netns_ray: Any, tmp_path: Path) -> None:
-    """Seeded random faults on the job's nodes every 8-12 s for 40 s: the first a full partition healed
+def test_ci_chaos_seeded_faults_every_14_20_steps_the_job_holds_its_contract(netns_ray: Any, tmp_path: Path) -> None:
+    """Seeded random faults on the job's nodes every 14-20 steps up to step 66: the first a full partition healed
     after 2-3 s (before the GCS's 5 missed 1 s health checks and the 8 s heartbeat limit: a stall, not
     a node loss), then kinds from the soak's shuffled rounds (peer partition, rate cap, loss, delay), each
     healed after 6-10 s and all of them by the end. The soak's checks: SUCCEEDED, no step lost, steps
@@ -508,8 +508,8 @@ def test_ci_chaos_seeded_faults_every_8_12_s_the_job_holds_its_contract(netns_ra
 
     from bench.netchaos import Chaos, chaos_job
 
-    chaos = Chaos(netns_ray.cluster, netns_ray.faults, random.Random(18), CI_CHAOS_EVERY_S, CI_CHAOS_WINDOW_S,
-                  hold=(6.0, 10.0), partition_hold=(2.0, 3.0), first_kind="partition", clock_from_mapping=True)
+    chaos = Chaos(netns_ray.cluster, netns_ray.faults, random.Random(18), CI_CHAOS_EVERY_STEPS, CI_CHAOS_WINDOW_STEPS,
+                  hold=(6.0, 10.0), partition_hold=(2.0, 3.0), first_kind="partition", clock="steps")
     t0 = time.monotonic()
     out, problems = chaos_job(chaos, CI_CHAOS_STEPS, tmp_path, job_id="nn-ci-chaos")
     print({k: out.get(k) for k in ("faults", "events", "recovery_s", "steps_run", "steps_redone", "soak_wall_s",
