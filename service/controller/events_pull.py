@@ -17,6 +17,9 @@ where the database says, not where its memory said). Then, in **one** lease-guar
       preempted                            RUNNING → PREEMPTED → PENDING
       placed (any state holding GPUs)      gpus_allocated = the new gang's size, and the attempt row's
                                            placement (GPUs per node) and placement group
+      placed (a replica job's last group   gpus_allocated and placement = every group's (job_placement)
+        at a start)
+      replica_dropped | replica_joined     gpus_allocated = job_gpus, placement = job_placement
 
 Events and the transitions they cause commit together, so a crash between them cannot leave an
 event stored whose transition is lost. Every write is fenced on the attempt's epoch: once a newer
@@ -124,10 +127,18 @@ def apply_event(s: Session, job: JobRef, event: ev.Event) -> str | None:
         placement_group=event.placement_group, commit=False,
     ):
         job.gpus_allocated = event.gpus
+    # ... but where its groups landed is (the last group's event at a start carries every group's):
+    # the scheduler reads a job's GPUs per node from the placement, not from the grant it proposed
+    elif isinstance(event, ev.Placed) and event.job_placement and tx.set_allocation(
+        s, job.id, epoch=job.epoch, gpus=sum(event.job_placement.values()), placement=event.job_placement,
+        commit=False,
+    ):
+        job.gpus_allocated = sum(event.job_placement.values())
     # a replica job's groups leaving or joining: every group it wants after the event (a shrink gives
-    # the dropped groups' GPUs back to the scheduler, a grow's groups count once they joined)
+    # the dropped groups' GPUs back to the scheduler, a grow's groups count once they joined), and
+    # where the live and starting groups are
     elif isinstance(event, ev.ReplicaDropped | ev.ReplicaJoined) and event.job_gpus and tx.set_allocation(
-        s, job.id, epoch=job.epoch, gpus=event.job_gpus, commit=False,
+        s, job.id, epoch=job.epoch, gpus=event.job_gpus, placement=event.job_placement, commit=False,
     ):
         job.gpus_allocated = event.job_gpus
     return None

@@ -152,3 +152,75 @@ def test_one_groups_placed_event_does_not_replace_the_jobs_allocation(migrated_d
         assert held() == 4
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_replica_jobs_placement_follows_its_groups_not_the_proposed_grant(migrated_db_url: str) -> None:
+    """The scheduler proposes a placement; the runtime puts the groups where it finds room (a node of
+    their own first). The placement the control plane keeps, from which the scheduler reads the job's
+    GPUs per node (and so what a node loss or a shrink frees), is where the groups are: set by the
+    last group's ``placed`` at a start and by every ``replica_dropped`` / ``replica_joined``."""
+    from service.controller.cluster import build_view
+    from service.controller.cluster_snapshot import DbState, JobRow
+    from service.controller.events_pull import JobRef, apply_event
+    from service.db import transitions as tr
+    from service.db.models import Attempt, Job, Tenant
+    from service.db.session import make_engine, make_sessionmaker
+    from workers.runtime.contract import events as ev
+
+    engine = make_engine(migrated_db_url)
+    sessions = make_sessionmaker(engine)
+    try:
+        with sessions() as s:
+            t = Tenant(name="rgp", gpu_quota=4)
+            s.add(t)
+            s.flush()
+            job = Job(tenant_id=t.id, name="rgp", state="PENDING", spec=dict(SPEC), min_gpus=2, max_gpus=6)
+            s.add(job)
+            s.commit()
+            job_id, tenant_id = job.id, t.id
+        with sessions() as s:  # the scheduler's proposal: 4 GPUs on n0, 2 on n1
+            epoch = tr.start_attempt(s, job_id, expected={"PENDING"}, new="ADMITTED", expected_epoch=0, reason="t",
+                                     gpus=6, placement={"n0": 4, "n1": 2})
+        ref = JobRef(job_id, "ADMITTED", 1, int(epoch or 0), gpus_allocated=6)
+
+        def apply(e: ev.Event) -> None:
+            with sessions() as s:
+                apply_event(s, ref, e)
+                s.commit()
+
+        def where() -> tuple[int, dict[str, int]]:
+            with sessions() as s:
+                a = s.query(Attempt).filter(Attempt.job_id == job_id, Attempt.ended_at.is_(None)).one()
+                return s.get(Job, job_id).gpus_allocated, dict(a.placement or {})
+
+        def placed(group: int, node: str, job_placement: dict[str, int] | None) -> None:
+            apply(ev.Placed(gpus=2, placement_group=f"pg{group}", gpus_per_node={node: 2}, bundle_nodes=[node, node],
+                            seconds=0.1, strategy="STRICT_PACK", group=group, job_placement=job_placement))
+
+        placed(0, "n0", None)
+        placed(1, "n1", None)
+        assert where() == (6, {"n0": 4, "n1": 2})  # not yet: the proposal until every group is placed
+        placed(2, "n2", {"n0": 2, "n1": 2, "n2": 2})  # a node per group, as the runtime places them
+        assert where() == (6, {"n0": 2, "n1": 2, "n2": 2})
+        # n2 dies: its group is replaced on n3 at once (the replacement's spot counts)
+        apply(ev.ReplicaDropped(group=2, nodes=["n2"], step=5, groups_left=2, cause="lost", job_gpus=6,
+                                job_placement={"n0": 2, "n1": 2, "n3": 2}))
+        assert where() == (6, {"n0": 2, "n1": 2, "n3": 2})
+        # what the scheduler sees with n2 gone: 6 GPUs held (the proposal would have said 6 too, but
+        # a death of n0 would have counted 4 lost GPUs where the job lost 2)
+        view = build_view([node(n, 4) for n in ("n0", "n1", "n3")], {})
+        row = JobRow(id=job_id, tenant_id=tenant_id, name="rgp", state="RUNNING", priority=0, min_gpus=2, max_gpus=6,
+                     attempt=1, epoch=int(epoch or 0), cancel_requested=False, gpus_allocated=6, spec=dict(SPEC),
+                     created_at=1.0, admitted_at=None, placement=where()[1])
+        snap = build_snapshot(DbState(tenants=[TenantView(id=tenant_id, gpu_quota=4)], jobs=[row]), view,
+                              resizable=True)
+        assert sum(snap.jobs[0].allocated.values()) == 6
+        apply(ev.ReplicaDropped(group=1, nodes=["n1"], step=9, groups_left=2, cause="shrink", job_gpus=4,
+                                job_placement={"n0": 2, "n3": 2}))
+        assert where() == (4, {"n0": 2, "n3": 2})
+        apply(ev.ReplicaJoined(group=3, seconds=1.0, step=12, from_group=0, nodes=["n1"], groups=3, job_gpus=6,
+                               job_placement={"n0": 2, "n1": 2, "n3": 2}))
+        assert where() == (6, {"n0": 2, "n1": 2, "n3": 2})
+    finally:
+        engine.dispose()

@@ -8,12 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 
-def reference_losses(spec: dict[str, Any], timeout_s: float = 600.0) -> list[float]:
+def reference_losses(spec: dict[str, Any], timeout_s: float = 600.0, first: int | None = None) -> list[float]:
     """Per-step losses of ``spec`` (a job spec as ``workers.runtime.contract.job_spec.parse_job`` reads it:
-    ``model``, ``steps``, ``global_batch``, ``checkpoint_dir``, ...) trained by one process."""
+    ``model``, ``steps``, ``global_batch``, ``checkpoint_dir``, ...) trained by one process; only its
+    ``first`` steps when given (the schedule is still the whole job's: a long job's opening)."""
     from workers.engine.launch import run_ranks
 
-    return run_ranks(_one_rank, 1, spec, timeout_s=timeout_s)[0]
+    return run_ranks(_one_rank, 1, {**spec, "_first": first}, timeout_s=timeout_s)[0]
 
 
 def _one_rank(rank: int, world_size: int, spec: dict[str, Any]) -> list[float]:
@@ -22,9 +23,11 @@ def _one_rank(rank: int, world_size: int, spec: dict[str, Any]) -> list[float]:
     from workers.engine.trainer import RankTrainer
     from workers.runtime.contract.job_spec import parse_job
 
+    spec = dict(spec)
+    first = spec.pop("_first", None)
     cfg = TrainConfig.from_dict(parse_job(spec).train)
     trainer = RankTrainer(cfg, Layout(), rank, world_size)
     try:
-        return [trainer.step().loss for _ in range(cfg.steps)]
+        return [trainer.step().loss for _ in range(min(cfg.steps, first or cfg.steps))]
     finally:
         trainer.close()

@@ -187,6 +187,9 @@ class Placed(Event):
     seconds: float
     strategy: str
     group: int | None = None
+    #: on the last group placed at an attempt's start: every group's GPUs per node (the job's
+    #: placement, as :attr:`ReplicaDropped.job_placement`)
+    job_placement: dict[str, int] | None = None
 
 
 @_register
@@ -279,6 +282,10 @@ class ReplicaDropped(Event):
     #: the GPUs of every group the job wants after this event (live and starting): what the control
     #: plane counts as the job's allocation (a shrink lowers it; a loss or a drain, replaced, does not)
     job_gpus: int | None = None
+    #: where the job's GPUs are after this event, per node: every live group's and every starting
+    #: replacement's (the control plane's record of the job's placement; a lost group's replacement
+    #: counts once it is placed)
+    job_placement: dict[str, int] | None = None
 
 
 @_register
@@ -298,6 +305,8 @@ class ReplicaJoined(Event):
     groups: int
     #: as :attr:`ReplicaDropped.job_gpus` (a grow's new group raises it)
     job_gpus: int | None = None
+    #: as :attr:`ReplicaDropped.job_placement`
+    job_placement: dict[str, int] | None = None
 
 
 @_register

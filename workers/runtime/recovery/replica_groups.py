@@ -109,6 +109,19 @@ class ReplicaSet:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     # ------------------------------------------------------------------ placement
+    def gpus_per_node(self) -> dict[str, int]:
+        """The GPUs the job holds per node: every live group's and every starting replacement's
+        (what the control plane records as the job's placement)."""
+        out: dict[str, int] = {}
+        with self.lock:
+            for gang in self.groups.values():
+                for n in gang.rank_nodes:
+                    out[n] = out.get(n, 0) + 1
+            for j in self.joining.values():
+                for n, k in j.spot.items():
+                    out[n] = out.get(n, 0) + int(k)
+        return out
+
     def plan(self, group: int, spot: dict[str, int]) -> ReplicaGroupPlan:
         return ReplicaGroupPlan(self.layout, group, tuple(spot.items()))
 

@@ -152,6 +152,7 @@ class PlannedMoves:
             reps.dropped.append({"group": g, "nodes": nodes, "step": run.step + 1, "ts": time.time(), "cause": cause})
             self.log.emit(ev.ReplicaDropped(reason=f"replica group {g} leaves ({cause}): {reason}", group=g,
                                             nodes=list(nodes), step=run.step + 1, groups_left=reps.size,
-                                            cause=cause, job_gpus=reps.want * reps.layout.world_size))  # type: ignore[arg-type]
+                                            cause=cause, job_gpus=reps.want * reps.layout.world_size,  # type: ignore[arg-type]
+                                            job_placement=reps.gpus_per_node()))
         self.port.forget_replicas(groups)
         run.last_groups -= set(groups)  # the next step is a new one, not a redo without them

@@ -67,11 +67,16 @@ class ReplicaGroupPhases:
             if res is None:
                 break
             got.append((spot, res))
+        placement: dict[str, int] = {}  # every group's GPUs per node: the job's, on the last group's event
+        for g, (spot, res) in enumerate(got):
+            for n, k in res.gpus_per_node.items():
+                placement[n] = placement.get(n, 0) + int(k)
             where = ", ".join(f"{k} on node {n[:8]}" for n, k in spot.items())
             self.log.emit(ev.Placed(reason=f"replica group {g} ({reps.layout.short()}): {where}",
                                     gpus=res.size, placement_group=res.name, gpus_per_node=res.gpus_per_node,
                                     bundle_nodes=list(res.bundle_nodes), seconds=round(res.seconds, 4),
-                                    strategy=res.strategy, group=g))
+                                    strategy=res.strategy, group=g,
+                                    job_placement=dict(placement) if g == len(got) - 1 else None))
         if not got:
             if time.monotonic() > cycle.give_up:
                 raise JobFailed(f"no room for a replica group of {world} GPUs")
@@ -172,10 +177,7 @@ class ReplicaGroupPhases:
             self._replica_step_done(run, recent[st], committed, reps)
         run.step = max(recent) + 1
         if run.step >= self.job.steps or self.preempt_requested or self.cadence.due(run.since_save):
-            # the lowest live group of the newest fence epoch writes it (the groups hold the same state)
-            epoch = max(int(gang.timings.get("fence_epoch") or 0) for gang in reps.groups.values())
-            target = min(g for g, gang in reps.groups.items() if int(gang.timings.get("fence_epoch") or 0) == epoch)
-            failed = self._save(reps.groups[target], run.step)
+            failed = self._save_replicas(reps, run)
             if failed is not None:  # the policy's fallback: a re-plan from what was saved before
                 return self._fall_back(failed, run.step)
             run.since_save = 0
@@ -222,10 +224,20 @@ class ReplicaGroupPhases:
             return self._fall_back(self._switch_for(decision, since), step)
         lost = list(decision.groups if isinstance(decision, DropGroups) else
                     decision.drop if isinstance(decision, Fail) else ())
-        self.port.forget_replicas(lost)
         if isinstance(decision, Fail) and not decision.drop:
+            self.port.forget_replicas(lost)
             raise JobFailed(decision.reason)
-        read = decision.failure
+        self._lose_groups(reps, lost, decision.failure, step, replace=not isinstance(decision, Fail))
+        if isinstance(decision, Fail):
+            raise JobFailed(decision.reason)
+        return None
+
+    def _lose_groups(self, reps: ReplicaSet, lost: list[int], read: Any, step: int, replace: bool = True) -> None:
+        """Groups lost (``read``: the failure that took them) while the others go on: left out of the
+        next quorum, torn down, replacements started (``replace``), one ``replica_dropped`` each
+        (``step``: the 0-based step they no longer run) carrying where the job's groups are now."""
+        self.port.forget_replicas(lost)
+        gone: list[tuple[int, list[str]]] = []
         for g in lost:
             gang = reps.drop(g)
             if gang is None:
@@ -233,14 +245,38 @@ class ReplicaGroupPhases:
             nodes = gang.nodes
             self.port.teardown(gang)
             reps.dropped.append({"group": g, "nodes": nodes, "step": step + 1, "ts": time.time()})
+            gone.append((g, list(nodes)))
+        if replace:  # the replacements' spots are the job's from now on
+            reps.start_replacements(self.port, self.replanner.excluded, 0.0, lambda g: None)
+        placement = reps.gpus_per_node()
+        for g, nodes in gone:
             self.log.emit(ev.ReplicaDropped(reason=f"replica group {g} lost ({read.kind}: {read.reason}); "
-                                            f"{reps.size} groups keep stepping", group=g, nodes=list(nodes),
+                                            f"{reps.size} groups keep stepping", group=g, nodes=nodes,
                                             step=step + 1, groups_left=reps.size,
-                                            job_gpus=reps.want * reps.layout.world_size))
-        if isinstance(decision, Fail):
-            raise JobFailed(decision.reason)
-        reps.start_replacements(self.port, self.replanner.excluded, 0.0, lambda g: None)
-        return None
+                                            job_gpus=reps.want * reps.layout.world_size, job_placement=placement))
+
+    def _save_replicas(self, reps: ReplicaSet, run: Run) -> Switch | None:
+        """The checkpoint of step ``run.step``, written by the lowest live group of the newest fence
+        epoch (the groups hold the same state). A node lost under the writer is a loss like one in a
+        step (the policy's :class:`DropGroups`): its groups leave, replacements start, and the next
+        live group writes it. Anything else is the policy's switch (its fallback: a re-plan)."""
+        while True:
+            epoch = max(int(gang.timings.get("fence_epoch") or 0) for gang in reps.groups.values())
+            target = min(g for g, gang in reps.groups.items() if int(gang.timings.get("fence_epoch") or 0) == epoch)
+            gang = reps.groups[target]
+            t0 = time.time()
+            res = self._gather_save(gang)
+            if res.ok:
+                self._saved(res.results[0])
+                return None
+            failure = self.port.classify(res, gang, "checkpoint")
+            owners = [(target, r) for r in range(gang.world_size)]
+            decision = self._decide(failure, t0, during="save",
+                                    groups=GroupStep(reps, owners, res.unresponsive, list(res.errors)))
+            if not isinstance(decision, DropGroups):
+                return self._switch_for(decision, t0)
+            self._lose_groups(reps, list(decision.groups), decision.failure, run.step)
+            run.last_groups -= set(decision.groups)  # the next step is a new one, not a redo without them
 
     def _fall_back(self, switch: Switch, step: int) -> Switch:
         """The replica path ran out (the policy's :class:`Replan`; the policy is a re-plan policy from
@@ -322,7 +358,8 @@ class ReplicaGroupPhases:
                                            group=j.group, seconds=round(float(row["ts"]) - j.t0, 3),
                                            step=int(row["step"]) + 1, from_group=int(-1 if healed is None else healed),
                                            nodes=list(j.spot), groups=reps.size,
-                                           job_gpus=reps.want * reps.layout.world_size))
+                                           job_gpus=reps.want * reps.layout.world_size,
+                                           job_placement=reps.gpus_per_node()))
 
     def _teardown_replicas(self) -> None:
         reps = self.replicas
