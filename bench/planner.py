@@ -113,7 +113,7 @@ def accuracy_report(quick: bool = False) -> dict[str, Any]:
     from rich.progress import Progress
 
     from bench.calibration import HELDOUT_CASES, UNSEEN_CASES, fitted_cases, load_cases, source_of
-    from bench.fit import PARAMETERS, leave_one_source_out, profile_params, summary
+    from bench.fit import PARAMETERS, family_of, fit, leave_one_source_out, profile_params, summary
 
     cases = fitted_cases()
     heldout_sources = {source_of(c) for c in load_cases(HELDOUT_CASES)}
@@ -125,17 +125,26 @@ def accuracy_report(quick: bool = False) -> dict[str, Any]:
         task = bar.add_task("leave-one-source-out fits", total=len(sources))
         left = leave_one_source_out(cases, rounds=1 if quick else 3, progress=lambda _src: bar.advance(task))
     h100 = ("H100", "H800", "H200")
+    precision = {c["id"]: c.get("precision") for c in cases}
+
+    def hopper(r: dict[str, Any], prec: str | None = None) -> bool:
+        return r["gpu"].upper().startswith(h100) and prec in (None, precision.get(r["case"]))
+
     groups = (("all fitted sources", lambda r: True),
               (f"original dataset ({n_orig} sources)", lambda r: r["source"] not in heldout_sources),
               (f"held-out dataset ({len(heldout_sources)} sources)", lambda r: r["source"] in heldout_sources),
-              ("Hopper runs of the fitted sources", lambda r: r["gpu"].upper().startswith(h100)))
+              ("Hopper runs of the fitted sources", hopper),
+              ("Hopper bf16 runs of the fitted sources", lambda r: hopper(r, "bf16")),
+              ("Hopper fp8 runs of the fitted sources", lambda r: hopper(r, "fp8")))
     out_rows: list[dict[str, Any]] = []
+    by_precision: list[dict[str, Any]] = []  # kept after the never-fitted rows: earlier rows keep their index
     lines = [f"| cases | in sample: {STATS_HEAD} | left out: {STATS_HEAD} |",
              "|---|" + "---:|" * 12]
-    for label, keep in groups:
+    for i, (label, keep) in enumerate(groups):
         a, b = summary([r for r in inside if keep(r)]), summary([r for r in left["rows"] if keep(r)])
         lines.append(f"| {label} | {_stats_cells(a)} | {_stats_cells(b)} |")
-        out_rows.append({"case": f"accuracy: {label}", "cases": a["cases"], "in_sample": a, "left_out": b})
+        (out_rows if i < 4 else by_precision).append(
+            {"case": f"accuracy: {label}", "cases": a["cases"], "in_sample": a, "left_out": b})
     lines += ["", f"| left-out source | {STATS_HEAD} | " + " | ".join(p[0] for p in PARAMETERS) + " |",
               "|---|" + "---:|" * (6 + len(PARAMETERS))]
     for src in left["sources"]:
@@ -151,6 +160,18 @@ def accuracy_report(quick: bool = False) -> dict[str, Any]:
     for src in sorted({r["source"] for r in unseen}):
         nf.append(f"| {src} | {_stats_cells(summary([r for r in unseen if r['source'] == src]))} |")
     nf.append(f"| all never-fitted runs | {_stats_cells(never)} |")
+    # diagnostic, not the profiles: Hopper's bf16 GEMM fraction fitted on the fitted sources' Hopper bf16
+    # runs alone (untied from the fp8 runs), the never-fitted runs predicted with it
+    bf16_cases = [c for c in cases if c.get("precision") == "bf16" and family_of(c["cluster"].get("gpu_type")) == "hopper"]
+    untied = {**profile_params(), "hopper_gemm": fit(bf16_cases, start=profile_params(),
+                                                     rounds=1 if quick else 3)["hopper_gemm"]}
+    diag = summary(run_calibration(cases=load_cases(UNSEEN_CASES), params=untied)["rows"])
+    out_rows.append({"case": "accuracy: never fitted, bf16 GEMM fraction untied (diagnostic)", "cases": diag["cases"],
+                     "never_fitted": diag, "hopper_bf16_gemm": untied["hopper_gemm"]})
+    out_rows += by_precision
+    nf.append(f"| diagnostic: all never-fitted runs with Hopper's bf16 GEMM fraction fitted on the fitted Hopper bf16 "
+              f"runs alone ({untied['hopper_gemm']:.3f}; the profiles: {profile_params()['hopper_gemm']:.3f}) | "
+              f"{_stats_cells(diag)} |")
     nf += ["", "| never-fitted run | GPU | layout (b, recompute) | measured tok/s/GPU | predicted | error |",
            "|---|---|---|---:|---:|---:|"]
     for r in unseen:

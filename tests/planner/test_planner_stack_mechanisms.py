@@ -17,6 +17,7 @@ from bench.calibration import (
     load_cases,
     run_calibration,
     source_of,
+    tp_overlap_of,
 )
 from bench.fit import PARAMETERS, TIED, apply_params, profile_params, summary
 from planner.profiles import FP8_FRACTION, PROFILES
@@ -106,9 +107,14 @@ def test_never_fitted_cases_stay_out_of_every_fit_and_are_scored() -> None:
     for c in unseen:
         assert c["source"] and c["url"].startswith("https://") and c["what"] and c["verification"], c["id"]
         assert c["cluster"]["gpu_type"].startswith("H100"), c["id"]
-    # the stack each ran: Megatron-LM (Transformer Engine) for Nemotron-4, Meta's PyTorch stack for Llama 3
+    # no never-fitted publication is in a fitted file under another name (same page, other source key)
+    fitted_urls = {c.get("url", "").split("/blob/")[0] for c in fitted}
+    assert not {c["url"].split("/blob/")[0] for c in unseen} & fitted_urls
+    # the stack each ran: Megatron-LM (Transformer Engine) for Nemotron-4, Meta's PyTorch stack for Llama 3,
+    # PyTorch FSDP with SDPA flash attention for IBM's fms-fsdp, nanotron with flash attention 2 for SmolLM3
     kinds = {source_of(c): attention_of(c) for c in unseen}
-    assert kinds == {"llama3_paper": "flash", "nemotron4_340b": "fused"}
+    assert kinds == {"llama3_paper": "flash", "nemotron4_340b": "fused", "fms_fsdp_h100": "flash", "smollm3_hf": "flash"}
+    assert not any(tp_overlap_of(c) for c in unseen if source_of(c) == "fms_fsdp_h100")
     cal = run_calibration(cases=unseen, params=profile_params())
     assert cal["cases"] == len(unseen) and not cal["skipped"]
     for c in unseen:
