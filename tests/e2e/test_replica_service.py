@@ -154,7 +154,7 @@ def test_replica_jobs_over_rest_node_kill_shrink_grow_and_every_group_lost(
         ray_cluster.restore()  # the node back (a repaired machine): room for the urgent job
 
         # ---- 2. shrink by a group for another tenant, then grow back
-        placed_before = len(team.events(jid, "placed"))
+        starts_before = len(team.events(jid, "started"))
         other = urgent.submit(_body("urgent", LONG, {}, 8, min_gpus=8, recovery={"policy": "replan"}))
         jobs.append((urgent, other))
         shrink = h.wait_for(lambda: [e for e in team.events(jid, "replica_dropped") if e["payload"]["cause"] == "shrink"],
@@ -169,8 +169,9 @@ def test_replica_jobs_over_rest_node_kill_shrink_grow_and_every_group_lost(
         h.wait_for(lambda: team.last_step(jid) >= int(grown[0]["payload"]["step"]) + 2, 300, "steps after the grow")
         assert team.last_step(jid) > at_shrink
         assert not team.events(jid, "resumed") and team.job(jid)["attempt"] == 1
-        # the survivors never left: one new gang for the grow's group only, every step once
-        assert len(team.events(jid, "placed")) == placed_before + 1
+        # the survivors never left: one new gang, the grow's group, every step once
+        started = team.events(jid, "started")
+        assert len(started) == starts_before + 1 and "replacement" in started[-1]["payload"]["reason"], started
         assert set(Counter(int(m["step"]) for m in team.steps(jid)).values()) == {1}
         team.cancel(jid)
         for rest, j in jobs:

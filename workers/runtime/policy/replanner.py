@@ -172,9 +172,12 @@ class Replanner:
         return float(self.job.raw.get("replan_horizon_s") or 3600.0)
 
     # ---------------------------------------------------------------- decisions
-    def first(self, reason: str = "initial plan over the GPUs the cluster has", max_gpus: int | None = None) -> Any:
-        """The first plan (or a smaller one after a placement timeout); raises ``PlanningError``."""
-        plan = planner_bridge.first_plan(self.job, self.nodes(granted=True), max_gpus=max_gpus or self.cap)
+    def first(self, reason: str = "initial plan over the GPUs the cluster has", max_gpus: int | None = None,
+              *, granted: bool = True) -> Any:
+        """The first plan (or a smaller one after a placement timeout); raises ``PlanningError``.
+        ``granted``: over the scheduler's named GPUs (else, as a re-plan after a failure, over the
+        free GPUs of the nodes left, up to the grant's size)."""
+        plan = planner_bridge.first_plan(self.job, self.nodes(granted=granted), max_gpus=max_gpus or self.cap)
         self._record_plan(plan, reason)
         return plan
 

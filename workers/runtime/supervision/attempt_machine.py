@@ -170,7 +170,8 @@ class AttemptMachine(ReplicaGroupPhases, PlannedMoves):
                 cycle.plan, cycle.replan = switch.replan.plan, switch.replan
             elif not self.replanner.plans:  # replica groups fell back (_fall_back): no gang plan to re-plan from
                 reason = switch.change.reason if switch.change else "replica groups ran out"
-                cycle.plan, cycle.replan = self.replanner.first(reason), None
+                # over the GPUs left, as any re-plan after a failure: the grant's nodes may all be gone
+                cycle.plan, cycle.replan = self.replanner.first(reason, granted=False), None
             else:
                 cycle.replan = self.replanner.after_failure(switch.change or planner_bridge.ClusterChange())
                 cycle.plan = cycle.replan.plan
