@@ -21,7 +21,7 @@ from planner.layout import (
     normalise_recompute,
     recompute_error,
 )
-from planner.profiles import lookup_gpu, lookup_model
+from planner.profiles import FP8_FRACTION, lookup_gpu, lookup_model
 from planner.recovery_cost import PHASES, PRIOR, Calibration, Phases
 
 
@@ -79,7 +79,7 @@ class ClusterSpec:
     attention_efficiency: float
     nodes: tuple[NodeSpec, ...]
     fused_attention_efficiency: float = 0.0  # 0 = same as attention_efficiency
-    fp8_gemm_efficiency: float = 0.0  # of the fp8 peak, large GEMMs; 0 = 0.8 x gemm_efficiency
+    fp8_gemm_efficiency: float = 0.0  # of the fp8 peak, large GEMMs; 0 = FP8_FRACTION x gemm_efficiency
     gpu_type: str = ""
     min_gpus: int = 0  # 0 = exactly num_gpus
 
@@ -324,7 +324,7 @@ def parse_cluster(raw: Mapping[str, Any], top: Mapping[str, Any]) -> ClusterSpec
     fused_eff = pick("fused_attention_efficiency", prof.fused_attention_efficiency or attn_eff if prof else attn_eff)
     if fused_eff > 1:
         raise SpecError("cluster.fused_attention_efficiency", f"must be in (0, 1], got {fused_eff}")
-    fp8_eff = pick("fp8_gemm_efficiency", prof.fp8_gemm_efficiency or 0.8 * eff if prof else 0.8 * eff)
+    fp8_eff = pick("fp8_gemm_efficiency", prof.fp8_gemm_efficiency or FP8_FRACTION * eff if prof else FP8_FRACTION * eff)
     if fp8_eff > 1:
         raise SpecError("cluster.fp8_gemm_efficiency", f"must be in (0, 1], got {fp8_eff}")
     return ClusterSpec(
