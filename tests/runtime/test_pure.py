@@ -465,6 +465,6 @@ def test_a_ranks_torch_work_runs_in_a_one_thread_concurrency_group_and_its_heart
     group = {name: getattr(getattr(RankWorker, name), "__ray_concurrency_group__", None)
              for name in dir(RankWorker) if not name.startswith("_") and callable(getattr(RankWorker, name))}
     torch_work = {"setup", "setup_replica", "step", "replica_step", "save", "restore", "restore_snapshot",
-                  "flush_snapshot"}
+                  "flush_snapshot", "after_step"}
     assert {n for n, g in group.items() if g == TORCH_GROUP} == torch_work
     assert all(group[n] is None for n in ("heartbeat", "replica_peers_lost", "inject", "close", "info"))

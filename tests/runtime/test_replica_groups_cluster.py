@@ -12,7 +12,10 @@ cross-group reduction). Checked, as behaviour (times are printed, not asserted):
   replacement group on a node that is neither the dead one nor a survivor's, which healed from a
   survivor; the last steps run with 3 groups again (back at full strength);
 - no storage read: no ``restore`` happens on this path (no ``resumed``) and the replacement's state
-  came from a peer (``healed_from``).
+  came from a peer (``healed_from``);
+- the job evaluates every 10 steps and exports after the last, as a one-gang job does: the
+  validation losses are the one-process run's (as the losses: 1e-4 relative, 1e-3 after step 40),
+  and the HF export is written.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 import pytest
 
 from tests.controller import helpers as h
-from workers.testbed.reference_run import reference_losses
+from workers.testbed.reference_run import reference_losses, reference_val_losses
 
 pytestmark = pytest.mark.cluster
 
@@ -81,7 +84,9 @@ def _steps_with_reference_losses(spec: dict[str, Any], events: list[dict[str, An
 @pytest.mark.timeout(600)
 def test_survivors_keep_stepping_and_a_replacement_heals_from_a_peer(ray_cluster, tmp_path: Path) -> None:
     ray_cluster.add_node()  # the spare node the replacement goes to
-    spec = _spec(tmp_path)
+    # the job evaluates and exports as a one-gang job does (one live group runs them after a commit)
+    spec = _spec(tmp_path) | {"eval_data": {"kind": "builtin"}, "eval_every": 10, "eval_batches": 1,
+                              "export": {"format": "hf", "dir": str(tmp_path / "export")}}
     result, events, took = _run("t-replicas", spec, 500)
     assert result["state"] == "SUCCEEDED", result["error"]
     reps = result["replicas"]
@@ -122,6 +127,16 @@ def test_survivors_keep_stepping_and_a_replacement_heals_from_a_peer(ray_cluster
     # every step once, each with the no-failure loss; the last step with 3 groups again
     # 1e-4 relative over the first 40 steps, 1e-3 after (float reassociation, as in the no-spare test)
     steps, _ = _steps_with_reference_losses(spec, events, tmp_path, lambda step: 1e-4 if step <= 40 else 1e-3)
+    # the validation losses of the one-process run, on its eval steps (10, 20, ..., 50), across the
+    # kill and the replacement; and the HF export after the last step
+    ref_val = reference_val_losses({k: v for k, v in spec.items() if k not in ("faults", "runtime", "export")}
+                                   | {"checkpoint_dir": str(tmp_path / "rv")})
+    vals = {e["step"]: e["val_loss"] for e in steps if e.get("val_loss") is not None}
+    assert sorted(vals) == sorted(ref_val) == [10, 20, 30, 40, 50], (vals, ref_val)
+    assert all(abs(vals[st] - ref_val[st]) <= (1e-4 if st <= 40 else 1e-3) * abs(ref_val[st]) for st in vals), \
+        (vals, ref_val)
+    assert (tmp_path / "export" / "config.json").is_file()
+    assert any(p.suffix == ".safetensors" for p in (tmp_path / "export").iterdir())
     # the redo ran on the two survivors (3 micro-batches each), or with the replacement already in when
     # it healed within the dead group's heartbeat timeout (a warm actor); either way 12 rows
     assert steps[KILL_AT]["world_size"] in (2, 3)

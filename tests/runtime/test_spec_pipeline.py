@@ -207,14 +207,14 @@ def test_runtime_settings_read_the_flat_wire_form_and_the_grouped_one() -> None:
         RuntimeSettings.from_dict({"detection": {"bogus": 1.0}})
 
 
-def test_replica_groups_are_refused_for_a_job_that_exports_or_evaluates() -> None:
-    """The replica step runs no validation loss and no HF export: auto re-plans such a job instead
-    (``service.recovery.runnable``), and a named ``replica_groups`` is refused naming the field."""
+def test_replica_groups_run_for_a_job_that_exports_or_evaluates() -> None:
+    """One group runs the validation loss and the HF export after its commit (``after_step``), so a
+    job with ``export`` or ``eval_data`` keeps its replica groups."""
     from workers.runtime.contract.attempt_spec import replica_refusal
 
-    choice = {"policy": "replica_groups", "groups": 2, "snapshots": True, "snapshot_every": 1, "warm_ranks": 1}
+    choice = {"policy": "replica_groups", "groups": 2, "group_gpus": 1, "snapshots": True, "snapshot_every": 1,
+              "warm_ranks": 1, "reason": "test", "source": "rule"}
     base = {"model": "tiny", "steps": 4, "global_batch": 4}
-    for name, value in (("export", {"format": "hf"}), ("eval_data", {"kind": "builtin"})):
-        why = replica_refusal({**base, name: value}, choice)
-        assert why is not None and why.startswith(f"{name}:"), why
+    for name, value in (("export", {"format": "hf", "dir": "x"}), ("eval_data", {"kind": "builtin"})):
+        assert replica_refusal({**base, name: value}, choice) is None
     assert replica_refusal({**base, "export": {"format": "hf"}}, {**choice, "policy": "replan"}) is None

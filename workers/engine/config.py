@@ -253,6 +253,12 @@ class TrainConfig:
         if self.eval_every and self.eval_data is None:
             raise ValueError("eval_every needs eval_data")
 
+    def after_step(self, step: int) -> tuple[bool, bool]:
+        """Whether step ``step`` (1-based) is followed by the validation loss (every ``eval_every``
+        steps, and the last) and by the HF export (the last): the one rule ranks and supervisors read."""
+        return (bool(self.eval_every) and (step % self.eval_every == 0 or step == self.steps),
+                self.export is not None and step == self.steps)
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["model"] = self.model.to_dict()

@@ -20,7 +20,7 @@ from workers.runtime.cluster.watchdog import Failure, GatherResult
 from workers.runtime.recovery.memory_snapshots import Choice
 
 #: the per-rank calls a supervisor gathers (``RankWorker`` methods)
-RankCall = Literal["restore", "step", "save", "replica_peers_lost", "flush_snapshot"]
+RankCall = Literal["restore", "step", "save", "replica_peers_lost", "flush_snapshot", "after_step"]
 
 
 class ClusterPort(Protocol):

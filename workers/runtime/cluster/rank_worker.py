@@ -338,17 +338,32 @@ class RankWorker:
             "snapshot_s": snap_s,
             "snapshot_push_s": push_s,
         }
-        # after the step's timing (straggler scores and tokens/s see the step only): the job's
-        # validation loss every eval_every steps and after the last, and its HF export after the last
-        # (both collective: every rank runs the same step)
-        cfg = self._trainer.cfg
-        if cfg.eval_every and (res.step % cfg.eval_every == 0 or res.step == cfg.steps):
-            self._phase("eval", res.step)
-            out["val_loss"] = self._trainer.val_loss()
-        if cfg.export is not None and res.step == cfg.steps:
-            self._phase("export", res.step)
-            out["exported"] = self._trainer.export_hf(cfg.export.dir)
+        # after the step's timing (straggler scores and tokens/s see the step only)
+        out.update(self._eval_export(res.step))
         self._phase("idle", res.step)
+        return out
+
+    @_on_torch_thread
+    def after_step(self, step: int) -> dict[str, Any]:
+        """A replica group's rank, after the committed step ``step`` (1-based): what a one-gang rank
+        runs after its step (:meth:`_eval_export`). The supervisor asks one live group (every group
+        holds the same state after a commit)."""
+        out = self._eval_export(step)
+        self._phase("idle", step)
+        return out
+
+    def _eval_export(self, step: int) -> dict[str, Any]:
+        """The job's validation loss every ``eval_every`` steps and after the last, and its HF export
+        after the last (both collective over this rank's gang or group: every rank runs them)."""
+        cfg = self._trainer.cfg
+        evaluates, exports = cfg.after_step(step)
+        out: dict[str, Any] = {}
+        if evaluates:
+            self._phase("eval", step)
+            out["val_loss"] = self._trainer.val_loss()
+        if exports and cfg.export is not None:
+            self._phase("export", step)
+            out["exported"] = self._trainer.export_hf(cfg.export.dir)
         return out
 
     @_on_torch_thread

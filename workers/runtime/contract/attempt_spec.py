@@ -166,11 +166,6 @@ def replica_refusal(stored: Mapping[str, Any], choice: Mapping[str, Any]) -> str
     ``job_spec.check_replica_spec`` says of the translated spec), or None when it runs them."""
     if choice.get("policy") != "replica_groups":
         return None
-    # the replica step (``RankWorker.replica_step``) runs neither the validation loss nor the HF export
-    # a one-gang job runs after its steps
-    for name in ("export", "eval_data"):
-        if stored.get(name):
-            return f"{name}: replica groups do not run it yet (a one-gang job does)"
     spec: dict[str, Any] = {"runtime": {}, "layout_hint": stored.get("layout_hint")}
     recovery_settings(spec, stored, choice)
     try:

@@ -21,6 +21,7 @@ from collections import Counter
 from typing import Any
 
 from planner.layout import Layout
+from workers.engine.config import TrainConfig
 from workers.engine.replica_rows import group_layout
 from workers.runtime.cluster.gang import Gang, StartFailed
 from workers.runtime.cluster.placement_groups import Reservation
@@ -38,6 +39,7 @@ class ReplicaGroupPhases:
     """PLAN, PLACE and START of replica groups, their step, drops, replacements and tear-down."""
 
     replicas: ReplicaSet | None
+    _train_config: TrainConfig | None = None  # the job's, parsed once (``_after_step``)
 
     def _plan_replicas(self) -> tuple[Phase, str]:
         """One group's layout (the layout hint: any of TP, PP, CP, DP, ZeRO/FSDP; its trainers built for
@@ -174,7 +176,7 @@ class ReplicaGroupPhases:
                 reps.history[g].setdefault("commit_ts", {}).update({str(x["step"]): x["ts"] for x in row["recent"]})
         for st in sorted(k for k in recent if k >= step):
             self.step_attempts[st] = 1 + self._failed_tries[st]
-            self._replica_step_done(run, recent[st], committed, reps)
+            self._replica_step_done(run, recent[st], committed, reps, latest=st == max(recent))
         run.step = max(recent) + 1
         if run.step >= self.job.steps or self.preempt_requested or self.cadence.due(run.since_save):
             failed = self._save_replicas(reps, run)
@@ -189,7 +191,9 @@ class ReplicaGroupPhases:
         return None
 
     def _replica_step_done(self, run: Run, row: dict[str, Any], committed: dict[tuple[int, int], dict[str, Any]],
-                           reps: ReplicaSet) -> None:
+                           reps: ReplicaSet, latest: bool = True) -> None:
+        """A committed step: its ``step`` event, metrics and tracking; after the ``latest`` commit the
+        validation loss and the HF export when due (one group runs them: :meth:`_after_step`)."""
         done = int(row["step"]) + 1
         wall = max(float(r["wall_s"]) for r in committed.values())
         run.walls.append(wall)
@@ -204,13 +208,40 @@ class ReplicaGroupPhases:
         world = int(row["participants"]) * reps.layout.world_size
         busy = [float(r["busy_s"]) for r in committed.values()]
         snaps = [float(r["snapshot_s"]) for r in committed.values() if r.get("snapshot_s") is not None]
+        after = self._after_step(reps, done) if latest else {}
         self.log.emit(ev.StepDone(step=done, loss=round(loss, 6), wall_s=round(wall, 4), busy_max_s=round(max(busy), 4),
                                   world_size=world, tokens_per_s=round(float(row["tokens"]) / max(wall, 1e-9), 1),
-                                  val_loss=None, snapshot_s=round(max(snaps), 4) if snaps else None))
+                                  val_loss=after.get("val_loss"), snapshot_s=round(max(snaps), 4) if snaps else None))
         out = {i: {**r, "loss": loss} for i, r in enumerate(committed.values())}
+        out[0].update(after)
         view, _ = reps.view()
         self._metrics(done, out, view)
         self.tracking.on_step(done, out[0], world, wall)
+
+    def _train_cfg(self) -> TrainConfig:
+        if self._train_config is None:
+            self._train_config = TrainConfig.from_dict(self.job.train)
+        return self._train_config
+
+    def _after_step(self, reps: ReplicaSet, done: int) -> dict[str, Any]:
+        """What a one-gang job runs after step ``done`` when it is due (``TrainConfig.after_step``): the
+        validation loss, and after the last step the HF export. The lowest live group runs it (every
+        group holds the committed state); a group that fails it is left to the next step's gather to
+        find, and the next group tries. The export must be written: when every group failed it, the
+        job fails (its weights are in the last checkpoint)."""
+        evaluates, exports = self._train_cfg().after_step(done)
+        if not (evaluates or exports):
+            return {}
+        errors: list[str] = []
+        for g in sorted(reps.groups):
+            res = self.port.gather(reps.groups[g], "after_step", deadline_s=self.settings.detection.hang_timeout_s,
+                                   kwargs={"step": done})
+            if res.ok:
+                return dict(res.results[0])
+            errors.append(f"group {g}: {res.errors or res.pending}")
+        if exports:
+            raise JobFailed(f"the HF export after step {done} failed on every replica group: {'; '.join(errors)}")
+        return {}
 
     def _drop_replicas(self, reps: ReplicaSet, view: Gang, owners: list[tuple[int, int]], res: GatherResult,
                        since: float, step: int, done: set[int]) -> Switch | None:
