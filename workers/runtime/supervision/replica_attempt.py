@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from planner.layout import Layout
@@ -222,25 +223,40 @@ class ReplicaGroupPhases:
             return self._fall_back(self._switch_for(decision, since), step)
         lost = list(decision.groups if isinstance(decision, DropGroups) else
                     decision.drop if isinstance(decision, Fail) else ())
-        self.port.forget_replicas(lost)
         if isinstance(decision, Fail) and not decision.drop:
+            self.port.forget_replicas(lost)
             raise JobFailed(decision.reason)
         read = decision.failure
-        for g in lost:
+        self._remove_groups(reps, lost, step=step + 1, cause="lost",
+                            reason=lambda g: f"replica group {g} lost ({read.kind}: {read.reason}); "
+                                             f"{reps.size} groups keep stepping")
+        if isinstance(decision, Fail):
+            raise JobFailed(decision.reason)
+        reps.start_replacements(self.port, self.replanner.excluded, 0.0, lambda g: None)
+        return None
+
+    def _remove_groups(self, reps: ReplicaSet, groups: Iterable[int], *, step: int, cause: str,
+                       reason: Callable[[int], str]) -> list[int]:
+        """The one way replica groups leave the job, lost (a node died in the step) or at a step
+        boundary (``drain``, ``shrink``): left out of the next quorum at once
+        (``forget_replicas``), torn down, recorded (``reps.dropped``) and told (``replica_dropped``
+        with ``cause``, ``reason(group)`` and the job's GPUs after it). ``step``: the 1-based step
+        being run. The groups removed (those of ``groups`` that were live)."""
+        groups = list(groups)
+        self.port.forget_replicas(groups)
+        removed: list[int] = []
+        for g in groups:
             gang = reps.drop(g)
             if gang is None:
                 continue
             nodes = gang.nodes
             self.port.teardown(gang)
-            reps.dropped.append({"group": g, "nodes": nodes, "step": step + 1, "ts": time.time()})
-            self.log.emit(ev.ReplicaDropped(reason=f"replica group {g} lost ({read.kind}: {read.reason}); "
-                                            f"{reps.size} groups keep stepping", group=g, nodes=list(nodes),
-                                            step=step + 1, groups_left=reps.size,
+            removed.append(g)
+            reps.dropped.append({"group": g, "nodes": nodes, "step": step, "ts": time.time(), "cause": cause})
+            self.log.emit(ev.ReplicaDropped(reason=reason(g), group=g, nodes=list(nodes), step=step,
+                                            groups_left=reps.size, cause=cause,  # type: ignore[arg-type]
                                             job_gpus=reps.want * reps.layout.world_size))
-        if isinstance(decision, Fail):
-            raise JobFailed(decision.reason)
-        reps.start_replacements(self.port, self.replanner.excluded, 0.0, lambda g: None)
-        return None
+        return removed
 
     def _fall_back(self, switch: Switch, step: int) -> Switch:
         """The replica path ran out (the policy's :class:`Replan`; the policy is a re-plan policy from
