@@ -455,7 +455,7 @@ def _goals_markdown(samples: list[dict[str, Any]]) -> str:
         f"{blocked} | {overhead_verdict(ov)} |", *injob_row])
 
 
-PARTS = ("baseline", "compare", "replan", "product", "product-single")
+PARTS = ("baseline", "compare", "replan", "product", "product-single", "product-replica")
 
 
 def _carried(parts: list[str], path: Path | None = None) -> dict[str, Any]:
@@ -509,7 +509,8 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
 
     carried = result.get("carried") or {}
     out: dict[str, Any] = {"parts": ",".join(p for p in PARTS if p not in carried and p in (result.get("parts") or PARTS)
-                                             and result.get({"baseline": "rows", "product-single": "product"}.get(p, p)))}
+                                             and result.get({"baseline": "rows", "product-single": "product",
+                                                                   "product-replica": "product"}.get(p, p)))}
     if result.get("rows") and "baseline" not in carried:
         out["restart / ours"] = result.get("ratio_raytrain_over_ours")
     if result.get("compare") and "compare" not in carried:
@@ -568,11 +569,12 @@ def run(quick: bool = False, parts: list[str] | None = None, repeat: int = 1) ->
         from bench.recovery_product import product
 
         out["product"] = product(quick)
-    elif "product-single" in parts:  # its single-group job only; the replica job's runs carried over
+    elif {"product-single", "product-replica"} & set(parts):  # one job's runs; the other's carried over
         from bench.recovery_product import merge, product
 
+        keys = tuple(k for k in ("replica", "single") if f"product-{k}" in parts)
         before_at = (out.get("carried") or {}).pop("product", "?")
-        out["product"] = merge(out.get("product"), product(quick, keys=("single",)), before_at)
+        out["product"] = merge(out.get("product"), product(quick, keys=keys), before_at)
     return out
 
 
