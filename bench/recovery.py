@@ -455,7 +455,7 @@ def _goals_markdown(samples: list[dict[str, Any]]) -> str:
         f"{blocked} | {overhead_verdict(ov)} |", *injob_row])
 
 
-PARTS = ("baseline", "compare", "replan", "product")
+PARTS = ("baseline", "compare", "replan", "product", "product-single", "product-replica")
 
 
 def _carried(parts: list[str], path: Path | None = None) -> dict[str, Any]:
@@ -472,7 +472,7 @@ def _carried(parts: list[str], path: Path | None = None) -> dict[str, Any]:
     carried = dict(before.get("carried") or {})
     keys = {"baseline": ("rows", "ratio_raytrain_over_ours"), "compare": ("compare",), "replan": ("replan",),
             "product": ("product",)}
-    for part in PARTS:
+    for part in keys:
         if part in parts or keys[part][0] not in before:
             continue
         out.update({k: before.get(k) for k in keys[part]})
@@ -508,8 +508,9 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
     from bench.recovery_replicas import compare_summary
 
     carried = result.get("carried") or {}
-    out: dict[str, Any] = {"parts": ",".join(p for p in PARTS if p not in carried and
-                                             result.get({"baseline": "rows"}.get(p, p)))}
+    out: dict[str, Any] = {"parts": ",".join(p for p in PARTS if p not in carried and p in (result.get("parts") or PARTS)
+                                             and result.get({"baseline": "rows", "product-single": "product",
+                                                                   "product-replica": "product"}.get(p, p)))}
     if result.get("rows") and "baseline" not in carried:
         out["restart / ours"] = result.get("ratio_raytrain_over_ours")
     if result.get("compare") and "compare" not in carried:
@@ -568,6 +569,12 @@ def run(quick: bool = False, parts: list[str] | None = None, repeat: int = 1) ->
         from bench.recovery_product import product
 
         out["product"] = product(quick)
+    elif {"product-single", "product-replica"} & set(parts):  # one job's runs; the other's carried over
+        from bench.recovery_product import merge, product
+
+        keys = tuple(k for k in ("replica", "single") if f"product-{k}" in parts)
+        before_at = (out.get("carried") or {}).pop("product", "?")
+        out["product"] = merge(out.get("product"), product(quick, keys=keys), before_at)
     return out
 
 

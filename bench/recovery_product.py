@@ -191,6 +191,10 @@ def measure(job: dict[str, Any], events: list[dict[str, Any]], metrics: list[dic
     if joined:
         out["groups_at_end"] = _p(joined[-1]).get("groups")
         out["healed_from"] = sorted({_p(e).get("source") for e in joined})
+    started = [e for e in events if e["type"] == "started"]
+    if started:  # the last gang start: its warm ranks (and what an idle one holds in memory), actors and setup
+        out["last_start"] = {k: _p(started[-1]).get(k) for k in ("warm_ranks", "warm_rank_rss_mb", "actors_s",
+                                                                 "setup_s")}
     rec = [e for e in events if e["type"] == "recovery"]
     if rec:  # the last switch's phases (detect, plan, place, start, load, first_step)
         out["recovery_phases"] = _p(rec[-1]).get("phases")
@@ -275,11 +279,15 @@ def _resize(stack: _Stack, cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def product(quick: bool = False) -> dict[str, Any]:
-    """Both clusters, each with its service; the runs of each against its no-fault run."""
+KEYS = ("replica", "single")
+
+
+def product(quick: bool = False, keys: tuple[str, ...] = KEYS) -> dict[str, Any]:
+    """Both clusters (or those of ``keys``), each with its service; the runs of each against its no-fault run."""
     out: dict[str, Any] = {"steps": STEPS, "kill_at_step": KILL_AT, "global_batch": GLOBAL_BATCH,
-                           "drain_deadline_s": DEADLINE_S, "replica": {}, "single": {}, "not_run": {}}
-    for key, cfg in (("replica", REPLICA), ("single", SINGLE)):
+                           "drain_deadline_s": DEADLINE_S, "replica": {}, "single": {}, "not_run": {},
+                           "ran": list(keys)}
+    for key, cfg in ((k, {"replica": REPLICA, "single": SINGLE}[k]) for k in KEYS if k in keys):
         work = Path(tempfile.mkdtemp(prefix=f"orthoplex-bench-product-{key}-"))
         stack = _Stack(cfg["nodes"], cfg["gpus"], work)
         try:
@@ -308,6 +316,24 @@ def product(quick: bool = False) -> dict[str, Any]:
         finally:
             stack.stop()
             shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def merge(before: dict[str, Any] | None, now: dict[str, Any], before_at: str) -> dict[str, Any]:
+    """``now`` (a run of some of :data:`KEYS`) with the other keys' runs of ``before`` (the last results
+    file's product part, finished ``before_at``); ``carried``: key -> the run it comes from."""
+    ran = list(now.get("ran") or KEYS)
+    out = dict(now)
+    if not before:
+        return out
+    prior = dict(before.get("carried") or {})
+    for key in KEYS:
+        if key in ran or not before.get(key):
+            continue
+        out[key] = before[key]
+        out["not_run"] = {**out.get("not_run", {}),
+                          **{k: v for k, v in (before.get("not_run") or {}).items() if k.split("-")[0] == key}}
+        out.setdefault("carried", {})[key] = prior.get(key) or before_at
     return out
 
 
@@ -389,6 +415,10 @@ def product_markdown(p: dict[str, Any]) -> str:
              "committed steps measured again, plus the in-flight step the survivors redo per group lost.", "", "| case | goal | measured | holds? |", "|---|---|---|---|"]
     for case, goal, measured, ok in goal_rows(p):
         lines.append(f"| {case} | {goal} | {measured} | {_yes(ok)} |")
+    carried = p.get("carried") or {}
+    if carried:
+        lines += ["", "_Not rerun in this run: " + "; ".join(f"the {k} runs, from the run finished {at}"
+                                                           for k, at in carried.items()) + "._"]
     runs = [r for key in ("replica", "single") for r in (p.get(key) or {}).values()]
     if runs:
         lines += ["", "| run | state | attempts | steps | longest gap (s) | median gap (s) | redone | resumed sources | "
@@ -398,12 +428,26 @@ def product_markdown(p: dict[str, Any]) -> str:
             loss = "-" if r.get("final_loss") is None else f"{r['final_loss']:.6f}"
             lines.append(f"| {r['run']} | {r['state']} | {r['attempts']} | {r['steps']} | {r['longest_gap_s']} | "
                          f"{r['median_gap_s']} | {r['steps_redone']} | {src} | {loss} | {r.get('wall_s', '-')} |")
+    phased = [r for r in runs if r.get("recovery_phases")]
+    if phased:
+        names = list(phased[0]["recovery_phases"])
+        lines += ["", "Recovery phases of the last switch (the runtime's `recovery` event, seconds); warm ranks: "
+                  "per node (the job's choice), and of the new gang's ranks how many started warm; an idle warm "
+                  "rank's host memory (RSS):", "",
+                  "| run | warm per node | ranks warm | idle warm rank (MiB) | " + " | ".join(names) + " | total |",
+                  "|---" * (len(names) + 5) + "|"]
+        for r in phased:
+            ph, st = r["recovery_phases"], r.get("last_start") or {}
+            lines.append(f"| {r['run']} | {(r.get('recovery') or {}).get('warm_ranks', '-')} | "
+                         f"{st.get('warm_ranks', '-')} | {st.get('warm_rank_rss_mb') or '-'} | "
+                         + " | ".join(f"{ph.get(n, 0):.2f}" for n in names) + f" | {sum(ph.values()):.2f} |")
     return "\n".join(lines)
 
 
 def product_summary(p: dict[str, Any]) -> dict[str, Any]:
-    k = (p.get("replica") or {}).get("kill") or {}
-    s = (p.get("single") or {}).get("kill") or {}
+    carried = p.get("carried") or {}
+    k = (p.get("replica") or {}).get("kill") or {} if "replica" not in carried else {}
+    s = (p.get("single") or {}).get("kill") or {} if "single" not in carried else {}
     return {"product replica gap s": k.get("longest_gap_s"), "product replica redone": k.get("steps_redone"),
             "product single resumed s": s.get("node_lost_to_resumed_s"),
             "product goals held": sum(1 for *_, ok in goal_rows(p) if ok),

@@ -29,7 +29,8 @@ groups; room for fewer than two groups re-plans from memory instead.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,10 +52,40 @@ from planner.spec import PlanSpec, parse_spec
 #: snapshots are on unless a job turns them off; one after every N-th step (docs/runtime.md)
 DEFAULT_SNAPSHOTS = True
 DEFAULT_SNAPSHOT_EVERY = 1
-#: warm (pre-started, torch imported) rank actors kept idle per node
-DEFAULT_WARM_RANKS = 1
-#: the most warm ranks per node a job may ask for
+#: warm (pre-started, torch imported) rank actors kept idle per node: ``auto`` unless the job names a
+#: number (:func:`auto_warm_ranks`: as many as the job runs ranks on one node, so every rank of a lost
+#: node, and of the nodes the re-plan puts them on, starts warm)
+AUTO_WARM_RANKS = "auto"
+DEFAULT_WARM_RANKS = AUTO_WARM_RANKS
+#: the most warm ranks per node a job may ask for (and ``auto`` gives)
 MAX_WARM_RANKS = 8
+
+
+def auto_warm_ranks(ranks_per_node: Iterable[int], gpus_per_node: int | None = None) -> int:
+    """``auto``'s warm ranks per node: the most ranks the job runs on one node (``ranks_per_node``:
+    its ranks on each node it uses), at least 1 and at most :data:`MAX_WARM_RANKS`. A re-plan after
+    a node is lost starts a new gang: every rank on every node it uses is a new process, so a node's
+    worth of warm ranks is what keeps them all off a cold start. ``gpus_per_node``: used when the
+    ranks' nodes are not known (the node's GPUs, or 1 with neither)."""
+    most = max((int(n) for n in ranks_per_node), default=0)
+    if most <= 0:
+        most = int(gpus_per_node or 1)
+    return max(1, min(MAX_WARM_RANKS, most))
+
+
+def resolve_warm_ranks(warm: int | str | None, ranks_per_node: Iterable[int], gpus_per_node: int | None = None) -> int:
+    """A job's warm ranks per node: the number it names, or ``auto`` (``None``: unset) by :func:`auto_warm_ranks`."""
+    if warm is None or warm == AUTO_WARM_RANKS:
+        return auto_warm_ranks(ranks_per_node, gpus_per_node)
+    if not _whole(warm) or not 0 <= int(warm) <= MAX_WARM_RANKS:
+        raise ChoiceError("recovery.warm_ranks", f"must be {AUTO_WARM_RANKS} or a whole number 0..{MAX_WARM_RANKS}, "
+                                                 f"got {warm!r}")
+    return int(warm)
+
+
+def plan_ranks_per_node(plan: Plan) -> list[int]:
+    """How many of ``plan``'s ranks each node runs (its rank grid's; empty without one)."""
+    return list(Counter(slot.node for slot in plan.rank_grid).values())
 
 
 class ChoiceError(ValueError):
@@ -121,8 +152,11 @@ def check_block(recovery: Mapping[str, Any] | None) -> tuple[str, int | None, bo
     if policy == RESTART and enabled:
         raise ChoiceError("recovery.snapshots.enabled", "restart restores from storage; snapshots need policy "
                                                         "auto, replan or replica_groups")
+    if warm == AUTO_WARM_RANKS:
+        warm = None
     if warm is not None and (not _whole(warm) or not 0 <= warm <= MAX_WARM_RANKS):
-        raise ChoiceError("recovery.warm_ranks", f"must be a whole number 0..{MAX_WARM_RANKS}, got {warm!r}")
+        raise ChoiceError("recovery.warm_ranks", f"must be {AUTO_WARM_RANKS} or a whole number 0..{MAX_WARM_RANKS}, "
+                                                 f"got {warm!r}")
     return policy, groups, enabled, every, warm
 
 
@@ -268,11 +302,15 @@ def choose(plan: Plan | Mapping[str, Any], recovery: Mapping[str, Any] | None = 
     if policy == REPLAN and not snaps:
         reason = reason.replace("re-plan from memory", "re-plan from storage (snapshots off)")
     glay = group_layout(lay, groups) if policy == REPLICA_GROUPS else None
+    gpn = None
+    if spec is not None:
+        gpn = (spec if isinstance(spec, PlanSpec) else parse_spec(spec)).cluster.gpus_per_node
+    warm = resolve_warm_ranks(warm, plan_ranks_per_node(p), min(gpn, p.num_gpus) if gpn else None)
     return RecoveryChoice(
         policy=policy, groups=(groups or 0) if policy == REPLICA_GROUPS else 0,
         group_gpus=glay.world_size if glay is not None else p.num_gpus,
         snapshots=bool(snaps), snapshot_every=int(cadence),
-        warm_ranks=DEFAULT_WARM_RANKS if warm is None else int(warm), reason=reason, source=source,
+        warm_ranks=warm, reason=reason, source=source,
         group_layout=glay.to_dict() if glay is not None else None, checkpoint_every_steps=ckpt, warm_spares=spares)
 
 
@@ -287,7 +325,7 @@ def unplanned(recovery: Mapping[str, Any] | None = None) -> RecoveryChoice:
            REPLAN: "re-plan, named in the spec", RESTART: "restart from storage, named in the spec (no snapshots)"}
     return RecoveryChoice(policy=REPLAN if policy == AUTO else policy, groups=0, group_gpus=0, snapshots=snaps,
                           snapshot_every=every or DEFAULT_SNAPSHOT_EVERY,
-                          warm_ranks=DEFAULT_WARM_RANKS if warm is None else warm, reason=why[policy],
+                          warm_ranks=resolve_warm_ranks(warm, ()), reason=why[policy],
                           source="rule" if policy == AUTO else "spec")
 
 

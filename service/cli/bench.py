@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
         note: list[str] = typer.Option(None, "--note", help="A note on this run, recorded in its JSON and history "
                                                             "(repeatable)."),
         parts: str = typer.Option(None, "--parts", help="recovery only: the parts to run, comma-separated "
-                                                        "(baseline,compare,replan,product); the others are carried over."),
+                                                        "(baseline,compare,replan,product; product-single or product-replica: one job of product); the others are carried over."),
         repeat: int = typer.Option(1, "--repeat", min=1, help="recovery only: rounds of the compare part, reported "
                                                               "as medians with their spread."),
     ) -> None:

@@ -42,7 +42,8 @@ def test_dp_1_re_plans_from_memory() -> None:
     c = choose(plan, None, spec)
     assert (c.policy, c.groups, c.snapshots, c.runtime_policy) == ("replan", 0, True, "replan_memory")
     assert c.source == "rule" and "dp=1" in c.reason
-    assert (c.snapshot_every, c.warm_ranks) == (DEFAULT_SNAPSHOT_EVERY, DEFAULT_WARM_RANKS)
+    # warm ranks auto (DEFAULT_WARM_RANKS): the plan's 8 ranks on one node, a node's worth warm
+    assert DEFAULT_WARM_RANKS == "auto" and (c.snapshot_every, c.warm_ranks) == (DEFAULT_SNAPSHOT_EVERY, 8)
 
 
 def test_dp_4_without_zero_is_four_replica_groups() -> None:

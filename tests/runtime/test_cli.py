@@ -35,7 +35,9 @@ def test_run_options_become_a_spec_with_faults_only_when_asked() -> None:
     assert faulty["faults"][1]["factor"] == 2.0
     # the service's defaults (planner.recovery_choice): snapshots and warm ranks on, re-plan on dp=1
     assert "max_gpus" not in plain and plain["runtime"]["snapshots"] is True
-    assert plain["runtime"]["warm_ranks_per_node"] == DEFAULT_WARM_RANKS and plain["runtime"]["replica_groups"] == 0
+    # warm ranks auto (DEFAULT_WARM_RANKS): the plan's 4 ranks fit one node, so 4 warm per node
+    assert DEFAULT_WARM_RANKS == "auto" and plain["recovery"]["warm_ranks"] == 4
+    assert plain["runtime"]["warm_ranks_per_node"] == 4 and plain["runtime"]["replica_groups"] == 0
     assert "recovery" in plain  # what it chose, for the run's first line (run pops it)
     off = build_spec(kill_node_at_step=None, slow_node_at_step=None, snapshots=False, warm_ranks=0, **kw)
     assert off["runtime"]["snapshots"] is False and off["runtime"]["warm_ranks_per_node"] == 0

@@ -51,3 +51,18 @@ def test_a_goal_without_its_run_says_not_run_and_why() -> None:
     rows = goal_rows({"drain_deadline_s": 60, "replica": {}, "single": {}, "not_run": {"single": "RuntimeError('x')"}})
     assert all(ok is None and measured.startswith("not run: ") for _, _, measured, ok in rows)
     assert any("RuntimeError" in measured for case, _, measured, _ in rows if case.startswith("single"))
+
+
+@pytest.mark.unit
+def test_a_run_of_one_job_keeps_the_others_runs_saying_when_they_ran() -> None:
+    from bench.recovery_product import merge, product_markdown
+
+    before = {"replica": {"kill": {"run": "replica-kill"}}, "single": {"kill": {"run": "old"}},
+              "not_run": {"replica-resize": "RuntimeError('r')", "single-drain": "RuntimeError('s')"}}
+    now = {"steps": 40, "kill_at_step": 15, "global_batch": 12, "drain_deadline_s": 60, "replica": {},
+           "single": {"kill": {"run": "new"}}, "not_run": {}, "ran": ["single"]}
+    p = merge(before, now, "2026-12-07T13:03:51Z")
+    assert p["single"]["kill"]["run"] == "new" and p["replica"]["kill"]["run"] == "replica-kill"
+    assert p["carried"] == {"replica": "2026-12-07T13:03:51Z"} and p["not_run"] == {"replica-resize": "RuntimeError('r')"}
+    assert "the replica runs, from the run finished 2026-12-07T13:03:51Z" in product_markdown(
+        {**p, "replica": {}, "single": {}})

@@ -129,8 +129,11 @@ def start_gang(
     setup = gather(refs, deadline_s=start_timeout_s, workers=gang.workers)
     if not setup.ok:
         raise failed(setup, "setup")
+    rss = sorted(float(infos.results[r]["rss_mb"]) for r in warm if infos.results[r].get("rss_mb") is not None)
     gang.timings = {"actors_s": t1 - t0, "setup_s": time.monotonic() - t1, "rendezvous": rdzv,
-                    "fence_epoch": epoch, "warm_ranks": len(warm)}
+                    "fence_epoch": epoch, "warm_ranks": len(warm),
+                    # what an idle warm rank holds in host memory (the median of those taken, before setup)
+                    "warm_rank_rss_mb": rss[len(rss) // 2] if rss else None}
     return gang
 
 

@@ -45,6 +45,15 @@ def burn_cpu(seconds: float) -> None:
         for _ in range(2000):
             x = x * 1.0000001 + 1e-9
 
+def _rss_mb() -> float | None:
+    """This process's resident memory (MiB), from ``/proc/self/statm``; None where there is none."""
+    try:
+        with open("/proc/self/statm") as f:
+            return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class RankWorker:
     """Plain class; ``launch``/``supervisor`` wrap it with ``ray.remote`` and per-bundle options."""
 
@@ -88,6 +97,7 @@ class RankWorker:
             "ip": ray.util.get_node_ip_address(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "cuda_host": os.path.exists("/dev/nvidiactl"),  # an NVIDIA driver on this host
+            "rss_mb": _rss_mb(),
         }
 
     def use_gpus(self, ids: list[str]) -> None:

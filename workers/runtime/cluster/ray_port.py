@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from planner.recovery_choice import AUTO_WARM_RANKS, resolve_warm_ranks
 from workers.runtime.cluster import placement_groups as placement
 from workers.runtime.cluster.gang import Gang, StartFailed, start_gang, teardown
 from workers.runtime.cluster.port import RankCall
@@ -25,7 +27,10 @@ class RayCluster:
         self.train = job_train
         self.settings = settings
         self.holders = Holders(keep=settings.snapshots.keep) if settings.snapshots.enabled else None
-        self.pool = WarmPool(settings.placement.warm_ranks_per_node) if settings.placement.warm_ranks_per_node > 0 else None
+        warm = settings.placement.warm_ranks_per_node
+        # a number: the pool now; ``auto``: sized on the job's first gang (its most ranks on one node)
+        self._warm_auto = warm == AUTO_WARM_RANKS
+        self.pool = WarmPool(int(warm)) if not self._warm_auto and int(warm) > 0 else None
         self.down: set[str] = set()  # nodes a gang's node heartbeat found down (the GCS may still list them)
         self._refill: set[str] = set()  # nodes whose warm pool waits for refill_pool()
         self._pool_filled = False
@@ -73,6 +78,8 @@ class RayCluster:
         if replica:  # a replica group's node needs no warm ranks: a replacement goes to a free node
             with self._pool_lock:
                 self._replica_nodes[id(gang)] = set(gang.nodes)
+        if self._warm_auto and self.pool is None:
+            self.pool = WarmPool(resolve_warm_ranks(AUTO_WARM_RANKS, Counter(gang.rank_nodes).values()))
         if self.pool is not None:  # filled at the job's first start; later refilled once the gang steps
             with self._pool_lock:
                 self._refill |= set(nodes)

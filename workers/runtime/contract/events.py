@@ -218,6 +218,7 @@ class Started(Event):
     setup_s: float
     backend: str
     warm_ranks: int = 0  # ranks taken from the node's pool of pre-started actors (warm_pool)
+    warm_rank_rss_mb: float | None = None  # host memory of an idle warm rank (median of those taken; None: none)
 
 
 # ---------------------------------------------------------------------------------- training

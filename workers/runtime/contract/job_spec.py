@@ -26,6 +26,7 @@ from typing import Any
 
 from planner.failure_rates import FAILURE_RATE_NAMES
 from planner.layout import parse_hint
+from planner.recovery_choice import AUTO_WARM_RANKS, DEFAULT_WARM_RANKS, MAX_WARM_RANKS
 from workers.engine.config import ModelConfig, TrainConfig
 from workers.runtime.contract.fault_spec import parse_faults
 
@@ -41,7 +42,9 @@ class PlacementSettings:
     cpu_per_bundle: float = 0.05
     strategy: str = "PACK"
     grow: bool = True  # re-plan onto returning nodes at a checkpoint boundary
-    warm_ranks_per_node: int = 0  # pre-started rank actors (torch imported) kept idle per node (warm_pool)
+    # pre-started rank actors (torch imported) kept idle per node (warm_pool): a number, or "auto", the
+    # product's default (planner.recovery_choice: the most ranks the job's first gang runs on one node)
+    warm_ranks_per_node: int | str = DEFAULT_WARM_RANKS
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,11 @@ class RuntimeSettings:
                 unknown.append(key)
         if unknown:
             raise ValueError(f"unknown runtime setting(s): {', '.join(sorted(unknown))}")
+        warm = groups["placement"].get("warm_ranks_per_node", DEFAULT_WARM_RANKS)
+        if warm != AUTO_WARM_RANKS and (isinstance(warm, bool) or not isinstance(warm, int)
+                                        or not 0 <= warm <= MAX_WARM_RANKS):
+            raise ValueError(f"runtime.warm_ranks_per_node: must be {AUTO_WARM_RANKS!r} or a whole number "
+                             f"0..{MAX_WARM_RANKS}, got {warm!r}")
         every = groups["snapshots"].get("every", 1)
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"runtime.snapshot_every: must be a whole number of steps >= 1, got {every!r}")

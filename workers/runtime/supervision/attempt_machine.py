@@ -572,7 +572,8 @@ class AttemptMachine(ReplicaGroupPhases, PlannedMoves):
         self.log.emit(ev.Started(reason=reason, actors_s=round(float(t.get("actors_s", 0.0)), 4),
                                  setup_s=round(float(t.get("setup_s", 0.0)), 4),
                                  backend=str(t.get("rendezvous", {}).get("backend", "")),
-                                 warm_ranks=int(t.get("warm_ranks", 0))))
+                                 warm_ranks=int(t.get("warm_ranks", 0)),
+                                 warm_rank_rss_mb=t.get("warm_rank_rss_mb")))
 
     # ------------------------------------------------------------------ the gang
     def _adopt(self, gang: Gang) -> None:

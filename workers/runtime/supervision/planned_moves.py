@@ -142,17 +142,6 @@ class PlannedMoves:
     def _leave_groups(self, reps: ReplicaSet, run: Run, groups: Iterable[int], cause: str, reason: str) -> None:
         """Groups leave at a step boundary (no step of theirs is in flight): torn down, then left out of
         the next quorum; the others' next step runs without them, nothing is redone."""
-        groups = [g for g in groups if g in reps.groups]
-        for g in groups:
-            gang = reps.drop(g)
-            if gang is None:
-                continue
-            nodes = gang.nodes
-            self.port.teardown(gang)
-            reps.dropped.append({"group": g, "nodes": nodes, "step": run.step + 1, "ts": time.time(), "cause": cause})
-            self.log.emit(ev.ReplicaDropped(reason=f"replica group {g} leaves ({cause}): {reason}", group=g,
-                                            nodes=list(nodes), step=run.step + 1, groups_left=reps.size,
-                                            cause=cause, job_gpus=reps.want * reps.layout.world_size,  # type: ignore[arg-type]
-                                            job_placement=reps.gpus_per_node()))
-        self.port.forget_replicas(groups)
+        groups = self._remove_groups(reps, [g for g in groups if g in reps.groups], step=run.step + 1, cause=cause,
+                                     reason=lambda g: f"replica group {g} leaves ({cause}): {reason}")
         run.last_groups -= set(groups)  # the next step is a new one, not a redo without them

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from planner.layout import Layout
@@ -258,33 +259,42 @@ class ReplicaGroupPhases:
         if isinstance(decision, Fail) and not decision.drop:
             self.port.forget_replicas(lost)
             raise JobFailed(decision.reason)
-        self._lose_groups(reps, lost, decision.failure, step, replace=not isinstance(decision, Fail))
+        read = decision.failure
+        self._remove_groups(reps, lost, step=step + 1, cause="lost", replace=not isinstance(decision, Fail),
+                            reason=lambda g: f"replica group {g} lost ({read.kind}: {read.reason}); "
+                                             f"{reps.size} groups keep stepping")
         if isinstance(decision, Fail):
             raise JobFailed(decision.reason)
         return None
 
-    def _lose_groups(self, reps: ReplicaSet, lost: list[int], read: Any, step: int, replace: bool = True) -> None:
-        """Groups lost (``read``: the failure that took them) while the others go on: left out of the
-        next quorum, torn down, replacements started (``replace``), one ``replica_dropped`` each
-        (``step``: the 0-based step they no longer run) carrying where the job's groups are now."""
-        self.port.forget_replicas(lost)
-        gone: list[tuple[int, list[str]]] = []
-        for g in lost:
+    def _remove_groups(self, reps: ReplicaSet, groups: Iterable[int], *, step: int, cause: str,
+                       reason: Callable[[int], str], replace: bool = False) -> list[int]:
+        """The one way replica groups leave the job, lost (a node died in the step or under the
+        checkpoint's writer) or at a step boundary (``drain``, ``shrink``): left out of the next quorum
+        at once (``forget_replicas``), torn down, recorded (``reps.dropped``) and told
+        (``replica_dropped`` with ``cause``, ``reason(group)``, the job's GPUs after it and where they
+        are). ``step``: the 1-based step being run. ``replace``: replacements start first (a loss), so
+        their spots count in the job's placement the events carry. The groups removed (those of
+        ``groups`` that were live)."""
+        groups = list(groups)
+        self.port.forget_replicas(groups)
+        removed: list[tuple[int, list[str]]] = []
+        for g in groups:
             gang = reps.drop(g)
             if gang is None:
                 continue
             nodes = gang.nodes
             self.port.teardown(gang)
-            reps.dropped.append({"group": g, "nodes": nodes, "step": step + 1, "ts": time.time()})
-            gone.append((g, list(nodes)))
-        if replace:  # the replacements' spots are the job's from now on
+            removed.append((g, list(nodes)))
+            reps.dropped.append({"group": g, "nodes": nodes, "step": step, "ts": time.time(), "cause": cause})
+        if replace:
             reps.start_replacements(self.port, self.replanner.excluded, 0.0, lambda g: None)
         placement = reps.gpus_per_node()
-        for g, nodes in gone:
-            self.log.emit(ev.ReplicaDropped(reason=f"replica group {g} lost ({read.kind}: {read.reason}); "
-                                            f"{reps.size} groups keep stepping", group=g, nodes=nodes,
-                                            step=step + 1, groups_left=reps.size,
+        for g, nodes in removed:
+            self.log.emit(ev.ReplicaDropped(reason=reason(g), group=g, nodes=nodes, step=step,
+                                            groups_left=reps.size, cause=cause,  # type: ignore[arg-type]
                                             job_gpus=reps.want * reps.layout.world_size, job_placement=placement))
+        return [g for g, _ in removed]
 
     def _save_replicas(self, reps: ReplicaSet, run: Run) -> Switch | None:
         """The checkpoint of step ``run.step``, written by the lowest live group of the newest fence
@@ -306,7 +316,10 @@ class ReplicaGroupPhases:
                                     groups=GroupStep(reps, owners, res.unresponsive, list(res.errors)))
             if not isinstance(decision, DropGroups):
                 return self._switch_for(decision, t0)
-            self._lose_groups(reps, list(decision.groups), decision.failure, run.step)
+            read = decision.failure
+            self._remove_groups(reps, list(decision.groups), step=run.step + 1, cause="lost", replace=True,
+                                reason=lambda g, read=read: f"replica group {g} lost under the checkpoint's "
+                                                            f"writer ({read.kind}: {read.reason}); another group writes it")
             run.last_groups -= set(decision.groups)  # the next step is a new one, not a redo without them
 
     def _fall_back(self, switch: Switch, step: int) -> Switch:
