@@ -387,8 +387,7 @@ class AttemptMachine(ReplicaGroupPhases, PlannedMoves):
 
     def _gather_save(self, gang: Gang) -> GatherResult:
         """Every rank of ``gang`` writes its part of the checkpoint (rank 0 commits it)."""
-        return self.port.gather(gang, "save", deadline_s=max(self.settings.detection.hang_timeout_s,
-                                                             10 * self.cadence.save_s))
+        return self.port.gather(gang, "save", deadline_s=max(self.settings.detection.hang_timeout_s, 10 * self.cadence.save_s))
 
     def _saved(self, info: dict[str, Any]) -> None:
         """A committed checkpoint (rank 0's answer): the cadence learns its cost; ``checkpoint``."""
