@@ -29,6 +29,12 @@ FAST_RUNTIME: dict[str, Any] = {
 }
 
 
+#: the controller's spec overrides in the service tests: FAST_RUNTIME and one warm rank per node. The
+#: product's default is ``auto`` (a node's worth: what the recovery benchmark measures); these tests
+#: check structure, and on CI's 2 cores every warm rank is a torch import
+SERVICE_RUNTIME: dict[str, Any] = {**FAST_RUNTIME, "warm_ranks_per_node": 1}
+
+
 def tiny_spec(steps: int, *, every: int = 2, **extra: Any) -> dict[str, Any]:
     """A declarative spec of the tiny model that checkpoints every ``every`` steps. One gang that
     re-plans (``recovery: replan``) unless ``extra`` names another recovery: the controller's tests
@@ -189,7 +195,7 @@ class ControllerProcess:
                 "ORTHOPLEX_CONTROLLER_LEASE_TTL_S": str(lease_ttl_s),
                 "ORTHOPLEX_CONTROLLER_HOLDER": holder,
                 "ORTHOPLEX_CONTROLLER_SPEC_OVERRIDES": json.dumps(
-                    spec_overrides or {"runtime": FAST_RUNTIME}
+                    spec_overrides or {"runtime": SERVICE_RUNTIME}
                 ),
                 "ORTHOPLEX_LOG_FORMAT": "console",
             }

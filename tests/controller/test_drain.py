@@ -53,7 +53,7 @@ def _drain_of(client: Any, node: str) -> str | None:
 def test_drain_moves_the_job_off_with_nothing_redone_and_keeps_new_work_away(
         ray_cluster, migrated_db_url: str, tmp_path: Path) -> None:
     engine = make_engine(migrated_db_url)
-    overrides = {"runtime": {**h.FAST_RUNTIME, "snapshots": True}}
+    overrides = {"runtime": {**h.SERVICE_RUNTIME, "snapshots": True}}
     proc = h.ControllerProcess(migrated_db_url, ray_cluster.address, tmp_path / "storage", tmp_path / "c.log",
                                holder="drain", spec_overrides=overrides)
     tenant = h.add_tenant(engine, "t", quota=12)

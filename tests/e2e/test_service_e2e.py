@@ -48,7 +48,7 @@ class Service:
                 "ORTHOPLEX_PORT": str(self.port),
                 "ORTHOPLEX_CONTROLLER_TICK_S": "0.5",
                 "ORTHOPLEX_CONTROLLER_LEASE_TTL_S": "5",
-                "ORTHOPLEX_CONTROLLER_SPEC_OVERRIDES": json.dumps({"runtime": h.FAST_RUNTIME}),
+                "ORTHOPLEX_CONTROLLER_SPEC_OVERRIDES": json.dumps({"runtime": h.SERVICE_RUNTIME}),
             }
         )
         env.update(extra_env or {})

@@ -19,7 +19,7 @@ from planner.recovery_choice import (
     unplanned,
 )
 from planner.result import Plan
-from workers.runtime.contract.job_spec import PlacementSettings, RuntimeSettings
+from workers.runtime.contract.job_spec import BARE_WARM_RANKS, PlacementSettings, RuntimeSettings
 
 pytestmark = pytest.mark.unit
 
@@ -66,8 +66,10 @@ def test_a_bad_count_is_refused_naming_the_field() -> None:
 
 def test_the_runtime_default_is_the_products_rule() -> None:
     assert DEFAULT_WARM_RANKS == AUTO_WARM_RANKS
-    assert PlacementSettings().warm_ranks_per_node == DEFAULT_WARM_RANKS
-    assert RuntimeSettings.from_dict({}).placement.warm_ranks_per_node == DEFAULT_WARM_RANKS
+    # a bare runtime spec starts no warm pool (nor snapshots); the product writes its default, auto
+    assert PlacementSettings().warm_ranks_per_node == BARE_WARM_RANKS == 0
+    assert RuntimeSettings.from_dict({}).placement.warm_ranks_per_node == 0
+    assert RuntimeSettings.from_dict({"warm_ranks_per_node": DEFAULT_WARM_RANKS}).placement.warm_ranks_per_node == "auto"
     assert RuntimeSettings.from_dict({"warm_ranks_per_node": 3}).placement.warm_ranks_per_node == 3
     for bad in (-1, MAX_WARM_RANKS + 1, "many", 1.5):
         with pytest.raises(ValueError, match="warm_ranks_per_node"):

@@ -26,9 +26,12 @@ from typing import Any
 
 from planner.failure_rates import FAILURE_RATE_NAMES
 from planner.layout import parse_hint
-from planner.recovery_choice import AUTO_WARM_RANKS, DEFAULT_WARM_RANKS, MAX_WARM_RANKS
+from planner.recovery_choice import AUTO_WARM_RANKS, MAX_WARM_RANKS
 from workers.engine.config import ModelConfig, TrainConfig
 from workers.runtime.contract.fault_spec import parse_faults
+
+#: a bare runtime spec's warm ranks per node (none; the product's default is planner.recovery_choice's)
+BARE_WARM_RANKS = 0
 
 
 @dataclass(frozen=True)
@@ -42,9 +45,11 @@ class PlacementSettings:
     cpu_per_bundle: float = 0.05
     strategy: str = "PACK"
     grow: bool = True  # re-plan onto returning nodes at a checkpoint boundary
-    # pre-started rank actors (torch imported) kept idle per node (warm_pool): a number, or "auto", the
-    # product's default (planner.recovery_choice: the most ranks the job's first gang runs on one node)
-    warm_ranks_per_node: int | str = DEFAULT_WARM_RANKS
+    # pre-started rank actors (torch imported) kept idle per node (warm_pool): a number, or "auto"
+    # (planner.recovery_choice: the most ranks the job's first gang runs on one node). A bare runtime
+    # spec starts none, as it takes no snapshots: the product's defaults (auto, snapshots on) are
+    # written into every spec the service and `orthoplex run` build (attempt_spec.recovery_settings)
+    warm_ranks_per_node: int | str = BARE_WARM_RANKS
 
 
 @dataclass(frozen=True)
@@ -161,7 +166,7 @@ class RuntimeSettings:
                 unknown.append(key)
         if unknown:
             raise ValueError(f"unknown runtime setting(s): {', '.join(sorted(unknown))}")
-        warm = groups["placement"].get("warm_ranks_per_node", DEFAULT_WARM_RANKS)
+        warm = groups["placement"].get("warm_ranks_per_node", BARE_WARM_RANKS)
         if warm != AUTO_WARM_RANKS and (isinstance(warm, bool) or not isinstance(warm, int)
                                         or not 0 <= warm <= MAX_WARM_RANKS):
             raise ValueError(f"runtime.warm_ranks_per_node: must be {AUTO_WARM_RANKS!r} or a whole number "
