@@ -293,22 +293,13 @@ def test_replica_groups_spend_the_budget_and_fall_back_on_a_failed_checkpoint() 
     assert save == Replan(source="storage", failure=died(0))
 
 
-def test_a_node_lost_under_the_group_writing_a_checkpoint_drops_its_group_and_another_writes() -> None:
-    """A node death during a save is a loss like one in a step (the half-written checkpoint has no
-    commit marker); the replica path falls back only when the writer failed on a node that stayed up
-    or no other group is left."""
-    reps, owners = replicas()
-    save = {"during": "save"}
-    d = RecoveryPolicy(REPLICA_GROUP).decide(lost("node0"), FailureView(groups=GroupStep(reps, owners), **save))
-    assert d == DropGroups(groups=(0,), failure=lost("node0"), exclude=("node0",))
-    p = RecoveryPolicy(REPLICA_GROUP)
-    d = p.decide(died(0), FailureView(groups=GroupStep(reps, owners), **save))  # its process died, node up
-    assert isinstance(d, Replan) and d.drop == (0, 1, 2)
-    one, owners1 = replicas(1)
-    d = RecoveryPolicy(REPLICA_GROUP).decide(lost("node0"), FailureView(groups=GroupStep(one, owners1), **save))
-    assert isinstance(d, Replan) and d.drop == (0,)  # the last group: re-plan onto the GPUs left
-    with pytest.raises(ValueError, match="groups' view"):
-        RecoveryPolicy(REPLICA_GROUP).decide(died(0), FailureView())
+def test_a_failed_checkpoint_falls_back_whatever_took_the_writer() -> None:
+    """A node death, a dead process or a hang under the group writing a checkpoint: the job re-plans
+    as one gang (another group's write of the same step would collide with the half-written one)."""
+    for failure in (lost("node0"), died(0), hang(0)):
+        reps, owners = replicas()
+        d = RecoveryPolicy(REPLICA_GROUP).decide(failure, FailureView(groups=GroupStep(reps, owners), during="save"))
+        assert isinstance(d, Replan) and d.drop == (0, 1, 2), (failure, d)
 
 
 # ---------------------------------------------------------------------------------- the machine carries them out

@@ -235,20 +235,16 @@ class RecoveryPolicy:
     def _for_groups(self, read: Failure, view: FailureView, how: dict[str, Any]) -> Decision:
         """Replica groups: the groups ``read`` took (on a lost node, whose processes died, or that stopped
         answering), else the groups whose ranks raised twice in a row (``raised_to_drop``). When the
-        loss cannot be absorbed -- every group lost, a step that hung with every group alive, a
-        checkpoint the writing group failed while its node stayed up -- the job falls back to a re-plan
-        over the GPUs left (:class:`Replan` with ``drop``: every group), never fails for it (the budget
-        still counts). A node lost under the writing group is a loss like one in a step: its groups
-        are dropped and another live group writes the checkpoint (a half-written one has no commit
-        marker, so nothing ever reads it)."""
+        loss cannot be absorbed -- every group lost, a step that hung with every group alive, a failed
+        checkpoint of the group that writes it -- the job falls back to a re-plan over the GPUs left
+        (:class:`Replan` with ``drop``: every group), never fails for it (the budget still counts). A
+        checkpoint is not retried by another group: its write of the same step collides with the
+        half-written one (seen: a missing shard file at the commit)."""
         if view.during == "save":
             if self.failures > self.max_recoveries:
                 return Fail(reason=f"more than {self.max_recoveries} failures", **how)
-            live = tuple(sorted(view.groups.replicas.groups)) if view.groups is not None else ()
-            lost = tuple(view.groups.replicas.on_nodes(read.nodes)) if view.groups is not None else ()
-            if read.kind == "node_lost" and lost and set(lost) < set(live):
-                return DropGroups(groups=lost, **how)
-            return self._fall_back(live, how)
+            groups = tuple(sorted(view.groups.replicas.groups)) if view.groups is not None else ()
+            return self._fall_back(groups, how)
         gs = view.groups
         if gs is None:
             raise ValueError("replica groups: a failure during a step needs the groups' view")

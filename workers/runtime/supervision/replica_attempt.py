@@ -298,29 +298,11 @@ class ReplicaGroupPhases:
 
     def _save_replicas(self, reps: ReplicaSet, run: Run) -> Switch | None:
         """The checkpoint of step ``run.step``, written by the lowest live group of the newest fence
-        epoch (the groups hold the same state). A node lost under the writer is a loss like one in a
-        step (the policy's :class:`DropGroups`): its groups leave, replacements start, and the next
-        live group writes it. Anything else is the policy's switch (its fallback: a re-plan)."""
-        while True:
-            epoch = max(int(gang.timings.get("fence_epoch") or 0) for gang in reps.groups.values())
-            target = min(g for g, gang in reps.groups.items() if int(gang.timings.get("fence_epoch") or 0) == epoch)
-            gang = reps.groups[target]
-            t0 = time.time()
-            res = self._gather_save(gang)
-            if res.ok:
-                self._saved(res.results[0])
-                return None
-            failure = self.port.classify(res, gang, "checkpoint")
-            owners = [(target, r) for r in range(gang.world_size)]
-            decision = self._decide(failure, t0, during="save",
-                                    groups=GroupStep(reps, owners, res.unresponsive, list(res.errors)))
-            if not isinstance(decision, DropGroups):
-                return self._switch_for(decision, t0)
-            read = decision.failure
-            self._remove_groups(reps, list(decision.groups), step=run.step + 1, cause="lost", replace=True,
-                                reason=lambda g, read=read: f"replica group {g} lost under the checkpoint's "
-                                                            f"writer ({read.kind}: {read.reason}); another group writes it")
-            run.last_groups -= set(decision.groups)  # the next step is a new one, not a redo without them
+        epoch (the groups hold the same state); a failure is the policy's switch (its fallback, a
+        re-plan: another group's write of the same step would collide with the half-written one)."""
+        epoch = max(int(gang.timings.get("fence_epoch") or 0) for gang in reps.groups.values())
+        target = min(g for g, gang in reps.groups.items() if int(gang.timings.get("fence_epoch") or 0) == epoch)
+        return self._save(reps.groups[target], run.step)
 
     def _fall_back(self, switch: Switch, step: int) -> Switch:
         """The replica path ran out (the policy's :class:`Replan`; the policy is a re-plan policy from
