@@ -379,24 +379,17 @@ class AttemptMachine(ReplicaGroupPhases, PlannedMoves):
 
     def _save(self, gang: Gang, step: int) -> Switch | None:
         t0 = time.time()
-        res = self._gather_save(gang)
+        res = self.port.gather(gang, "save", deadline_s=max(self.settings.detection.hang_timeout_s, 10 * self.cadence.save_s))
         if not res.ok:
             return self._on_failure(gang, res, t0, what="checkpoint")
-        self._saved(res.results[0])
-        return None
-
-    def _gather_save(self, gang: Gang) -> GatherResult:
-        """Every rank of ``gang`` writes its part of the checkpoint (rank 0 commits it)."""
-        return self.port.gather(gang, "save", deadline_s=max(self.settings.detection.hang_timeout_s, 10 * self.cadence.save_s))
-
-    def _saved(self, info: dict[str, Any]) -> None:
-        """A committed checkpoint (rank 0's answer): the cadence learns its cost; ``checkpoint``."""
+        info = res.results[0]
         self.cadence.observe_save(float(info["seconds"]))
         self.last_ckpt_step = int(info["step"])
         self.log.emit(ev.CheckpointSaved(reason="checkpoint committed", step=int(info["step"]),
                                          path=str(info["path"]), seconds=round(float(info["seconds"]), 4),
                                          bytes=int(info["bytes"]), next_interval_steps=self.cadence.interval_steps(),
                                          cadence=self.cadence.to_dict()))
+        return None
 
     def _metrics(self, step: int, out: dict[int, dict[str, Any]], gang: Gang) -> None:
         if not self.job.metrics_out:

@@ -257,7 +257,6 @@ class ReplicaGroupPhases:
         lost = list(decision.groups if isinstance(decision, DropGroups) else
                     decision.drop if isinstance(decision, Fail) else ())
         if isinstance(decision, Fail) and not decision.drop:
-            self.port.forget_replicas(lost)
             raise JobFailed(decision.reason)
         read = decision.failure
         self._remove_groups(reps, lost, step=step + 1, cause="lost", replace=not isinstance(decision, Fail),
@@ -269,8 +268,8 @@ class ReplicaGroupPhases:
 
     def _remove_groups(self, reps: ReplicaSet, groups: Iterable[int], *, step: int, cause: str,
                        reason: Callable[[int], str], replace: bool = False) -> list[int]:
-        """The one way replica groups leave the job, lost (a node died in the step or under the
-        checkpoint's writer) or at a step boundary (``drain``, ``shrink``): left out of the next quorum
+        """The one way replica groups leave the job, lost (a node died in the step) or at a step
+        boundary (``drain``, ``shrink``): left out of the next quorum
         at once (``forget_replicas``), torn down, recorded (``reps.dropped``) and told
         (``replica_dropped`` with ``cause``, ``reason(group)``, the job's GPUs after it and where they
         are). ``step``: the 1-based step being run. ``replace``: replacements start first (a loss), so
