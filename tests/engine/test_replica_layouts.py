@@ -87,10 +87,13 @@ def _run(work: Path, timeout_s: float = 300.0) -> dict[str, dict[str, Any]]:
     procs = [subprocess.Popen([sys.executable, "-m", "workers.engine.replica_ft", json.dumps(p)], cwd=ROOT, env=env,
                               stdout=open(work / f"g{g}-r{r}.out", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
              for (g, r), p in sorted(plans.items())]
+    timed_out = False
     try:
         deadline = time.monotonic() + timeout_s
         for p in procs:
             p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        timed_out = True  # the ranks' stacks (SIGUSR1 below) and output go into the failure
     finally:
         live = [p for p in procs if p.poll() is None]
         for p in live:
@@ -102,9 +105,9 @@ def _run(work: Path, timeout_s: float = 300.0) -> dict[str, dict[str, Any]]:
         for lh in lighthouses:
             lh.shutdown()
     codes = [p.returncode for p in procs]
-    if codes != [0] * len(procs):
-        outs = "\n".join(f.read_text()[-3000:] for f in sorted(work.glob("*.out")))
-        raise AssertionError(f"exit codes {codes}\n{outs}")
+    if timed_out or codes != [0] * len(procs):
+        outs = "\n".join(f"--- {f.name}\n" + f.read_text(errors="replace")[-3000:] for f in sorted(work.glob("*.out")))
+        raise AssertionError(f"{'timed out after ' + str(timeout_s) + ' s; ' if timed_out else ''}exit codes {codes}\n{outs}")
     return {spec: {"rows": read_log(work / spec.replace(",", "_").replace("=", "") / "events.jsonl")}
             for spec in LAYOUTS}
 

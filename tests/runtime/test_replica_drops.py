@@ -71,3 +71,16 @@ def test_a_group_gets_a_node_of_its_own_and_spans_nodes_only_when_no_node_could_
     c = MemoryCluster.of(4, 4, 4, 4)
     assert eight.pick_spots(c, 2, set()) == [{"node0": 4, "node1": 4}, {"node2": 4, "node3": 4}]
     assert eight.pick_spots(c, 2, {"node3"}) == [{"node0": 4, "node1": 4}]
+
+
+def test_groups_share_a_node_once_every_node_holds_one() -> None:
+    """A job granted one node's 4 GPUs for 4 one-GPU groups runs all 4 there at once (not one group
+    and three late replacements); with two nodes the groups alternate, the freest node first."""
+    from .memory_cluster import MemoryCluster
+
+    one = ReplicaSet(Layout(), 4, "t")
+    assert one.pick_spots(MemoryCluster.of(4), 4, set()) == [{"node0": 1}] * 4
+    assert one.pick_spots(MemoryCluster.of(4, 4), 4, set()) == [{"node0": 1}, {"node1": 1}, {"node0": 1}, {"node1": 1}]
+    c = MemoryCluster.of(4, 4)
+    c.hold(3, ["node1"])
+    assert one.pick_spots(c, 4, set()) == [{"node0": 1}, {"node1": 1}, {"node0": 1}, {"node0": 1}]

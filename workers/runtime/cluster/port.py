@@ -69,7 +69,8 @@ class ClusterPort(Protocol):
         ...
 
     def refill_pool(self) -> int:
-        """Start the warm ranks gang starts took since the last call (how many)."""
+        """Start the warm ranks gang starts took since the last call, on the job's nodes and one
+        spare (how many)."""
         ...
 
     def forget_replicas(self, groups: Sequence[int]) -> None:

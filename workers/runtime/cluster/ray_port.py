@@ -34,6 +34,7 @@ class RayCluster:
         self.down: set[str] = set()  # nodes a gang's node heartbeat found down (the GCS may still list them)
         self._refill: set[str] = set()  # nodes whose warm pool waits for refill_pool()
         self._pool_filled = False
+        self._spare: str | None = None  # the node outside the job that the warm pool keeps ranks on
         self._replica_nodes: dict[int, set[str]] = {}  # id(gang) -> nodes, of live replica-group gangs
         self._pool_lock = threading.Lock()  # replacement replica groups start from a background thread
         self._lighthouse_secret = ""  # the job's quorum secret: the quorum service answers only calls with it
@@ -65,8 +66,6 @@ class RayCluster:
             self.holders.forget(self.down)
             self.holders.ensure(nodes, needed=reservation.bundle_nodes)
             targets = self.holders.targets
-        if self.pool is not None:  # drop the idle ranks of nodes that went away
-            self.pool.drop(set(self.pool.idle) - set(nodes))
         gang = start_gang(plan, reservation, self.train, plan_nodes=plan_nodes(plan), cpu_per_bundle=s.placement.cpu_per_bundle,
                           collective_timeout_s=s.detection.collective_timeout_s, start_timeout_s=s.detection.start_timeout_s,
                           alive_nodes=placement.alive_node_ids, on_created=on_created, snapshot_targets=targets,
@@ -82,9 +81,13 @@ class RayCluster:
             self.pool = WarmPool(resolve_warm_ranks(AUTO_WARM_RANKS, Counter(gang.rank_nodes).values()))
         if self.pool is not None:  # filled at the job's first start; later refilled once the gang steps
             with self._pool_lock:
-                self._refill |= set(nodes)
+                job_nodes = set(gang.nodes).union(*self._replica_nodes.values())
+            where = self._pool_nodes(job_nodes)
+            self.pool.drop(set(self.pool.idle) - where)  # nodes that went away, or the job left
+            with self._pool_lock:
+                self._refill |= where
                 first, self._pool_filled = not self._pool_filled, True
-            if first:  # every node: a replacement with no free node left goes to a group's node
+            if first:  # the job's nodes too: a replacement with no free node left goes to a group's node
                 self._fill_pool(skip_busy=False)
         if replica:
             self._setup_replica(gang, plan)
@@ -96,11 +99,27 @@ class RayCluster:
 
     def refill_pool(self) -> int:
         """Start the warm ranks the last gang starts took (new processes importing torch: seconds of
-        CPU each). The supervisor calls it once a new gang has stepped, so the refill does not compete
-        with a recovery's load, first step or a replacement's join; how many started. The job's first
-        gang start fills every node at once (a replica job's later groups take from it); later refills
-        skip the nodes a replica group runs on (a replacement starts on a node no group uses)."""
+        CPU each), on the pool's nodes (:meth:`_pool_nodes`). The supervisor calls it once a new gang
+        has stepped, so the refill does not compete with a recovery's load, first step or a
+        replacement's join; how many started. The job's first gang start fills the pool at once (a
+        replica job's later groups take from it); later refills skip the nodes a replica group runs
+        on (a replacement starts on a node no group uses)."""
         return self._fill_pool(skip_busy=True)
+
+    def _pool_nodes(self, job_nodes: set[str]) -> set[str]:
+        """Where the warm pool keeps ranks: the job's live nodes (a re-plan starts a new gang, so
+        their ranks start anew) and one spare node outside the job (a lost node's ranks, or a
+        replacement group, go there): the spare of the last fill while it lives and the job is not
+        on it, else the freest other node with GPUs. Not every node of the cluster: each warm rank
+        holds host memory."""
+        views = [v for v in self.nodes(exclude=self.down) if v.gpus > 0]
+        alive = {v.id for v in views}
+        spare = self._spare if self._spare in alive and self._spare not in job_nodes else None
+        if spare is None:
+            others = sorted((v for v in views if v.id not in job_nodes), key=lambda v: (-v.free_gpus, v.id))
+            spare = others[0].id if others else None
+        self._spare = spare
+        return (job_nodes & alive) | ({spare} if spare else set())
 
     def _fill_pool(self, *, skip_busy: bool) -> int:
         if self.pool is None:

@@ -126,9 +126,10 @@ class ReplicaSet:
         return ReplicaGroupPlan(self.layout, group, tuple(spot.items()))
 
     def pick_spots(self, port: Any, n: int, exclude: set[str]) -> list[dict[str, int]]:
-        """Where up to ``n`` new groups go (node -> GPUs each): a node of its own per group, nodes
-        holding no group first (a node death then takes one group at most), then any node with the
-        group's GPUs free; a group whose layout needs more GPUs than any node has spans nodes (the
+        """Where up to ``n`` new groups go (node -> GPUs each): a node of its own per group while nodes
+        holding no group are left (a node death then takes one group at most), then the freest node
+        with the group's GPUs free, even one holding a group (a job granted one node's GPUs runs all
+        its groups there); a group whose layout needs more GPUs than any node has spans nodes (the
         fewest: the freest first, nodes holding no group first)."""
         world = self.layout.world_size
         with self.lock:
@@ -142,7 +143,11 @@ class ReplicaSet:
         while len(out) < n:
             spot: dict[str, int] = {}
             if not spans:
-                one = next((v.id for v in views if free[v.id] >= world and v.id not in taken), None)
+                # a node holding no group first, then the freest node with room (several groups on
+                # one node rather than fewer groups than the job's GPUs hold)
+                room = sorted((v for v in views if free[v.id] >= world),
+                              key=lambda v: (v.id in busy or v.id in taken, -free[v.id], v.id))
+                one = room[0].id if room else None
                 if one is None:
                     break
                 spot = {one: world}
