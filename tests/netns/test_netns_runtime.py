@@ -475,7 +475,8 @@ def test_slow_link_under_tp_moves_tp_inside_nodes_first(netns_ray: Any, tmp_path
     # found by heartbeats (link) or by busy time (compute: the TP all-reduces crossing the capped
     # link are part of a rank's busy time); either way TP moves first
     flagged = [e for e in job.of("straggler") if e["node"] == node_id]
-    assert flagged, job.of("straggler")
+    assert flagged, (job.of("straggler"), [(e["step"], e["wall_s"], e.get("busy_max_s")) for e in job.of("step")],
+                     [(e["type"], e.get("reason", "")[:120]) for e in job.events if e["type"] not in ("step", "checkpoint")])
     first = next(e for e in job.of("replan") if e["seq"] > flagged[0]["seq"])
     print(f"causes {[e['cause'] for e in flagged]}; tp4 with node {node_id[:8]}'s link at 2 Mbit/s: re-plans {[(e['old_short'], e['new_short'], e['change']) for e in job.of('replan')]}")
     assert first["change"].get("slow_links") == [node_id] and first["old"]["tp"] == 4, first
