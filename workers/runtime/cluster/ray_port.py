@@ -61,7 +61,8 @@ class RayCluster:
 
         s = self.settings
         targets = None
-        nodes = sorted(set(reservation.bundle_nodes) | {n.id for n in self.nodes(exclude=self.down)})
+        views = self.nodes(exclude=self.down)  # the live nodes: the holders' and the warm pool's
+        nodes = sorted(set(reservation.bundle_nodes) | {n.id for n in views})
         if self.holders is not None:  # a holder on every node with GPUs (a rank's buddy may be outside the gang)
             self.holders.forget(self.down)
             self.holders.ensure(nodes, needed=reservation.bundle_nodes)
@@ -80,13 +81,11 @@ class RayCluster:
         if self._warm_auto and self.pool is None:
             self.pool = WarmPool(resolve_warm_ranks(AUTO_WARM_RANKS, Counter(gang.rank_nodes).values()))
         if self.pool is not None:  # filled at the job's first start; later refilled once the gang steps
-            with self._pool_lock:
-                job_nodes = set(gang.nodes).union(*self._replica_nodes.values())
-            where = self._pool_nodes(job_nodes)
-            self.pool.drop(set(self.pool.idle) - where)  # nodes that went away, or the job left
-            with self._pool_lock:
+            with self._pool_lock:  # replacement groups start from background threads
+                where = self._pool_nodes(set(gang.nodes).union(*self._replica_nodes.values()), views)
                 self._refill |= where
                 first, self._pool_filled = not self._pool_filled, True
+            self.pool.drop(set(self.pool.idle) - where)  # nodes that went away, or the job left
             if first:  # the job's nodes too: a replacement with no free node left goes to a group's node
                 self._fill_pool(skip_busy=False)
         if replica:
@@ -106,18 +105,18 @@ class RayCluster:
         on (a replacement starts on a node no group uses)."""
         return self._fill_pool(skip_busy=True)
 
-    def _pool_nodes(self, job_nodes: set[str]) -> set[str]:
-        """Where the warm pool keeps ranks: the job's live nodes (a re-plan starts a new gang, so
-        their ranks start anew) and one spare node outside the job (a lost node's ranks, or a
-        replacement group, go there): the spare of the last fill while it lives and the job is not
-        on it, else the freest other node with GPUs. Not every node of the cluster: each warm rank
-        holds host memory."""
-        views = [v for v in self.nodes(exclude=self.down) if v.gpus > 0]
-        alive = {v.id for v in views}
+    def _pool_nodes(self, job_nodes: set[str], live: Sequence[placement.NodeCapacity]) -> set[str]:
+        """Where the warm pool keeps ranks, among the ``live`` nodes with GPUs: the job's (a re-plan
+        starts a new gang, so their ranks start anew) and one spare node outside the job (a lost
+        node's ranks, or a replacement group, go there): the spare of the last fill while it lives
+        and the job is not on it, else the freest other node. Not every node of the cluster: each
+        warm rank holds host memory."""
+        gpu_nodes = [v for v in live if v.gpus > 0]
+        alive = {v.id for v in gpu_nodes}
         spare = self._spare if self._spare in alive and self._spare not in job_nodes else None
         if spare is None:
-            others = sorted((v for v in views if v.id not in job_nodes), key=lambda v: (-v.free_gpus, v.id))
-            spare = others[0].id if others else None
+            pick = min((v for v in gpu_nodes if v.id not in job_nodes), key=lambda v: (-v.free_gpus, v.id), default=None)
+            spare = pick.id if pick is not None else None
         self._spare = spare
         return (job_nodes & alive) | ({spare} if spare else set())
 

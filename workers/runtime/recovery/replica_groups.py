@@ -135,25 +135,26 @@ class ReplicaSet:
         with self.lock:
             busy = {n for g in self.groups.values() for n in g.rank_nodes} | \
                 {n for j in self.joining.values() for n in j.spot}
-        views = sorted(port.nodes(exclude=exclude), key=lambda v: (v.id in busy, -v.free_gpus, v.id))
+        views = port.nodes(exclude=exclude)
         free = {v.id: v.free_gpus for v in views}
         spans = views and all(v.gpus < world for v in views)
         out: list[dict[str, int]] = []
         taken: set[str] = set()
+
+        def first(v: Any) -> tuple[bool, int, str]:  # a node holding no group, then the freest
+            return v.id in busy or v.id in taken, -free[v.id], v.id
+
         while len(out) < n:
             spot: dict[str, int] = {}
             if not spans:
-                # a node holding no group first, then the freest node with room (several groups on
-                # one node rather than fewer groups than the job's GPUs hold)
-                room = sorted((v for v in views if free[v.id] >= world),
-                              key=lambda v: (v.id in busy or v.id in taken, -free[v.id], v.id))
-                one = room[0].id if room else None
+                # several groups on one node rather than fewer groups than the job's GPUs hold
+                one = min((v for v in views if free[v.id] >= world), key=first, default=None)
                 if one is None:
                     break
-                spot = {one: world}
+                spot = {one.id: world}
             else:
                 need = world
-                for v in sorted(views, key=lambda v: (v.id in busy or v.id in taken, -free[v.id], v.id)):
+                for v in sorted(views, key=first):
                     if need and free[v.id] > 0:
                         spot[v.id] = min(free[v.id], need)
                         need -= spot[v.id]
