@@ -77,3 +77,19 @@ def test_a_link_slow_on_every_step_is_flagged_within_two_windows_of_steps() -> N
             break
     assert [(f.node, f.cause, f.last_step) for f in found] == [("b", "link", 6)]
     assert found[0].score == pytest.approx(0.1)
+
+
+def test_round_trips_timed_at_return_a_2_mbit_link_is_flagged_and_millisecond_jitter_is_not() -> None:
+    """Timed at their return (``watchdog.gather``), healthy links read milliseconds: any jitter is 3x
+    another node's, so the absolute floor (0.1 s) decides. The TP soak job's capped node read
+    0.17-0.23 s against 4-6 ms."""
+    rng = random.Random(5)
+    sc = LinkScorer(NODES, window=3)
+    found = []
+    for step in range(1, 7):  # healthy: 2-60 ms, a node 10x another at times
+        found += sc.observe(step, {r: rng.uniform(0.002, 0.06) for r in NODES})
+    assert found == []
+    for step in range(7, 10):  # node b capped
+        found += sc.observe(step, {r: rng.uniform(0.17, 0.23) if n == "b" else rng.uniform(0.004, 0.006)
+                                   for r, n in NODES.items()})
+    assert [(f.node, f.cause, f.last_step) for f in found] == [("b", "link", 9)]

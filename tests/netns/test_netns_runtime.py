@@ -462,9 +462,10 @@ def test_partition_from_one_peer_is_routed_around(netns_ray: Any, tmp_path: Path
 def test_slow_link_under_tp_moves_tp_inside_nodes_first(netns_ray: Any, tmp_path: Path) -> None:
     """TP spans two nodes (``tp=4`` on 2-GPU nodes); one node's link is capped: the link straggler's
     first re-plan moves TP inside the nodes and keeps the node (its compute is fine). The cap is
-    2 Mbit/s: the link's 100-packet queue then holds about 0.6 s, so heartbeats queued behind the TP
-    traffic pass the ``LinkScorer`` floor (0.25 s; at 10 Mbit/s the full queue is only 0.12 s and
-    nothing is flagged)."""
+    2 Mbit/s: steps go from 0.2 s to 16-23 s, and heartbeats queued behind the TP traffic come back
+    in 0.17-0.23 s (healthy nodes: 4-6 ms), above the ``LinkScorer`` floor (0.1 s). Until round trips
+    were timed at their return (at the gather's 0.25 s poll before) every node read 0.25-0.50 s and
+    nothing was flagged."""
     steps = 10
     spec = _spec(tmp_path, steps)
     spec["layout_hint"] = "tp=4"

@@ -82,7 +82,15 @@ def gather(
         if now >= stop_at:
             out.timed_out = out.first_error_at is None
             break
-        ready, remaining = ray.wait(remaining, num_returns=len(remaining), timeout=min(poll_s, stop_at - now))
+        wait_s = min(poll_s, stop_at - now)
+        in_flight = [hb for hb, _ in hb_refs.values()]
+        if in_flight:
+            # wake when a heartbeat comes back too, so its round trip is timed at its return: timed at
+            # the next poll, a 5 ms and a 200 ms round trip both read one poll (0.25-0.50 s)
+            ray.wait(remaining + in_flight, num_returns=1, timeout=wait_s)
+            ready, remaining = ray.wait(remaining, num_returns=len(remaining), timeout=0)
+        else:
+            ready, remaining = ray.wait(remaining, num_returns=len(remaining), timeout=wait_s)
         for ref in ready:
             rank = by_ref[ref]
             try:
@@ -111,7 +119,7 @@ def gather(
                 done, _ = ray.wait([hb], timeout=0)
                 if done:
                     del hb_refs[rank]
-                    out.hb_rtt[rank] = max(out.hb_rtt.get(rank, 0.0), now - sent)
+                    out.hb_rtt[rank] = max(out.hb_rtt.get(rank, 0.0), time.monotonic() - sent)
                     try:
                         ray.get(hb)
                     except Exception as exc:
@@ -125,8 +133,11 @@ def gather(
                     if out.first_error_at is None:
                         out.first_error_at = time.time()
                         stop_at = min(stop_at, time.monotonic() + error_grace_s)
+    end = time.monotonic()
+    for rank, (_, sent) in hb_refs.items():  # still out when the call ended: at least this long
+        out.hb_rtt[rank] = max(out.hb_rtt.get(rank, 0.0), end - sent)
     out.pending = sorted(by_ref[r] for r in remaining)
-    out.seconds = time.monotonic() - t0
+    out.seconds = end - t0
     return out
 
 

@@ -141,12 +141,16 @@ class LinkScorer:
     while a step is still running after ``heartbeat_s``, so on a fast job only disturbed steps bear
     any, and a window of those alone made a stall (a partition healed within the deadline) and a few
     retransmits of a lossy link, steps apart, look persistent: a healthy link re-planned around.
+
+    The floor (0.1 s) is absolute: round trips are timed at their return (``watchdog.gather``), and
+    a healthy link reads 4-6 ms on the netns cluster, so any jitter passes the relative test; a link
+    capped at 2 Mbit/s under TP traffic reads 0.17-0.23 s, one at 1 Mbit/s 0.4 s and more.
     """
 
     rank_nodes: Mapping[int, str]
     window: int = 5
     factor: float = 3.0
-    floor_s: float = 0.25
+    floor_s: float = 0.1
     persist_fraction: float = 0.6
     ignore_nodes: frozenset[str] = frozenset()
     windows_closed: int = 0
